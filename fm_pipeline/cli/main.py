@@ -1,0 +1,27 @@
+"""`fm`: the command-line face of fm-pipeline.
+
+    fm data prepare --job configs/demo.yaml
+    fm demo
+
+Each sub-command group lives in its own module and is registered here.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from fm_pipeline.cli import data as data_cli
+from fm_pipeline.cli import demo as demo_cli
+
+app = typer.Typer(
+    name="fm",
+    help="fm-pipeline: foundation-model pretraining, planned, checkpointed and resumable.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(data_cli.app, name="data", help="Prepare and inspect the training data mix.")
+app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_cli.demo)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,20 @@
+"""The Job spec and where a job's state lives."""
+
+from fm_pipeline.config.job import (
+    PRIORITY_VALUES,
+    CheckpointSpec,
+    ClusterSpec,
+    DataSpec,
+    JobSpec,
+    ModelSpec,
+    ParallelismSpec,
+    SourceSpec,
+    TrainingSpec,
+)
+from fm_pipeline.config.load import JobSpecError, dump_job, load_job, parse_job
+
+__all__ = [
+    "PRIORITY_VALUES", "CheckpointSpec", "ClusterSpec", "DataSpec", "JobSpec", "JobSpecError",
+    "ModelSpec", "ParallelismSpec", "SourceSpec", "TrainingSpec", "dump_job", "load_job",
+    "parse_job",
+]

@@ -1,0 +1,302 @@
+"""The Job spec: everything a training job declares, parsed and validated once.
+
+    from fm_pipeline.config import load_job
+    job = load_job("configs/demo.yaml")      # raises JobSpecError naming each bad field
+
+Sections: model, parallelism, training, data, checkpoint, cluster, plus owner/tenant and
+priority. Cross-field rules (degrees multiply to the world size, heads divisible by tp,
+layers divisible by pipeline stages, batch divisible by data-parallel ranks) live here so
+that nothing invalid is ever launched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fm_pipeline.model.config import ModelConfig
+from fm_pipeline.model.registry import get_model_config, model_names
+
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+Priority = Literal["low", "normal", "high", "urgent"]
+PRIORITY_VALUES: dict[str, int] = {"low": 100, "normal": 1000, "high": 10000, "urgent": 100000}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """A named size from the registry, with optional overrides of any shape field."""
+
+    size: str = "tiny"
+    n_layers: int | None = Field(default=None, gt=0)
+    dim: int | None = Field(default=None, gt=0)
+    n_heads: int | None = Field(default=None, gt=0)
+    n_kv_heads: int | None = Field(default=None, gt=0)
+    ffn_dim: int | None = Field(default=None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
+    max_seq_len: int | None = Field(default=None, gt=0)
+    rope_theta: float | None = Field(default=None, gt=0)
+    tie_embeddings: bool | None = None
+
+    @field_validator("size")
+    @classmethod
+    def _known_size(cls, v: str) -> str:
+        if v not in model_names():
+            raise ValueError(f"unknown model size {v!r}; known sizes: {', '.join(model_names())}")
+        return v
+
+    def resolve(self) -> ModelConfig:
+        overrides = {k: v for k, v in self.model_dump(exclude={"size"}).items() if v is not None}
+        return get_model_config(self.size, **overrides)
+
+
+class ParallelismSpec(_Strict):
+    """Degrees of the device mesh, outermost first: dp_replicate x dp_shard x pp x tp."""
+
+    nnodes: int = Field(default=1, gt=0)
+    nproc_per_node: int = Field(default=1, gt=0)
+    dp_replicate: int = Field(default=1, gt=0)
+    dp_shard: int = Field(default=-1, description="-1: whatever the other degrees leave")
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    pp_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe"] = "1F1B"
+    pp_microbatches: int | None = Field(
+        default=None, gt=0, description="default: global_batch_size / dp / micro_batch_size"
+    )
+    pp_virtual_stages: int = Field(default=1, gt=0, description="model chunks per pp rank")
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def dp(self) -> int:
+        """Total data-parallel degree (replicas x shards): how many distinct batches per step."""
+        return self.dp_replicate * self.dp_shard
+
+    @model_validator(mode="after")
+    def _degrees(self) -> "ParallelismSpec":
+        others = self.dp_replicate * self.tp * self.pp
+        if self.dp_shard == -1:
+            if self.world_size % others:
+                raise ValueError(
+                    f"world size {self.world_size} (nnodes {self.nnodes} x nproc_per_node "
+                    f"{self.nproc_per_node}) is not divisible by dp_replicate "
+                    f"{self.dp_replicate} x tp {self.tp} x pp {self.pp} = {others}"
+                )
+            object.__setattr__(self, "dp_shard", self.world_size // others)
+        elif self.dp_shard < 1:
+            raise ValueError(f"dp_shard must be >= 1 or -1 (infer), got {self.dp_shard}")
+        product = others * self.dp_shard
+        if product != self.world_size:
+            raise ValueError(
+                f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x tp {self.tp} "
+                f"x pp {self.pp} = {product} must equal world size {self.world_size} "
+                f"(nnodes {self.nnodes} x nproc_per_node {self.nproc_per_node})"
+            )
+        if self.pp == 1 and (self.pp_schedule == "Interleaved1F1B" or self.pp_virtual_stages > 1):
+            raise ValueError("pp_schedule Interleaved1F1B / pp_virtual_stages > 1 need pp > 1")
+        if self.pp_schedule == "Interleaved1F1B" and self.pp_virtual_stages < 2:
+            raise ValueError("pp_schedule Interleaved1F1B needs pp_virtual_stages >= 2")
+        if self.pp_schedule != "Interleaved1F1B" and self.pp_virtual_stages != 1:
+            raise ValueError(
+                f"pp_virtual_stages {self.pp_virtual_stages} needs pp_schedule Interleaved1F1B"
+            )
+        return self
+
+
+class TrainingSpec(_Strict):
+    seq_len: int = Field(default=128, gt=1)
+    global_batch_size: int = Field(default=16, gt=0, description="sequences per optimizer step")
+    micro_batch_size: int = Field(default=4, gt=0, description="sequences per forward pass")
+    steps: int = Field(default=60, gt=0, description="the job's target step")
+    segment_steps: int = Field(default=20, gt=0, description="steps per torchrun segment")
+    lr: float = Field(default=3e-3, gt=0)
+    min_lr: float = Field(default=3e-4, ge=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    beta1: float = Field(default=0.9, gt=0, lt=1)
+    beta2: float = Field(default=0.95, gt=0, lt=1)
+    grad_clip: float = Field(default=1.0, gt=0)
+    seed: int = 1234
+    log_every: int = Field(default=1, gt=0)
+    rank_timings_every: int = Field(default=10, gt=0, description="per-rank timings every K steps")
+    preemption_grace_s: float = Field(default=25.0, gt=0)
+
+    @model_validator(mode="after")
+    def _lr(self) -> "TrainingSpec":
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class SourceSpec(_Strict):
+    name: str = Field(min_length=1)
+    uri: str = Field(min_length=1, description="local directory/file or s3://bucket/prefix")
+    weight: float = Field(gt=0)
+    format: Literal["auto", "text", "jsonl", "parquet", "python-code", "python-docstrings"] = "auto"
+    text_field: str = "text"
+    glob: str | None = None
+
+
+class DataSpec(_Strict):
+    sources: list[SourceSpec] = Field(min_length=1)
+    min_chars: int = Field(default=64, ge=0)
+    max_chars: int = Field(default=200_000, gt=0)
+    shard_tokens: int = Field(default=1 << 20, gt=0)
+    heldout_fraction: float = Field(default=0.02, ge=0, lt=0.5)
+    seed: int = 1234
+
+    @model_validator(mode="after")
+    def _sources(self) -> "DataSpec":
+        names = [s.name for s in self.sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"source names must be unique; repeated: {', '.join(dupes)}")
+        total = sum(s.weight for s in self.sources)
+        if abs(total - 1.0) > 1e-6:
+            detail = ", ".join(f"{s.name}={s.weight}" for s in self.sources)
+            raise ValueError(f"source weights must sum to 1, got {total:.6g} ({detail})")
+        if self.min_chars >= self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) must be < max_chars ({self.max_chars})")
+        return self
+
+
+class CheckpointSpec(_Strict):
+    every_steps: int = Field(default=10, gt=0)
+    keep_last: int = Field(default=3, gt=0)
+    milestone_every: int = Field(default=0, ge=0, description="keep every M-th step; 0: none")
+    async_save: bool = True
+    upload: bool = True
+
+
+class ClusterSpec(_Strict):
+    name: str = "local"
+    accelerator: str = "cpu"
+    gpus_per_node: int = Field(default=8, gt=0)
+    intra_node_gbps: float = Field(default=900.0, gt=0, description="NVLink, GB/s per GPU")
+    inter_node_gbps: float = Field(default=50.0, gt=0, description="fabric, GB/s per GPU")
+    oversubscription: float = Field(default=1.0, ge=1)
+    storage_write_gbps: float = Field(default=10.0, gt=0)
+    dollars_per_gpu_hour: float = Field(default=2.5, ge=0)
+    node_failure_rate_per_day: float = Field(default=0.002, ge=0)
+    # Kubernetes
+    namespace: str = "default"
+    image: str = "fm-pipeline:latest"
+    local_queue: str = "default"
+
+
+class JobSpec(_Strict):
+    name: str = Field(min_length=1, max_length=40)
+    owner: str = "local"
+    tenant: str = "default"
+    priority: Priority = "normal"
+    model: ModelSpec = ModelSpec()
+    parallelism: ParallelismSpec = ParallelismSpec()
+    training: TrainingSpec = TrainingSpec()
+    data: DataSpec
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    cluster: ClusterSpec = ClusterSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(
+                f"{v!r} must be lowercase letters, digits and '-' (a Kubernetes object name)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "JobSpec":
+        # Every rule that spans sections; all violations are reported together, each
+        # prefixed with the field it is about (the loader splits them back out).
+        problems = list(_cross_field_problems(self))
+        if problems:
+            raise ValueError("\n".join(f"{field}: {msg}" for field, msg in problems))
+        return self
+
+    @property
+    def model_cfg(self) -> ModelConfig:
+        """The resolved architecture (registry size plus overrides)."""
+        return self.model.resolve()
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches per dp rank per optimizer step (without pipeline parallelism)."""
+        return self.training.global_batch_size // (
+            self.parallelism.dp * self.training.micro_batch_size
+        )
+
+    @property
+    def pp_microbatches(self) -> int:
+        """Micro-batches in one pipeline schedule (= one optimizer step) per dp rank."""
+        return self.training.global_batch_size // (
+            self.parallelism.dp * self.training.micro_batch_size
+        )
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.training.seq_len
+
+
+def _cross_field_problems(job: JobSpec):
+    try:
+        m = job.model.resolve()
+    except ValueError as e:
+        yield "model", str(e).splitlines()[-1].strip()
+        return
+    p, t = job.parallelism, job.training
+    for field, value in (("n_heads", m.n_heads), ("n_kv_heads", m.n_kv_heads)):
+        if value % p.tp:
+            yield "parallelism.tp", f"model {field} ({value}) must be divisible by tp ({p.tp})"
+    if m.ffn_dim % p.tp:
+        yield "parallelism.tp", f"model ffn_dim ({m.ffn_dim}) must be divisible by tp ({p.tp})"
+    stages = p.pp * p.pp_virtual_stages
+    if m.n_layers % stages:
+        yield "parallelism.pp", (
+            f"model n_layers ({m.n_layers}) must be divisible by pp x pp_virtual_stages "
+            f"({p.pp} x {p.pp_virtual_stages} = {stages})"
+        )
+    if t.seq_len > m.max_seq_len:
+        yield "training.seq_len", f"{t.seq_len} exceeds model max_seq_len ({m.max_seq_len})"
+    if t.seq_len % p.tp:
+        yield "training.seq_len", (
+            f"{t.seq_len} must be divisible by tp ({p.tp}) for sequence parallelism"
+        )
+    if t.global_batch_size % p.dp:
+        yield "training.global_batch_size", (
+            f"{t.global_batch_size} must be divisible by dp = dp_replicate {p.dp_replicate} "
+            f"x dp_shard {p.dp_shard} = {p.dp}"
+        )
+        return
+    per_dp = t.global_batch_size // p.dp
+    if per_dp % t.micro_batch_size:
+        yield "training.micro_batch_size", (
+            f"global_batch_size / dp = {per_dp} must be divisible by micro_batch_size "
+            f"({t.micro_batch_size})"
+        )
+        return
+    if p.pp > 1:
+        n_micro = per_dp // t.micro_batch_size
+        if p.pp_microbatches is not None and n_micro != p.pp_microbatches:
+            yield "parallelism.pp_microbatches", (
+                f"with pp > 1 one step is one pipeline schedule, so global_batch_size / dp / "
+                f"micro_batch_size = {per_dp} / {t.micro_batch_size} = {n_micro} must equal "
+                f"pp_microbatches ({p.pp_microbatches})"
+            )
+        elif n_micro < p.pp:
+            yield "parallelism.pp_microbatches", f"{n_micro} must be >= pp ({p.pp})"
+        elif p.pp_schedule == "Interleaved1F1B" and n_micro % p.pp:
+            yield "parallelism.pp_microbatches", (
+                f"Interleaved1F1B needs pp_microbatches ({n_micro}) divisible by pp ({p.pp})"
+            )
+    if t.warmup_steps > t.steps:
+        yield "training.warmup_steps", f"{t.warmup_steps} exceeds steps ({t.steps})"

@@ -1,0 +1,50 @@
+"""Named model sizes, from test sizes that train in seconds on a CPU to real Llama 3 shapes.
+
+The tiny sizes take their vocabulary from the job's tokenizer (the job spec sets
+`vocab_size`); the real shapes carry Llama 3's 128,256-token vocabulary.
+"""
+
+from __future__ import annotations
+
+from fm_pipeline.model.config import ModelConfig
+
+LLAMA3_VOCAB = 128_256
+
+_SIZES: dict[str, dict] = {
+    # Test sizes: fit CPU tests with 1-4 gloo ranks (layers divisible by 2 and 4 for pp).
+    "debug": dict(n_layers=4, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=192,
+                  vocab_size=1024, max_seq_len=256),
+    "tiny": dict(n_layers=4, dim=128, n_heads=4, n_kv_heads=2, ffn_dim=384,
+                 vocab_size=2048, max_seq_len=512),
+    "small": dict(n_layers=8, dim=256, n_heads=8, n_kv_heads=4, ffn_dim=768,
+                  vocab_size=4096, max_seq_len=512),
+    "20m": dict(n_layers=8, dim=384, n_heads=6, n_kv_heads=2, ffn_dim=1024,
+                vocab_size=8192, max_seq_len=1024),
+    # Llama 3 / 3.1 / 3.2 shapes (Meta's published configs).
+    "llama3-1b": dict(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192,
+                      vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0,
+                      tie_embeddings=True),
+    "llama3-3b": dict(n_layers=28, dim=3072, n_heads=24, n_kv_heads=8, ffn_dim=8192,
+                      vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0,
+                      tie_embeddings=True),
+    "llama3-8b": dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+                      vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),
+    "llama3-70b": dict(n_layers=80, dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=28672,
+                       vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),
+    "llama3-405b": dict(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8, ffn_dim=53248,
+                        vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),
+    # A dense ~1T-parameter Llama-style shape for planning at the largest scale.
+    "dense-1t": dict(n_layers=128, dim=25600, n_heads=160, n_kv_heads=16, ffn_dim=81920,
+                     vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),
+}
+
+
+def model_names() -> list[str]:
+    return list(_SIZES)
+
+
+def get_model_config(name: str, **overrides) -> ModelConfig:
+    """The named shape, with any field overridden (e.g. the tokenizer's vocab_size)."""
+    if name not in _SIZES:
+        raise ValueError(f"unknown model size {name!r}; known sizes: {', '.join(_SIZES)}")
+    return ModelConfig(**{**_SIZES[name], **overrides})

@@ -1,0 +1,102 @@
+"""A directory as an object store; each write goes to a temp file, fsync, then rename."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from fm_pipeline.storage.base import ObjectInfo, ObjectNotFound, ObjectStore, StoreError, check_key
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(ObjectStore):
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+
+    @property
+    def uri(self) -> str:
+        return str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def local_path(self, key: str) -> Path | None:
+        return self._path(key)
+
+    def _atomic_write(self, key: str, write) -> ObjectInfo:
+        dest = self._path(key)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    write(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            _fsync_dir(dest.parent)
+        except OSError as e:
+            raise StoreError(f"cannot write {self.uri_of(key)}: {e}") from e
+        return ObjectInfo(key=key, size=dest.stat().st_size)
+
+    def put_file(self, local: str | Path, key: str) -> ObjectInfo:
+        with open(local, "rb") as src:
+            return self._atomic_write(key, lambda f: shutil.copyfileobj(src, f, 8 << 20))
+
+    def put_bytes(self, data: bytes, key: str) -> ObjectInfo:
+        return self._atomic_write(key, lambda f: f.write(data))
+
+    def get_file(self, key: str, local: str | Path) -> Path:
+        src = self._path(key)
+        if not src.is_file():
+            raise ObjectNotFound(f"no object {self.uri_of(key)}")
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if local.resolve() != src.resolve():
+            shutil.copyfile(src, local)
+        return local
+
+    def get_bytes(self, key: str) -> bytes:
+        src = self._path(key)
+        if not src.is_file():
+            raise ObjectNotFound(f"no object {self.uri_of(key)}")
+        return src.read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        if not self.root.exists():
+            return []
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not base.exists():
+            return []
+        out = []
+        for p in base.rglob("*"):
+            if not p.is_file() or p.name.endswith(".tmp"):
+                continue
+            key = p.relative_to(self.root).as_posix()
+            if key.startswith(prefix):
+                out.append(ObjectInfo(key=key, size=p.stat().st_size))
+        return sorted(out, key=lambda i: i.key)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # Drop directories the deletion left empty, up to the root.
+        parent = path.parent
+        while parent != self.root and parent.exists() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent

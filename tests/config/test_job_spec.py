@@ -1,0 +1,98 @@
+"""A job spec is parsed once; every invalid field is named with the rule it breaks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from fm_pipeline.config import JobSpecError, load_job, parse_job
+from tests.conftest import REPO
+
+DEMO = REPO / "configs" / "demo.yaml"
+
+
+@pytest.fixture
+def demo() -> dict:
+    return yaml.safe_load(DEMO.read_text())
+
+
+def problems(data: dict) -> dict[str, str]:
+    with pytest.raises(JobSpecError) as e:
+        parse_job(data)
+    return dict(e.value.problems)
+
+
+def test_demo_config_parses():
+    job = load_job(DEMO)
+    assert job.parallelism.world_size == 2
+    assert job.parallelism.dp_shard == 2
+    assert job.model_cfg.vocab_size == 2048
+    assert job.tokens_per_step == 16 * 128
+
+
+def test_dp_shard_is_inferred_from_world_size(demo):
+    demo["parallelism"] = {"nproc_per_node": 4, "tp": 2}
+    assert parse_job(demo).parallelism.dp_shard == 2
+
+
+def test_degrees_must_multiply_to_world_size_and_message_prints_every_degree(demo):
+    demo["parallelism"] = {"nproc_per_node": 4, "dp_shard": 1, "tp": 2, "pp": 1}
+    msg = problems(demo)["parallelism"]
+    for part in ("dp_replicate 1", "dp_shard 1", "tp 2", "pp 1", "world size 4"):
+        assert part in msg
+
+
+def test_heads_must_divide_by_tp(demo):
+    demo["parallelism"] = {"nproc_per_node": 4, "tp": 4, "dp_shard": 1}
+    assert "n_kv_heads (2) must be divisible by tp (4)" in problems(demo)["parallelism.tp"]
+
+
+def test_layers_must_divide_by_pipeline_stages(demo):
+    demo["model"]["n_layers"] = 3
+    demo["parallelism"] = {"nproc_per_node": 2, "pp": 2, "dp_shard": 1}
+    demo["training"].update(global_batch_size=16, micro_batch_size=4)
+    assert "n_layers (3)" in problems(demo)["parallelism.pp"]
+
+
+def test_weights_must_sum_to_one(demo):
+    demo["data"]["sources"][0]["weight"] = 0.5
+    assert "must sum to 1, got 0.9" in problems(demo)["data"]
+
+
+def test_unknown_field_is_named(demo):
+    demo["training"]["stpes"] = 10
+    assert "training.stpes" in problems(demo)
+
+
+def test_batch_must_divide_by_dp(demo):
+    demo["training"]["global_batch_size"] = 15
+    assert "divisible by dp" in problems(demo)["training.global_batch_size"]
+
+
+def test_several_cross_field_problems_are_reported_together(demo):
+    demo["parallelism"] = {"nproc_per_node": 4, "tp": 4, "dp_shard": 1}
+    demo["training"].update(global_batch_size=12, seq_len=130)
+    found = problems(demo)
+    assert "parallelism.tp" in found and "training.seq_len" in found
+
+
+def test_name_must_be_a_kubernetes_name(demo):
+    demo["name"] = "My_Job"
+    assert "lowercase" in problems(demo)["name"]
+
+
+def test_bad_yaml_and_missing_file_are_clear(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(JobSpecError, match=r"\(yaml\)"):
+        load_job(bad)
+    with pytest.raises(JobSpecError, match="no such file"):
+        load_job(tmp_path / "absent.yaml")
+
+
+def test_overrides_apply_before_validation():
+    job = load_job(DEMO, **{"training.steps": 40, "parallelism.nproc_per_node": 1,
+                            "parallelism.dp_shard": -1})
+    assert job.training.steps == 40 and job.parallelism.dp_shard == 1

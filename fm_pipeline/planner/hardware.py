@@ -1,0 +1,105 @@
+"""Accelerator catalog: peak dense FLOP/s, memory and links, shared by the trainer's MFU
+and the planner. On CPU the peak is not a datasheet number: it is measured by a matmul
+probe on this machine, with the thread count the workers use.
+
+Datasheet figures are dense (no 2:4 sparsity) tensor-core peaks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    peak_bf16_flops: float  # dense, per device
+    peak_fp32_flops: float  # TF32 tensor cores on GPUs; plain FP32 SIMD on CPU
+    memory_gib: float
+    memory_bw_gbps: float  # HBM (or DRAM) GB/s
+    intra_node_gbps: float  # per-device NVLink (unidirectional) GB/s
+    inter_node_gbps: float  # per-device scale-out NIC GB/s (e.g. 400 Gb/s = 50 GB/s)
+    dollars_per_hour: float  # indicative on-demand list price per device
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype in ("bf16", "bfloat16", "fp16"):
+            return self.peak_bf16_flops
+        if dtype in ("fp32", "float32", "tf32"):
+            return self.peak_fp32_flops
+        raise ValueError(f"unknown dtype {dtype!r} for peak FLOP/s; use bf16 or fp32")
+
+
+CATALOG: dict[str, Accelerator] = {
+    "a100-40gb": Accelerator("a100-40gb", 312 * TFLOPS, 156 * TFLOPS, 40, 1555, 300, 25, 1.8),
+    "a100-80gb": Accelerator("a100-80gb", 312 * TFLOPS, 156 * TFLOPS, 80, 2039, 300, 25, 2.2),
+    "h100-sxm": Accelerator("h100-sxm", 989 * TFLOPS, 494 * TFLOPS, 80, 3350, 450, 50, 3.0),
+    "h200": Accelerator("h200", 989 * TFLOPS, 494 * TFLOPS, 141, 4800, 450, 50, 3.8),
+    "b200": Accelerator("b200", 2250 * TFLOPS, 1100 * TFLOPS, 180, 8000, 900, 50, 6.0),
+}
+
+_ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
+
+
+def get_accelerator(name: str) -> Accelerator:
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key == "cpu":
+        return measured_cpu()
+    if key not in CATALOG:
+        raise ValueError(
+            f"unknown accelerator {name!r}; known: {', '.join([*CATALOG, 'cpu'])}"
+        )
+    return CATALOG[key]
+
+
+def cuda_accelerator_name(device_name: str) -> str | None:
+    """Map torch.cuda.get_device_name() to a catalog key ('NVIDIA H100 80GB HBM3' -> h100-sxm)."""
+    n = device_name.lower()
+    if "h200" in n:
+        return "h200"
+    if "h100" in n:
+        return "h100-sxm"
+    if "a100" in n:
+        return "a100-80gb" if "80" in n else "a100-40gb"
+    if "b200" in n:
+        return "b200"
+    return None
+
+
+def measure_matmul_flops(dtype: str = "fp32", *, size: int = 1024, seconds: float = 0.5) -> float:
+    """Best sustained FLOP/s of a square matmul on this CPU with the current thread count."""
+    import torch
+
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    a = torch.randn(size, size, dtype=tdtype)
+    b = torch.randn(size, size, dtype=tdtype)
+    torch.mm(a, b)  # warm up kernels and caches
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        dt = time.perf_counter() - t0
+        best = max(best, 2 * size**3 / dt)
+    return best
+
+
+_cpu_cache: dict[int, Accelerator] = {}
+
+
+def measured_cpu() -> Accelerator:
+    """The CPU entry, its peaks measured once per process (per thread count)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads not in _cpu_cache:
+        fp32 = measure_matmul_flops("fp32")
+        bf16 = measure_matmul_flops("bf16")
+        _cpu_cache[threads] = Accelerator(
+            name=f"cpu-{threads}t", peak_bf16_flops=max(bf16, fp32), peak_fp32_flops=fp32,
+            memory_gib=24, memory_bw_gbps=20, intra_node_gbps=10, inter_node_gbps=1.25,
+            dollars_per_hour=0.1,
+        )
+    return _cpu_cache[threads]

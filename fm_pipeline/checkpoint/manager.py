@@ -1,0 +1,335 @@
+"""CheckpointManager: the trainer's one object for saving and resuming, inside torchrun ranks.
+
+    manager = CheckpointManager(job, app_state, mesh=mesh, mix_key=key)
+    restored = manager.restore_latest()              # None on a fresh start
+    for step in range(start, end + 1):
+        ...train...
+        if manager.should_save(step) or step == end:
+            manager.save(step, tokens_seen=..., probe=Probe(batch, loss), final=step == end)
+    result = manager.close()                         # waits for the last save and its upload
+
+A save blocks the loop only while the state is copied to host memory (staging); writing,
+fsync, hashing, the manifest, upload and retention then run in one background thread that
+talks to the other ranks over its own gloo group (the default group keeps serving training;
+sharing it would interleave collectives). At most one save is in flight: a second one waits
+(`on_busy="wait"`, default) or is skipped with a logged reason (`"skip"`); final saves always
+wait. All ranks call `save`, `restore_latest` and `close` at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.commit import (
+    Probe,
+    SaveContext,
+    build_manifest,
+    commit_local,
+    hash_files,
+    own_files,
+    parallelism_info,
+    write_probe,
+)
+from fm_pipeline.checkpoint.layout import MANIFEST, CheckpointRef, local_root, step_dir_name
+from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo
+from fm_pipeline.checkpoint.retention import RetentionReport, apply_retention
+from fm_pipeline.checkpoint.tiering import (
+    UploadReport,
+    commit_remote,
+    record_upload,
+    remote_prefix,
+    sync_to_store,
+    upload_files,
+)
+from fm_pipeline.storage import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that did not commit; training should stop rather than run unprotected."""
+
+
+@dataclass
+class SaveResult:
+    """The outcome of one save, identical on every rank."""
+
+    step: int
+    path: str
+    committed: bool
+    error: str | None = None
+    blocked_s: float = 0.0
+    waited_s: float = 0.0
+    write_s: float = 0.0
+    checksum_s: float = 0.0
+    commit_s: float = 0.0
+    total_bytes: int = 0
+    upload: UploadReport | None = None
+    retention: list[RetentionReport] = field(default_factory=list)
+    events: dict[str, float] = field(default_factory=dict)  # perf_counter() stamps, this rank
+
+
+class CheckpointManager:
+    def __init__(self, job, app_state: dict, *, mesh=None, mix_key: str | None = None,
+                 root: str | Path | None = None, store: ObjectStore | None = None,
+                 upload: bool | None = None, async_save: bool | None = None,
+                 on_busy: str = "wait"):
+        if on_busy not in ("wait", "skip"):
+            raise ValueError(f"on_busy must be 'wait' or 'skip', got {on_busy!r}")
+        missing = {"model"} - app_state.keys()
+        if missing:
+            raise ValueError(f"app_state needs a 'model' part; it has {sorted(app_state)}")
+        self.job = job
+        self.app_state = app_state
+        self.mesh = mesh
+        self.mix_key = mix_key
+        self.root = Path(root) if root is not None else local_root(job.name)
+        self.async_save = job.checkpoint.async_save if async_save is None else async_save
+        self.on_busy = on_busy
+        self.upload = job.checkpoint.upload if upload is None else upload
+        if store is None:
+            from fm_pipeline.config.paths import store_uri
+            from fm_pipeline.storage import open_store
+
+            store = open_store(store_uri())
+        self.store = store  # restore looks here too, even when uploads are off
+        self.rank, self.world_size = comm.rank(), comm.world_size()
+        # Saves talk over their own group: the default one is busy with training collectives.
+        self._group = dist.new_group(backend="gloo") if comm.initialized() else None
+        self._stager = None
+        if self.async_save:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt")
+        self._inflight: Future | None = None
+        self.results: list[SaveResult] = []
+        self.skipped: list[tuple[int, str]] = []
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def should_save(self, step: int) -> bool:
+        return step > 0 and step % self.job.checkpoint.every_steps == 0
+
+    def save(self, step: int, *, tokens_seen: int, probe: Probe | None = None,
+             final: bool = False) -> Future | None:
+        """Checkpoint the current state as `step`. Returns a future of the SaveResult (already
+        done for sync saves), or None when skipped (reason logged and in `self.skipped`)."""
+        t0 = time.perf_counter()
+        busy = comm.any_rank(self._inflight is not None and not self._inflight.done())
+        if busy and not final and self.on_busy == "skip":
+            return self._skip(step, "the previous save is still being written (on_busy=skip)")
+        self._harvest()
+        events = {"save_called": t0, "previous_done": time.perf_counter()}
+        directory = self.root / step_dir_name(step)
+        if comm.any_rank(self.rank == 0 and (directory / MANIFEST).is_file()):
+            return self._skip(step, f"{directory} is already a committed checkpoint")
+        if self.rank == 0:
+            if directory.exists():  # leftover of a crashed save of this step
+                shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            if probe is not None:
+                write_probe(directory, probe)
+        comm.barrier()
+        state = {k: v.state_dict() if hasattr(v, "state_dict") else v
+                 for k, v in self.app_state.items()}
+        ctx = self._context(step, tokens_seen, probe, t0,
+                            waited_s=events["previous_done"] - t0)
+        if self.async_save:
+            state = self._stager.stage(state)
+            events["staged"] = time.perf_counter()
+            ctx = replace(ctx, blocked_s=events["staged"] - t0)
+            self._inflight = self._executor.submit(self._persist, state, directory, ctx, events)
+            return self._inflight
+        result = self._persist(state, directory, ctx, events)
+        result.blocked_s = time.perf_counter() - t0
+        done: Future = Future()
+        done.set_result(result)
+        self._finish(result)
+        return done
+
+    def _skip(self, step: int, reason: str) -> None:
+        log.warning("checkpoint at step %d skipped: %s", step, reason)
+        self.skipped.append((step, reason))
+        return None
+
+    def _context(self, step: int, tokens_seen: int, probe: Probe | None, t0: float, *,
+                 waited_s: float) -> SaveContext:
+        from fm_pipeline.config import dump_job
+
+        cursor = None
+        loader = self.app_state.get("dataloader")
+        if loader is not None and hasattr(loader, "state_dict"):
+            cursor = dict(loader.state_dict())
+        cfg = self.job.model_cfg
+        return SaveContext(
+            job_spec=dump_job(self.job), job_name=self.job.name, step=step,
+            tokens_seen=tokens_seen, state_keys=sorted(self.app_state),
+            parallelism=parallelism_info(self.job, world_size=self.world_size, mesh=self.mesh),
+            model=ModelInfo(config=cfg.model_dump(), hash=cfg.config_hash()),
+            data=DataInfo(mix=self.mix_key, cursor=_plain(cursor),
+                          global_batch_size=self.job.training.global_batch_size,
+                          seq_len=self.job.training.seq_len),
+            probe_loss=None if probe is None else float(probe.loss),
+            probe_shape=None if probe is None else list(probe.tokens.shape),
+            started_at=t0, waited_s=waited_s, blocked_s=None, async_save=self.async_save,
+        )
+
+    def _persist(self, state: dict, directory: Path, ctx: SaveContext,
+                 events: dict) -> SaveResult:
+        """Write, hash, commit, upload, retain. Runs on every rank (background thread when
+        async); every rank reaches every collective even when its own work failed."""
+        entries, error, write_s, checksum_s = [], None, 0.0, 0.0
+        try:
+            t = time.perf_counter()
+            events["write_started"] = t
+            with comm.quiet_single_process():
+                dcp.save(state, process_group=self._group, no_dist=not comm.initialized(),
+                         storage_writer=dcp.FileSystemWriter(str(directory), sync_files=True))
+            events["write_finished"] = time.perf_counter()
+            write_s = events["write_finished"] - t
+            entries = hash_files(directory, own_files(directory, self.rank))
+            checksum_s = time.perf_counter() - events["write_finished"]
+        except Exception as e:  # any failure must still reach the gather below
+            error = f"rank {self.rank}: {type(e).__name__}: {e}"
+            log.exception("checkpoint step %d: write failed on rank %d", ctx.step, self.rank)
+        del state  # release the staged copy's references before the slow tail
+        gathered = comm.gather_to_rank0((entries, write_s, checksum_s, error), self._group)
+        result = None
+        if self.rank == 0:
+            result = self._commit(directory, ctx, gathered)
+        result = comm.broadcast_from_rank0(result, self._group)
+        result.events = {**events, "committed": time.perf_counter()}
+        if result.committed and self.upload:
+            result.upload = self._upload(directory, ctx.step, [e.path for e in entries])
+        if self.rank == 0 and result.committed:
+            result.retention = self._retain_and_retry(ctx.step, result.upload)
+        result.events["done"] = time.perf_counter()
+        return result
+
+    def _commit(self, directory: Path, ctx: SaveContext, gathered: list) -> SaveResult:
+        errors = [g[3] for g in gathered if g[3]]
+        write_s = max(g[1] for g in gathered)
+        checksum_s = max(g[2] for g in gathered)
+        result = SaveResult(step=ctx.step, path=str(directory), committed=False,
+                            blocked_s=ctx.blocked_s or 0.0, waited_s=ctx.waited_s,
+                            write_s=write_s, checksum_s=checksum_s)
+        if not errors:
+            try:
+                entries = [e for g in gathered for e in g[0]]
+                manifest = build_manifest(ctx, entries, write_s=write_s, checksum_s=checksum_s,
+                                          commit_s=time.perf_counter() - ctx.started_at)
+                commit_local(directory, manifest)
+                result.committed, result.total_bytes = True, manifest.total_bytes
+                result.commit_s = manifest.timings.commit_s
+            except Exception as e:
+                errors.append(f"rank 0: manifest: {type(e).__name__}: {e}")
+        if errors:
+            result.error = "; ".join(errors)
+            log.error("checkpoint step %d NOT committed: %s", ctx.step, result.error)
+        else:
+            log.info("checkpoint step %d committed: %s (%.1f MB, blocked %.3fs, write %.2fs, "
+                     "hash %.2fs)", ctx.step, directory, result.total_bytes / 1e6,
+                     result.blocked_s, write_s, checksum_s)
+        return result
+
+    def _upload(self, directory: Path, step: int, own: list[str]) -> UploadReport:
+        """Each rank uploads the files it wrote; rank 0 commits the manifest last."""
+        prefix = remote_prefix(self.job.name, CheckpointRef.local(directory))
+        t0 = time.perf_counter()
+        errors = upload_files(directory, self.store, prefix, own)
+        gathered = comm.gather_to_rank0(errors, self._group)
+        report = None
+        if self.rank == 0:
+            from fm_pipeline.checkpoint.validate import read_manifest
+
+            local = CheckpointRef.local(directory)
+            all_errors = [e for errs in gathered for e in errs]
+            manifest = read_manifest(local)
+            if not all_errors:
+                try:
+                    commit_remote(self.store, prefix, manifest, local.read_bytes(MANIFEST))
+                except StoreError as e:
+                    all_errors.append(str(e))
+            report = UploadReport(step=step, store_uri=self.store.uri, prefix=prefix,
+                                  committed=not all_errors, files=len(manifest.files),
+                                  bytes=manifest.total_bytes, seconds=time.perf_counter() - t0,
+                                  error="; ".join(all_errors) if all_errors else None)
+            record_upload(local, report, self.store)
+        return comm.broadcast_from_rank0(report, self._group)
+
+    def _retain_and_retry(self, step: int, upload: UploadReport | None) -> list:
+        """Rank 0 only, no collectives: retry older pending uploads, then apply retention."""
+        ck = self.job.checkpoint
+        reports = []
+        if upload is not None and upload.committed:
+            sync_to_store(self.job.name, self.store, root=self.root, exclude_steps={step})
+        try:
+            reports.append(apply_retention(self.job.name, keep_last=ck.keep_last,
+                                           milestone_every=ck.milestone_every, job=self.job,
+                                           root=self.root, known_valid={step}))
+            if upload is not None and upload.committed:
+                reports.append(apply_retention(self.job.name, keep_last=ck.keep_last,
+                                               milestone_every=ck.milestone_every,
+                                               tier="store", store=self.store, job=self.job))
+        except (OSError, StoreError) as e:
+            log.error("retention after step %d failed: %s", step, e)
+        return reports
+
+    def _finish(self, result: SaveResult) -> SaveResult:
+        self.results.append(result)
+        if not result.committed:
+            raise CheckpointSaveError(f"checkpoint at step {result.step} did not commit: "
+                                      f"{result.error}")
+        return result
+
+    def _harvest(self) -> SaveResult | None:
+        if self._inflight is None:
+            return None
+        fut, self._inflight = self._inflight, None
+        return self._finish(fut.result())
+
+    def wait(self) -> SaveResult | None:
+        """Block until the in-flight save (if any) is committed; raise if it failed."""
+        return self._harvest()
+
+    def close(self) -> SaveResult | None:
+        """Wait for the last save, then release the thread and the staging buffers."""
+        try:
+            return self._harvest()
+        finally:
+            self._executor.shutdown(wait=True)
+            if self._stager is not None:
+                self._stager.close()
+
+    # -- resuming ---------------------------------------------------------------------------
+
+    def restore_latest(self, *, verify: bool = True):
+        """Load the newest valid checkpoint of this job (local or store tier) into app_state,
+        resharding to the current topology. Returns a RestoreResult, or None if there is none."""
+        from fm_pipeline.checkpoint.restore import restore_latest
+
+        return restore_latest(self.app_state, self.job, store=self.store, root=self.root,
+                              verify=verify)
+
+
+def _plain(obj):
+    """Data-loader state as JSON-able values (tensors become lists) for the manifest."""
+    if obj is None:
+        return None
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj

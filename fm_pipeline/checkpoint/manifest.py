@@ -1,0 +1,213 @@
+"""The manifest: a checkpoint's human-readable record and its commit point.
+
+A checkpoint exists once `manifest.json` exists: it is written last, atomically (temp file,
+fsync, rename, fsync of the directory), after every rank's files are durable. It records
+what was saved (step, tokens, state keys), how (parallelism, mesh, world size), from what
+(model config and hash, data mix and cursor, job spec, code version), how long it took, and
+every file with its size and SHA-256.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FORMAT = "fm-checkpoint/1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileEntry(_Strict):
+    path: str = Field(min_length=1)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class MeshInfo(_Strict):
+    dim_names: list[str]
+    shape: list[int]
+
+
+class ParallelismInfo(_Strict):
+    world_size: int = Field(gt=0)
+    nnodes: int = Field(gt=0)
+    nproc_per_node: int = Field(gt=0)
+    dp_replicate: int = Field(gt=0)
+    dp_shard: int = Field(gt=0)
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    pp_schedule: str
+    pp_virtual_stages: int = Field(gt=0)
+    mixed_precision: str
+    mesh: MeshInfo | None = None
+
+
+class ModelInfo(_Strict):
+    config: dict[str, Any]
+    hash: str = Field(min_length=1)
+
+
+class DataInfo(_Strict):
+    mix: str | None = None
+    cursor: dict[str, Any] | None = None
+    global_batch_size: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+
+
+class ProbeInfo(_Strict):
+    """A fixed held-out batch saved with the checkpoint and its loss at save time."""
+
+    file: str
+    loss: float
+    batch_shape: list[int]
+
+
+class CodeInfo(_Strict):
+    package_version: str
+    torch_version: str
+    git_sha: str | None = None
+    git_dirty: bool | None = None
+
+
+class Timings(_Strict):
+    blocked_s: float = Field(ge=0, description="training loop blocked in save(), all told")
+    waited_s: float = Field(ge=0, description="part of blocked_s spent waiting for the "
+                                              "previous save to finish")
+    write_s: float = Field(ge=0, description="DCP write incl. fsync, all ranks")
+    checksum_s: float = Field(ge=0, description="slowest rank's SHA-256 of its files")
+    commit_s: float = Field(ge=0, description="save() call to manifest written")
+    async_save: bool
+
+
+class Manifest(_Strict):
+    format: str = Field(pattern=r"^fm-checkpoint/1$")
+    job: str = Field(min_length=1)
+    step: int = Field(ge=0)
+    tokens_seen: int = Field(ge=0)
+    created_at: str
+    state_keys: list[str] = Field(min_length=1)
+    parallelism: ParallelismInfo
+    model: ModelInfo
+    data: DataInfo
+    probe: ProbeInfo | None = None
+    code: CodeInfo
+    timings: Timings
+    job_spec: dict[str, Any]
+    files: list[FileEntry] = Field(min_length=1)
+    total_bytes: int = Field(ge=0)
+
+    def file_map(self) -> dict[str, FileEntry]:
+        return {f.path: f for f in self.files}
+
+    def to_json(self) -> bytes:
+        return (json.dumps(self.model_dump(), indent=2, sort_keys=False) + "\n").encode()
+
+
+class ManifestError(ValueError):
+    """An unreadable or ill-formed manifest; `problems` are (field, message) pairs."""
+
+    def __init__(self, where: str, problems: list[tuple[str, str]]):
+        self.problems = problems
+        detail = "; ".join(f"manifest.json {field}: {msg}" for field, msg in problems)
+        super().__init__(f"{where}: {detail}")
+
+
+def parse_manifest(data: bytes, *, where: str) -> Manifest:
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(where, [("(json)", f"not valid JSON: {e}")]) from None
+    if not isinstance(raw, dict):
+        raise ManifestError(where, [("(json)", f"expected an object, got {type(raw).__name__}")])
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as e:
+        problems = [
+            (".".join(str(p) for p in err["loc"]) or "(root)", err["msg"]) for err in e.errors()
+        ]
+        raise ManifestError(where, problems) from None
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def sha256_of(path: str | Path, chunk: int = 8 << 20) -> str:
+    # hashlib releases the GIL on large updates, so hashing in a background thread
+    # does not stall the training loop's Python.
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def file_entry(directory: Path, name: str) -> FileEntry:
+    path = directory / name
+    return FileEntry(path=name, size=path.stat().st_size, sha256=sha256_of(path))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Whole file or nothing, durable once this returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> CodeInfo:
+    """Package and torch versions, plus the git commit when running from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    try:
+        pkg = version("fm-pipeline")
+    except PackageNotFoundError:
+        pkg = "unknown"
+    sha = dirty = None
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            sha = out.stdout.strip()
+            status = subprocess.run(
+                ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True, text=True, timeout=10,
+            )
+            dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return CodeInfo(package_version=pkg, torch_version=torch.__version__, git_sha=sha,
+                    git_dirty=dirty)

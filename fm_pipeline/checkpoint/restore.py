@@ -1,0 +1,164 @@
+"""Load a checkpoint into any topology: download if remote, verify, reshard, report.
+
+    result = restore_latest(app_state, job, store=store)   # all ranks; None on a fresh start
+    result = restore(app_state, ref, job=job)               # a given checkpoint
+
+Collective: every rank calls it with the same checkpoint. A remote checkpoint is downloaded
+once per node (local rank 0) into the local tier and checked file by file; the checksums of
+a local one are verified with the work split across ranks. DCP then reads into whatever
+mesh `app_state` was built on (resharding), optimizer state and data-loader cursor included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+
+from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.layout import CheckpointRef, local_root, step_dir_name, store_root
+from fm_pipeline.checkpoint.manifest import Manifest, sha256_of
+from fm_pipeline.checkpoint.tiering import download_checkpoint
+from fm_pipeline.checkpoint.validate import (
+    CheckpointInvalid,
+    Problem,
+    model_problems,
+    candidates,
+    read_manifest,
+    validate,
+)
+from fm_pipeline.storage import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RestoreResult:
+    step: int
+    tokens_seen: int
+    source: str  # where it was restored from (a path or a store URI)
+    local_path: str
+    manifest: Manifest
+    data_cursor: dict | None
+    download_s: float
+    verify_s: float
+    load_s: float
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.download_s + self.verify_s + self.load_s
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.manifest.total_bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+def _job_of(ref: CheckpointRef) -> str:
+    return ref.prefix.split("/")[-2]
+
+
+def localize(ref: CheckpointRef, *, cache_root: Path | None = None) -> tuple[CheckpointRef, float]:
+    """The checkpoint as a local directory (downloading once per node). Collective."""
+    if ref.is_local:
+        return ref, 0.0
+    dest = Path(cache_root or local_root(_job_of(ref))) / ref.name
+    t0 = time.perf_counter()
+    error = None
+    if comm.local_rank() == 0:
+        try:
+            download_checkpoint(ref, dest)
+        except CheckpointInvalid as e:
+            error = ("invalid", [(p.where, p.message) for p in e.problems])
+        except (StoreError, FileNotFoundError, OSError) as e:
+            error = ("unreachable", [(ref.location, str(e))])
+    errors = [e for e in comm.all_gather(error) if e is not None]
+    if errors:
+        raise CheckpointInvalid(ref, [Problem(w, m) for _, probs in errors for w, m in probs])
+    return CheckpointRef.local(dest), time.perf_counter() - t0
+
+
+def verify_checksums(ref: CheckpointRef, manifest: Manifest) -> list[Problem]:
+    """Every file's size and SHA-256, the files split across ranks. Collective."""
+    mine = sorted(manifest.files, key=lambda f: f.path)[comm.rank()::comm.world_size()]
+    problems = []
+    for entry in mine:
+        path = ref.dir / entry.path
+        if not path.is_file():
+            problems.append(Problem(entry.path, "missing"))
+        elif path.stat().st_size != entry.size:
+            problems.append(Problem(entry.path, f"size {path.stat().st_size} bytes, the "
+                                                f"manifest says {entry.size} (truncated?)"))
+        elif sha256_of(path) != entry.sha256:
+            problems.append(Problem(entry.path, "SHA-256 mismatch (corrupted)"))
+    return [p for ps in comm.all_gather(problems) for p in ps]
+
+
+def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = True,
+            cache_root: Path | None = None) -> RestoreResult:
+    """Load `ref` into the Stateful parts of `app_state` (all ranks). Raises CheckpointInvalid
+    (naming files/fields) when the checkpoint is corrupt or belongs to another model."""
+    local, download_s = localize(ref, cache_root=cache_root)
+    manifest = read_manifest(local)
+    t0 = time.perf_counter()
+    problems = verify_checksums(local, manifest) if verify else []
+    problems += model_problems(manifest, job)
+    if problems:
+        raise CheckpointInvalid(ref, problems)
+    verify_s = time.perf_counter() - t0
+    absent = sorted(set(app_state) - set(manifest.state_keys))
+    if absent:
+        raise ValueError(f"checkpoint {ref.location} has no state for {absent}; it holds "
+                         f"{manifest.state_keys}")
+    t0 = time.perf_counter()
+    with comm.quiet_single_process():
+        dcp.load(app_state, checkpoint_id=str(local.dir), no_dist=not comm.initialized())
+    load_s = time.perf_counter() - t0
+    result = RestoreResult(
+        step=manifest.step, tokens_seen=manifest.tokens_seen, source=ref.location,
+        local_path=str(local.dir), manifest=manifest, data_cursor=manifest.data.cursor,
+        download_s=download_s, verify_s=verify_s, load_s=load_s)
+    log.info("restored step %d from %s (%.1f MB in %.2fs: download %.2fs, verify %.2fs, "
+             "load %.2fs)", result.step, ref.location, manifest.total_bytes / 1e6,
+             result.seconds, download_s, verify_s, load_s)
+    return result
+
+
+def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
+                   root: Path | None = None, verify: bool = True) -> RestoreResult | None:
+    """Newest checkpoint of `job` that restores, local tier first at equal steps; corrupt or
+    unreachable ones are skipped with the reason. None if the job has no usable checkpoint."""
+    listed, skipped = None, []
+    if comm.rank() == 0:
+        listed = []
+        try:
+            cands = candidates(job.name, store=store, root=root)
+        except StoreError as e:
+            log.warning("store unreachable, resuming from the local tier only: %s", e)
+            cands = candidates(job.name, root=root)
+        for ref in cands:
+            problems = validate(ref, job, checksums=False)
+            if problems:
+                skipped.append(f"{ref.location}: " + "; ".join(map(str, problems)))
+            else:
+                listed.append((ref.step, "local" if ref.is_local else "store"))
+    listed, skipped = comm.broadcast_from_rank0((listed, skipped))
+    for step, tier in listed:
+        if tier == "local":
+            ref = CheckpointRef.local(Path(root or local_root(job.name)) / step_dir_name(step))
+        else:
+            ref = CheckpointRef.remote(store, f"{store_root(job.name)}/{step_dir_name(step)}")
+        try:
+            result = restore(app_state, ref, job=job, verify=verify, cache_root=root)
+        except CheckpointInvalid as e:
+            log.warning("cannot restore %s, trying an older one: %s", ref.location, e)
+            skipped.append(f"{ref.location}: " + "; ".join(map(str, e.problems)))
+            continue
+        result.skipped = skipped
+        return result
+    for line in skipped:
+        log.warning("skipped checkpoint %s", line)
+    return None

@@ -1,0 +1,113 @@
+"""Stateful wrappers that turn the trainer's objects into checkpoint parts.
+
+    app_state = {
+        "model": ModelState(model_parts),                  # a list: one module per pp stage
+        "optimizer": OptimizerState(model_parts, optimizers),
+        "lr_scheduler": LRSchedulerState(schedulers),
+        "dataloader": loader,        # the trainer's own Stateful parts
+        "train_state": train_state,
+    }
+
+Model parts keep the whole model's FQNs (a pipeline stage drops the layers it does not own,
+it does not rename the rest), so the merged state dict is the same for any pp/dp/tp split and
+DCP reshards it: a checkpoint written at pp2 loads at dp2, and back. Optimizer state is
+flattened (`state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`) for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, Sequence) else [x]
+
+
+def _merge(parts: list[dict], what: str) -> dict:
+    merged: dict = {}
+    for sd in parts:
+        clash = merged.keys() & sd.keys()
+        assert not clash, f"{what} keys owned by two model parts: {sorted(clash)[:5]}"
+        merged.update(sd)
+    return merged
+
+
+def _own(sd: dict, keys, what: str) -> dict:
+    missing = [k for k in keys if k not in sd]
+    if missing:
+        raise ValueError(f"{what} state is missing {len(missing)} keys, e.g. {missing[:3]}")
+    return {k: sd[k] for k in keys}
+
+
+class ModelState(Stateful):
+    """All model parts (pipeline stages / virtual stages) as one state dict with global FQNs."""
+
+    def __init__(self, model_parts: nn.Module | Sequence[nn.Module]):
+        self.model_parts = _as_list(model_parts)
+
+    def state_dict(self) -> dict:
+        return _merge([get_model_state_dict(m) for m in self.model_parts], "model")
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        for m in self.model_parts:
+            own = get_model_state_dict(m).keys()
+            set_model_state_dict(m, _own(state_dict, own, "model"))
+
+
+class OptimizerState(Stateful):
+    """One optimizer per model part (or one optimizer for a single part), flattened FQN keys."""
+
+    def __init__(self, model_parts: nn.Module | Sequence[nn.Module], optimizers):
+        self.model_parts = _as_list(model_parts)
+        self.optimizers = _as_list(optimizers)
+        if len(self.optimizers) != len(self.model_parts):
+            raise ValueError(
+                f"{len(self.optimizers)} optimizers for {len(self.model_parts)} model parts: "
+                "give one optimizer per model part"
+            )
+
+    def _pairs(self):
+        return zip(self.model_parts, self.optimizers, strict=True)
+
+    def state_dict(self) -> dict:
+        return _merge(
+            [get_optimizer_state_dict(m, o, options=OPTIM_OPTIONS) for m, o in self._pairs()],
+            "optimizer",
+        )
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        for m, o in self._pairs():
+            own = get_optimizer_state_dict(m, o, options=OPTIM_OPTIONS).keys()
+            set_optimizer_state_dict(
+                m, o, optim_state_dict=_own(state_dict, own, "optimizer"), options=OPTIM_OPTIONS
+            )
+
+
+class LRSchedulerState(Stateful):
+    """The schedulers of all model parts step together, so one state stands for all."""
+
+    def __init__(self, schedulers):
+        self.schedulers = _as_list(schedulers)
+        if not self.schedulers:
+            raise ValueError("LRSchedulerState needs at least one scheduler")
+
+    def state_dict(self) -> dict:
+        sd = self.schedulers[0].state_dict()
+        # LambdaLR keeps its lambdas' state as None for plain functions; nothing to save.
+        return {k: v for k, v in sd.items() if k != "lr_lambdas"}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        for s in self.schedulers:
+            s.load_state_dict({**s.state_dict(), **state_dict})

@@ -1,0 +1,234 @@
+"""Local tier <-> object store: upload every file, then the manifest; download and verify.
+
+    report = upload_checkpoint(local_ref, store, job_name="demo")  # committed remotely or not
+    reports = sync_to_store("demo", store)                         # retry whatever is pending
+    ref = download_checkpoint(remote_ref, dest_dir)                # verified, manifest last
+
+A checkpoint counts as committed in the store only once every file is uploaded and verified
+(size, and the store's own SHA-256 check) and then the manifest is uploaded and read back.
+An outage at any point leaves no remote manifest, so discovery never selects the partial
+upload, and nothing local is touched. The uploader records its outcome in `marks/upload.json`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fm_pipeline.checkpoint.layout import (
+    MANIFEST,
+    CheckpointRef,
+    list_local,
+    local_root,
+    store_root,
+)
+from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, sha256_of
+from fm_pipeline.checkpoint.marks import read_mark, write_mark
+from fm_pipeline.checkpoint.validate import CheckpointInvalid, Problem, read_manifest, validate
+from fm_pipeline.storage import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+UPLOAD_WORKERS = 4
+
+
+@dataclass
+class UploadReport:
+    step: int
+    store_uri: str
+    prefix: str
+    committed: bool
+    files: int
+    bytes: int
+    seconds: float
+    error: str | None = None
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "bytes_per_s": round(self.bytes_per_s, 1)}
+
+
+def upload_files(directory: Path, store: ObjectStore, prefix: str, names: list[str], *,
+                 workers: int = UPLOAD_WORKERS) -> list[str]:
+    """Upload `names` in parallel; the first failure stops the rest. Returns error messages."""
+    if not names:
+        return []
+
+    def put(name: str) -> None:
+        info = store.put_file(directory / name, f"{prefix}/{name}")
+        size = (directory / name).stat().st_size
+        if info.size != size:
+            raise StoreError(f"upload of {store.uri_of(f'{prefix}/{name}')} stored {info.size} "
+                             f"bytes, the file has {size}")
+
+    errors: list[str] = []
+    with ThreadPoolExecutor(max_workers=min(workers, len(names)),
+                            thread_name_prefix="fm-ckpt-upload") as pool:
+        futures = {pool.submit(put, n): n for n in names}
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        for f in list(done) + [f for f in pending if not f.cancelled()]:
+            if (exc := f.exception()) is not None:
+                errors.append(f"{futures[f]}: {exc}")
+    return errors
+
+
+def commit_remote(store: ObjectStore, prefix: str, manifest: Manifest, manifest_bytes: bytes):
+    """Check every file landed with its size, then upload the manifest and read it back."""
+    remote = {i.key[len(prefix) + 1:]: i.size for i in store.list(f"{prefix}/")}
+    for entry in manifest.files:
+        if remote.get(entry.path) != entry.size:
+            raise StoreError(f"{store.uri_of(f'{prefix}/{entry.path}')}: expected "
+                             f"{entry.size} bytes, the store has {remote.get(entry.path)}")
+    store.put_bytes(manifest_bytes, f"{prefix}/{MANIFEST}")
+    if store.get_bytes(f"{prefix}/{MANIFEST}") != manifest_bytes:
+        raise StoreError(f"{store.uri_of(f'{prefix}/{MANIFEST}')} did not read back identical")
+
+
+def remote_prefix(job_name: str, ref: CheckpointRef) -> str:
+    return f"{store_root(job_name)}/{ref.name}"
+
+
+def is_committed_remotely(store: ObjectStore, job_name: str, ref: CheckpointRef) -> bool:
+    return store.exists(f"{remote_prefix(job_name, ref)}/{MANIFEST}")
+
+
+def upload_checkpoint(local: CheckpointRef, store: ObjectStore, *, job_name: str,
+                      verify_local: bool = True) -> UploadReport:
+    """Upload a committed local checkpoint; never raises for store outages (see the report).
+
+    With `verify_local` the local files are checked against the manifest first, so a
+    corrupted local copy is refused instead of being committed remotely."""
+    assert local.dir is not None, "upload_checkpoint takes a local checkpoint"
+    prefix = remote_prefix(job_name, local)
+    t0 = time.perf_counter()
+    manifest = read_manifest(local)
+    if verify_local and (problems := validate(local)):
+        raise CheckpointInvalid(local, problems)
+    names = [f.path for f in manifest.files]
+    nbytes = manifest.total_bytes
+    errors = upload_files(local.dir, store, prefix, names)
+    if not errors:
+        try:
+            commit_remote(store, prefix, manifest, local.read_bytes(MANIFEST))
+        except StoreError as e:
+            errors.append(str(e))
+    report = UploadReport(step=local.step, store_uri=store.uri, prefix=prefix,
+                          committed=not errors, files=len(names), bytes=nbytes,
+                          seconds=time.perf_counter() - t0,
+                          error="; ".join(errors) if errors else None)
+    record_upload(local, report, store)
+    return report
+
+
+def record_upload(local: CheckpointRef, report: UploadReport, store: ObjectStore) -> None:
+    """Write marks/upload.json locally and, once committed, copy the local marks up too."""
+    previous = read_mark(local, "upload") or {}
+    attempts = int(previous.get("attempts", 0)) + 1
+    write_mark(local, "upload", {**report.as_dict(), "attempts": attempts})
+    if report.committed:
+        log.info("checkpoint %s committed to %s in %.2fs (%.1f MB/s)", local.name,
+                 store.uri_of(report.prefix), report.seconds, report.bytes_per_s / 1e6)
+        for name, size in local.files().items():
+            if name.startswith("marks/") and size:
+                try:
+                    store.put_file(local.dir / name, f"{report.prefix}/{name}")
+                except StoreError as e:  # marks are advisory; the checkpoint is committed
+                    log.warning("could not upload %s: %s", name, e)
+    else:
+        log.warning("checkpoint %s NOT committed to %s (attempt %d): %s; the local copy is "
+                    "intact and will be retried", local.name, store.uri, attempts, report.error)
+
+
+def pending_uploads(job_name: str, store: ObjectStore, *, root: Path | None = None):
+    """Committed local checkpoints without a remote manifest, newest first."""
+    out = []
+    for ref in reversed(list_local(root or local_root(job_name))):
+        if not (ref.dir / MANIFEST).is_file():
+            continue
+        mark = read_mark(ref, "upload")
+        if mark and mark.get("committed") and mark.get("store_uri") == store.uri:
+            continue
+        if not is_committed_remotely(store, job_name, ref):
+            out.append(ref)
+    return out
+
+
+def sync_to_store(job_name: str, store: ObjectStore, *, root: Path | None = None,
+                  exclude_steps: set[int] = frozenset()) -> list[UploadReport]:
+    """Upload every pending local checkpoint, newest first; stops at the first failure."""
+    reports = []
+    try:
+        pending = pending_uploads(job_name, store, root=root)
+    except StoreError as e:
+        log.warning("cannot check pending uploads in %s: %s", store.uri, e)
+        return reports
+    for ref in pending:
+        if ref.step in exclude_steps:
+            continue
+        try:
+            report = upload_checkpoint(ref, store, job_name=job_name)
+        except CheckpointInvalid as e:
+            log.error("not uploading %s: %s", ref.location, e)
+            continue
+        reports.append(report)
+        if not report.committed:
+            break
+    return reports
+
+
+def download_checkpoint(remote: CheckpointRef, dest: Path) -> CheckpointRef:
+    """Fetch a remote checkpoint into `dest` (a step-XXXXXXXX directory), verified.
+
+    Files go to a private temp directory, each checked against the manifest's SHA-256;
+    the manifest is written last, then the directory is renamed into place. A valid
+    committed checkpoint already at `dest` is used as is."""
+    assert remote.store is not None, "download_checkpoint takes a remote checkpoint"
+    dest = Path(dest)
+    if (dest / MANIFEST).is_file():
+        if not validate(dest):
+            return CheckpointRef.local(dest)
+        # A corrupt local copy of a checkpoint the store holds intact: keep it aside, refetch.
+        aside = dest.with_name(f".{dest.name}.corrupt-{uuid.uuid4().hex[:8]}")
+        os.rename(dest, aside)
+        log.warning("local copy %s is corrupt; moved to %s and downloading again", dest, aside)
+    manifest_bytes = remote.read_bytes(MANIFEST)
+    manifest = read_manifest(remote)
+    tmp = dest.with_name(f".{dest.name}.download-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        def fetch(entry) -> Problem | None:
+            path = remote.store.get_file(f"{remote.prefix}/{entry.path}", tmp / entry.path)
+            if path.stat().st_size != entry.size:
+                return Problem(entry.path, f"downloaded {path.stat().st_size} bytes, the "
+                                           f"manifest says {entry.size}")
+            if sha256_of(path) != entry.sha256:
+                return Problem(entry.path, "SHA-256 mismatch after download (corrupted)")
+            return None
+
+        with ThreadPoolExecutor(max_workers=UPLOAD_WORKERS) as pool:
+            problems = [p for p in pool.map(fetch, manifest.files) if p is not None]
+        if problems:
+            raise CheckpointInvalid(remote, problems)
+        atomic_write(tmp / MANIFEST, manifest_bytes)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / MANIFEST).is_file():
+                # A stale partial directory from a crashed save: replace it.
+                shutil.rmtree(dest, ignore_errors=True)
+                os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return CheckpointRef.local(dest)

@@ -1,0 +1,233 @@
+"""Is this checkpoint whole, uncorrupted and the right one? And which is the newest such?
+
+    problems = validate(ref, job)          # [] means valid; each problem names a file or field
+    found = latest_valid(job, store=store) # newest valid, with the reason each newer one was skipped
+
+Checks: manifest present and well-formed; every listed file present with its size and
+SHA-256; no unlisted files; DCP `.metadata` readable and consistent with the files; model
+config matching the job's. On the store tier the checksums are verified by downloading
+(restore does that anyway); `checksums=False` checks everything else, cheaply.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fm_pipeline.checkpoint.layout import (
+    DCP_METADATA,
+    MANIFEST,
+    CheckpointRef,
+    is_content_file,
+    list_local,
+    list_store,
+    local_root,
+    store_root,
+)
+from fm_pipeline.checkpoint.manifest import Manifest, ManifestError, parse_manifest, sha256_of
+from fm_pipeline.storage import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str  # a file name, or "manifest.json <field>"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class CheckpointInvalid(ValueError):
+    """A checkpoint that must not be used; the message lists every problem."""
+
+    def __init__(self, ref: CheckpointRef, problems: list[Problem]):
+        self.ref = ref
+        self.problems = problems
+        super().__init__(f"checkpoint {ref.location} is not valid:\n" +
+                         "\n".join(f"  - {p}" for p in problems))
+
+
+def read_manifest(ref: CheckpointRef) -> Manifest:
+    """The parsed manifest; FileNotFoundError if the checkpoint was never committed."""
+    try:
+        data = ref.read_bytes(MANIFEST)
+    except (FileNotFoundError, StoreError) as e:
+        raise FileNotFoundError(f"{ref.location}: no {MANIFEST} (incomplete save): {e}") from None
+    return parse_manifest(data, where=ref.location)
+
+
+def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = True) -> list[Problem]:
+    """Every problem with the checkpoint; [] means it can be restored. `job`: a JobSpec."""
+    if not isinstance(ref, CheckpointRef):
+        ref = CheckpointRef.local(ref)
+    try:
+        present = ref.files()
+    except StoreError as e:
+        return [Problem(ref.location, f"cannot list the checkpoint: {e}")]
+    if not present:
+        return [Problem(ref.location, "no such checkpoint (directory missing or empty)")]
+    if MANIFEST not in present:
+        return [Problem(MANIFEST, "missing: the save never committed (incomplete checkpoint)")]
+    try:
+        manifest = read_manifest(ref)
+    except ManifestError as e:
+        return [Problem(f"{MANIFEST} {f}", msg) for f, msg in e.problems]
+    except (FileNotFoundError, StoreError) as e:
+        return [Problem(MANIFEST, f"unreadable: {e}")]
+
+    problems: list[Problem] = []
+    if manifest.step != ref.step:
+        problems.append(Problem(f"{MANIFEST} step",
+                                f"{manifest.step}, but the directory is {ref.name}"))
+    problems += _file_problems(ref, manifest, present, checksums=checksums)
+    problems += _dcp_metadata_problems(ref, manifest, present)
+    problems += model_problems(manifest, job)
+    return problems
+
+
+def _file_problems(ref, manifest: Manifest, present: dict[str, int], *, checksums: bool):
+    problems = []
+    listed = manifest.file_map()
+    content = {n: s for n, s in present.items() if is_content_file(n)}
+    for name in sorted(listed.keys() - content.keys()):
+        problems.append(Problem(name, f"missing (the manifest lists {listed[name].size} bytes)"))
+    for name in sorted(content.keys() - listed.keys()):
+        problems.append(Problem(name, "not listed in the manifest (extra file)"))
+    same_size = []
+    for name in sorted(listed.keys() & content.keys()):
+        if content[name] != listed[name].size:
+            problems.append(Problem(
+                name, f"size {content[name]} bytes, the manifest says {listed[name].size} "
+                      "(truncated or overwritten)"))
+        else:
+            same_size.append(name)
+    if manifest.total_bytes != sum(f.size for f in manifest.files):
+        problems.append(Problem(f"{MANIFEST} total_bytes",
+                                f"{manifest.total_bytes} is not the sum of the file sizes"))
+    if checksums and same_size:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            digests = pool.map(lambda n: _sha256(ref, n), same_size)
+            for name, digest in zip(same_size, digests, strict=True):
+                if digest != listed[name].sha256:
+                    problems.append(Problem(
+                        name, f"SHA-256 mismatch: file has {digest[:12]}..., the manifest "
+                              f"says {listed[name].sha256[:12]}... (corrupted)"))
+    return problems
+
+
+def _sha256(ref: CheckpointRef, name: str) -> str:
+    if ref.dir is not None:
+        return sha256_of(ref.dir / name)
+    with tempfile.TemporaryDirectory(prefix="fm-ckpt-verify-") as tmp:
+        return sha256_of(ref.store.get_file(f"{ref.prefix}/{name}", Path(tmp) / "f"))
+
+
+def read_dcp_metadata(ref: CheckpointRef):
+    """torch's own Metadata object for the checkpoint (downloads `.metadata` if remote)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if ref.dir is not None:
+        return FileSystemReader(str(ref.dir)).read_metadata()
+    with tempfile.TemporaryDirectory(prefix="fm-ckpt-meta-") as tmp:
+        ref.store.get_file(f"{ref.prefix}/{DCP_METADATA}", Path(tmp) / DCP_METADATA)
+        return FileSystemReader(tmp).read_metadata()
+
+
+def _dcp_metadata_problems(ref, manifest: Manifest, present: dict[str, int]):
+    if DCP_METADATA not in present:
+        return []  # already reported as a missing file
+    try:
+        meta = read_dcp_metadata(ref)
+    except Exception as e:  # torch raises pickle, EOF and assertion errors alike
+        return [Problem(DCP_METADATA, f"unreadable DCP metadata: {type(e).__name__}: {e}")]
+    problems = []
+    sizes = {f.path: f.size for f in manifest.files}
+    bad_refs: dict[str, str] = {}
+    for info in (meta.storage_data or {}).values():
+        path = getattr(info, "relative_path", None)
+        if path is None:
+            continue
+        if path not in sizes:
+            bad_refs.setdefault(path, "is referenced by .metadata but not in the manifest")
+        elif info.offset + info.length > sizes[path]:
+            bad_refs.setdefault(path, f"is shorter than .metadata expects "
+                                      f"({info.offset + info.length} > {sizes[path]} bytes)")
+    problems += [Problem(p, msg) for p, msg in sorted(bad_refs.items())]
+    keys = meta.state_dict_metadata.keys()
+    for part in manifest.state_keys:
+        if not any(k == part or k.startswith(f"{part}.") for k in keys):
+            problems.append(Problem(DCP_METADATA, f"holds no entries for state part {part!r} "
+                                                  "that the manifest lists"))
+    return problems
+
+
+def model_problems(manifest: Manifest, job) -> list[Problem]:
+    from fm_pipeline.model.config import ModelConfig
+
+    problems = []
+    try:
+        own_hash = ModelConfig(**manifest.model.config).config_hash()
+    except (TypeError, ValueError) as e:
+        return [Problem(f"{MANIFEST} model.config", f"not a valid model config: {e}")]
+    if own_hash != manifest.model.hash:
+        problems.append(Problem(f"{MANIFEST} model.hash",
+                                f"{manifest.model.hash} does not match its model.config "
+                                f"({own_hash})"))
+    if job is None:
+        return problems
+    want = job.model_cfg.model_dump()
+    for key in sorted(want.keys() | manifest.model.config.keys()):
+        have = manifest.model.config.get(key)
+        if have != want.get(key):
+            problems.append(Problem(
+                f"{MANIFEST} model.config.{key}",
+                f"checkpoint has {have!r}, job {job.name!r} has {want.get(key)!r} "
+                "(a checkpoint of another model)"))
+    return problems
+
+
+@dataclass
+class Discovery:
+    """Result of `latest_valid`: the newest valid checkpoint and why newer ones were skipped."""
+
+    found: CheckpointRef | None
+    manifest: Manifest | None = None
+    skipped: list[tuple[CheckpointRef, list[Problem]]] = field(default_factory=list)
+
+    def skipped_lines(self) -> list[str]:
+        return [f"{ref.location}: " + "; ".join(str(p) for p in probs)
+                for ref, probs in self.skipped]
+
+
+def candidates(job_name: str, *, store: ObjectStore | None = None,
+               tiers: tuple[str, ...] = ("local", "store"), root: Path | None = None):
+    """Every checkpoint of the job in the given tiers, newest first; local before store."""
+    refs: list[CheckpointRef] = []
+    if "local" in tiers:
+        refs += list_local(root or local_root(job_name))
+    if "store" in tiers and store is not None:
+        refs += list_store(store, store_root(job_name))
+    return sorted(refs, key=lambda r: (-r.step, not r.is_local))
+
+
+def latest_valid(job, *, store: ObjectStore | None = None,
+                 tiers: tuple[str, ...] = ("local", "store"), checksums: bool = True,
+                 root: Path | None = None) -> Discovery:
+    """Newest checkpoint of `job` (a JobSpec, or a job name) that passes `validate`."""
+    job_name = job if isinstance(job, str) else job.name
+    spec = None if isinstance(job, str) else job
+    discovery = Discovery(found=None)
+    for ref in candidates(job_name, store=store, tiers=tiers, root=root):
+        problems = validate(ref, spec, checksums=checksums)
+        if not problems:
+            discovery.found = ref
+            discovery.manifest = read_manifest(ref)
+            break
+        discovery.skipped.append((ref, problems))
+        log.warning("skipping checkpoint %s: %s", ref.location, "; ".join(map(str, problems)))
+    return discovery

@@ -1,0 +1,49 @@
+"""The training data mix: corpus readers, cleaning and dedup, tokenizer, token shards, the
+mix manifest with its global sample index, and the resumable data-parallel loader.
+
+    from fm_pipeline.data import mix_key, open_mix, prepare_mix, MixLoader
+    manifest = prepare_mix(job, store)                   # or `fm data prepare --job JOB.yaml`
+    mix = open_mix(store, mix_key(job))
+    loader = MixLoader(mix, dp_rank=r, dp_size=dp, micro_batch_size=mbs,
+                       global_batch_size=gbs, seq_len=job.training.seq_len)
+
+`MixLoader` (torch) and the preparation stages import lazily, so opening a mix stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fm_pipeline.data.errors import CorruptShardError, DataError
+from fm_pipeline.data.manifest import MixManifest, mix_key, mix_prefix, tokenizer_key
+from fm_pipeline.data.mix import Mix, open_mix
+
+if TYPE_CHECKING:
+    from fm_pipeline.data.loader import MixLoader
+    from fm_pipeline.data.pipeline import prepare_mix
+
+_LAZY = {"MixLoader": "fm_pipeline.data.loader", "prepare_mix": "fm_pipeline.data.pipeline"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fm_pipeline.data' has no attribute {name!r}")
+
+
+def open_job_mix(job, store=None) -> Mix:
+    """The published mix of `job` in `store` (default: the FM_HOME / FM_STORE_URI store)."""
+    if store is None:
+        from fm_pipeline.config.paths import store_uri
+        from fm_pipeline.storage import open_store
+
+        store = open_store(store_uri())
+    return open_mix(store, mix_key(job))
+
+
+__all__ = [
+    "CorruptShardError", "DataError", "Mix", "MixLoader", "MixManifest", "mix_key", "mix_prefix",
+    "open_job_mix", "open_mix", "prepare_mix", "tokenizer_key",
+]

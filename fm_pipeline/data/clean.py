@@ -1,0 +1,125 @@
+"""Cleaning: UTF-8 decoding, normalisation, length filters, exact dedup, held-out split.
+
+Each document is decoded as strict UTF-8 (a byte-order mark is dropped), newlines are
+unified, control characters other than tab and newline removed, and the text NFC-normalised.
+Then, in this order, it is dropped as `empty`, `too_short` (< min_chars), `too_long`
+(> max_chars) or `duplicate` (same normalised text as an earlier document of any source of
+the mix). Readers' problems (`not_utf8`, `malformed_json`, `missing_field`, `syntax_error`,
+`unreadable`) are drop reasons too. A kept document goes to the held-out split when a hash of
+its text falls below `heldout_fraction`, so the split does not depend on document order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fm_pipeline.data.manifest import DocumentCounts
+from fm_pipeline.data.sources import RawDocument
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass
+class CleanDocument:
+    doc_id: str
+    text: str
+    split: str  # "train" | "heldout"
+
+
+@dataclass
+class SourceCleaning:
+    """Kept documents of one source plus the counts of what was dropped and why."""
+
+    name: str
+    documents: list[CleanDocument] = field(default_factory=list)
+    read: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # reason -> first doc_id
+
+    def drop(self, reason: str, doc_id: str) -> None:
+        self.dropped[reason] += 1
+        self.examples.setdefault(reason, doc_id)
+
+    def counts(self) -> DocumentCounts:
+        heldout = sum(d.split == "heldout" for d in self.documents)
+        return DocumentCounts(
+            read=self.read, kept=len(self.documents), heldout=heldout,
+            chars_kept=sum(len(d.text) for d in self.documents),
+            dropped=dict(sorted(self.dropped.items())),
+        )
+
+
+def normalize_text(content: bytes | str) -> str | None:
+    """The cleaned text, or None when `content` is not valid UTF-8."""
+    if isinstance(content, bytes):
+        try:
+            content = content.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    text = content.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROL.sub("", text)
+    return unicodedata.normalize("NFC", text).strip()
+
+
+class Cleaner:
+    """Cleans the sources of one mix in order; dedup spans all of them."""
+
+    def __init__(self, *, min_chars: int, max_chars: int, heldout_fraction: float):
+        self.min_chars, self.max_chars = min_chars, max_chars
+        self.heldout_fraction = heldout_fraction
+        self._seen: set[bytes] = set()
+
+    def clean_source(self, name: str, documents: Iterable[RawDocument], on_document=None) -> SourceCleaning:
+        out = SourceCleaning(name)
+        for doc in documents:
+            out.read += 1
+            if on_document:
+                on_document()
+            if doc.problem or doc.content is None:
+                out.drop(doc.problem or "unreadable", doc.doc_id)
+                continue
+            text = normalize_text(doc.content)
+            reason = self._reject(text)
+            if reason:
+                out.drop(reason, doc.doc_id)
+                continue
+            digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+            if digest in self._seen:
+                out.drop("duplicate", doc.doc_id)
+                continue
+            self._seen.add(digest)
+            out.documents.append(CleanDocument(doc.doc_id, text, self._split(digest)))
+        self._ensure_heldout(out)
+        return out
+
+    def _reject(self, text: str | None) -> str | None:
+        if text is None:
+            return "not_utf8"
+        if not text:
+            return "empty"
+        if len(text) < self.min_chars:
+            return "too_short"
+        if len(text) > self.max_chars:
+            return "too_long"
+        return None
+
+    def _split(self, digest: bytes) -> str:
+        return "heldout" if _unit(digest) < self.heldout_fraction else "train"
+
+    def _ensure_heldout(self, out: SourceCleaning) -> None:
+        # A small source may draw no held-out document by hash: hold out the one whose
+        # hash is smallest, so every domain can be evaluated (needs >= 2 documents).
+        docs = out.documents
+        if self.heldout_fraction <= 0 or len(docs) < 2 or any(d.split == "heldout" for d in docs):
+            return
+        pick = min(docs, key=lambda d: hashlib.blake2b(d.text.encode("utf-8"), digest_size=16).digest())
+        pick.split = "heldout"
+
+
+def _unit(digest: bytes) -> float:
+    return int.from_bytes(digest[:8], "big") / 2**64

@@ -1,0 +1,107 @@
+"""The clean corpus in the store: one parquet file per source, plus the stage receipts.
+
+A receipt is the small JSON a stage writes last; its presence means the stage finished, so
+a re-run (or the next Dagster asset) can pick up where the previous one stopped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fm_pipeline.data.clean import SourceCleaning
+from fm_pipeline.data.errors import DataError
+from fm_pipeline.data.manifest import DocumentCounts, ShardEntry, clean_key
+from fm_pipeline.storage import ObjectNotFound, ObjectStore
+
+ROWS_PER_GROUP = 4096
+
+
+class CleanReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mix_key: str
+    sources: dict[str, DocumentCounts]
+    fingerprints: dict[str, str]
+    examples: dict[str, dict[str, str]]  # source -> reason -> first dropped doc_id
+
+    def dedup_ratio(self, source: str | None = None) -> float:
+        """Duplicates dropped / documents read (whole mix when `source` is None)."""
+        counts = [self.sources[source]] if source else list(self.sources.values())
+        read = sum(c.read for c in counts)
+        return sum(c.dropped.get("duplicate", 0) for c in counts) / read if read else 0.0
+
+
+class ShardsReceipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mix_key: str
+    tokenizer_sha256: str
+    dtype: str
+    capacity: int
+    shards: dict[str, list[ShardEntry]]  # source -> shards (train then heldout)
+
+    def tokens(self, source: str, split: str) -> int:
+        return sum(s.tokens for s in self.shards[source] if s.split == split)
+
+
+def read_receipt(store: ObjectStore, key: str, model: type[BaseModel]):
+    """The receipt at `key`, or None when the stage has not finished."""
+    try:
+        raw = store.get_bytes(key)
+    except ObjectNotFound:
+        return None
+    try:
+        return model.model_validate(json.loads(raw))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
+        raise DataError(f"unreadable stage receipt {store.uri_of(key)}: {e}") from None
+
+
+def write_receipt(store: ObjectStore, key: str, receipt: BaseModel) -> None:
+    store.put_bytes(json.dumps(receipt.model_dump(mode="json"), indent=1).encode(), key)
+
+
+def write_clean_source(store: ObjectStore, mix_key: str, cleaned: SourceCleaning) -> int:
+    """Upload one source's kept documents as parquet; returns the bytes written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = cleaned.documents
+    table = pa.table({
+        "doc_id": pa.array([d.doc_id for d in docs], pa.string()),
+        "text": pa.array([d.text for d in docs], pa.large_string()),
+        "split": pa.array([d.split for d in docs], pa.string()).dictionary_encode(),
+    })
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", row_group_size=ROWS_PER_GROUP)
+    return store.put_bytes(buf.getvalue(), clean_key(mix_key, cleaned.name)).size
+
+
+def iter_clean_texts(
+    store: ObjectStore, mix_key: str, source: str, *, split: str | None = None, batch_docs: int = 1024
+) -> Iterator[list[str]]:
+    """Batches of a source's clean document texts, in corpus order, optionally one split."""
+    import pyarrow.parquet as pq
+
+    key = clean_key(mix_key, source)
+    missing = DataError(f"clean corpus {store.uri_of(key)} is missing; re-run clean_documents")
+    local = store.local_path(key)
+    if local is not None:
+        if not local.is_file():
+            raise missing
+        handle = local
+    else:
+        try:
+            handle = io.BytesIO(store.get_bytes(key))
+        except ObjectNotFound:
+            raise missing from None
+    for batch in pq.ParquetFile(handle).iter_batches(batch_size=batch_docs, columns=["text", "split"]):
+        texts = batch.column(0).to_pylist()
+        if split is not None:
+            splits = batch.column(1).to_pylist()
+            texts = [t for t, s in zip(texts, splits) if s == split]
+        if texts:
+            yield texts

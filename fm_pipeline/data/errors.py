@@ -1,0 +1,16 @@
+"""Errors a user can cause in the data pipeline; each message names the source, file or shard."""
+
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """Bad input or a mix that cannot be used: missing/empty sources, unknown formats, a
+    mix that was never published."""
+
+
+class CorruptShardError(DataError):
+    """A shard (or the sample index) does not match the SHA-256 or size its manifest records."""
+
+    def __init__(self, key: str, detail: str):
+        self.key = key
+        super().__init__(f"corrupted shard {key}: {detail}")

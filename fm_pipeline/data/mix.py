@@ -1,0 +1,231 @@
+"""A published data mix, opened for reading: global samples, held-out windows, the tokenizer.
+
+    from fm_pipeline.data import open_mix, mix_key
+    mix = open_mix(store, mix_key(job))
+    batch = mix.samples(start=0, count=8)          # int64 [8, seq_len + 1], global samples 0..7
+    for b in mix.heldout_batches("prose", batch_size=4, n_batches=2): ...
+
+Shards are checked against their manifest SHA-256 the first time this process touches
+them (`mix.verify()` checks all at once); a mismatch raises CorruptShardError naming the
+shard. Shards in S3 are downloaded once into a local cache (`<FM_HOME>/cache/data/<key>/`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from fm_pipeline.config.paths import fm_home
+from fm_pipeline.data.errors import CorruptShardError, DataError
+from fm_pipeline.data.manifest import MixManifest, ShardEntry, Split, manifest_key
+from fm_pipeline.data.sample_index import pass_positions, split_entries
+from fm_pipeline.storage import ObjectNotFound, ObjectStore, sha256_file
+
+
+def open_mix(store: ObjectStore, key: str, *, cache_dir: str | Path | None = None) -> "Mix":
+    """The published mix `key`; DataError if it was never published (no manifest.json)."""
+    try:
+        raw = store.get_bytes(manifest_key(key))
+    except ObjectNotFound:
+        raise DataError(
+            f"data mix {key} is not published in {store.uri} (no {manifest_key(key)}); "
+            "prepare it with `fm data prepare --job JOB.yaml`"
+        ) from None
+    try:
+        manifest = MixManifest.model_validate(json.loads(raw))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
+        raise DataError(f"unreadable manifest {store.uri_of(manifest_key(key))}: {e}") from None
+    return Mix(store, manifest, cache_dir=cache_dir)
+
+
+class _Stream:
+    """One source's split as a sequence of windows spread over shards."""
+
+    def __init__(self, shards: list[ShardEntry], window: int):
+        self.shards = shards
+        self.window = window
+        per_shard = [s.tokens // window for s in shards]
+        self.starts = np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
+
+    @property
+    def windows(self) -> int:
+        return int(self.starts[-1])
+
+
+class Mix:
+    def __init__(self, store: ObjectStore, manifest: MixManifest, *, cache_dir=None):
+        self.store = store
+        self.manifest = manifest
+        self.key = manifest.key
+        self.seq_len = manifest.seq_len
+        self.window = manifest.window
+        self.vocab_size = manifest.vocab_size
+        self.eos_id = manifest.tokenizer.eos_id
+        self.source_names = [s.name for s in manifest.sources]
+        self._cache_dir = Path(cache_dir) if cache_dir else fm_home() / "cache" / "data" / self.key
+        self._streams = {
+            (s.name, split): _Stream(s.split_shards(split), self.window)
+            for s in manifest.sources for split in ("train", "heldout")
+        }
+        self._arrays: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._index: np.ndarray | None = None
+        self._tokenizer = None
+
+    def __repr__(self) -> str:
+        return f"Mix({self.key}, {len(self)} samples/pass, sources={self.source_names})"
+
+    def __len__(self) -> int:
+        """Samples in one pass of the global index (the sequence continues past it)."""
+        return self.manifest.sample_index.samples
+
+    # --- global samples (training) ---------------------------------------------------
+
+    def samples(self, start: int, count: int) -> np.ndarray:
+        """Global samples `start .. start+count` as int64 [count, seq_len + 1]."""
+        entries = self.index_entries(start, count)
+        source_ids, windows = split_entries(entries)
+        out = np.empty((count, self.window), dtype=np.int64)
+        for sid in np.unique(source_ids):
+            rows = source_ids == sid
+            out[rows] = self._gather(self.source_names[int(sid)], "train", windows[rows])
+        return out
+
+    def index_entries(self, start: int, count: int) -> np.ndarray:
+        if start < 0 or count < 0:
+            raise ValueError(f"sample range must be non-negative, got start={start} count={count}")
+        index = self._sample_index()
+        positions = pass_positions(np.arange(start, start + count, dtype=np.int64), len(index),
+                                   seed=self.manifest.seed)
+        return np.asarray(index[positions])
+
+    def sample_sources(self, start: int, count: int) -> list[str]:
+        """Which source each global sample comes from (for per-domain metrics)."""
+        source_ids, _ = split_entries(self.index_entries(start, count))
+        return [self.source_names[int(s)] for s in source_ids]
+
+    # --- held-out windows (evaluation) ------------------------------------------------
+
+    def heldout_windows(self, source: str) -> int:
+        self.manifest.source(source)
+        return self._streams[(source, "heldout")].windows
+
+    def heldout_samples(self, source: str, start: int, count: int) -> np.ndarray:
+        """Held-out windows `start .. start+count` of `source`, in order: int64 [count, window]."""
+        available = self.heldout_windows(source)
+        if start < 0 or start + count > available:
+            raise DataError(
+                f"source {source!r} has {available} held-out windows; asked for "
+                f"{start}..{start + count}"
+            )
+        return self._gather(source, "heldout", np.arange(start, start + count, dtype=np.int64))
+
+    def heldout_batches(self, source: str, *, batch_size: int, n_batches: int | None = None) -> Iterator:
+        """LongTensor batches [batch_size, seq_len + 1] of `source`'s held-out windows, always
+        the same ones in the same order; at most `n_batches` (default: all that fit)."""
+        import torch
+
+        fit = self.heldout_windows(source) // batch_size
+        for b in range(fit if n_batches is None else min(n_batches, fit)):
+            yield torch.from_numpy(self.heldout_samples(source, b * batch_size, batch_size))
+
+    # --- tokenizer --------------------------------------------------------------------
+
+    def tokenizer(self):
+        """The mix's `tokenizers.Tokenizer` (checked against the manifest's SHA-256)."""
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            entry = self.manifest.tokenizer
+            data = self.store.get_bytes(entry.key)
+            if hashlib.sha256(data).hexdigest() != entry.sha256:
+                raise CorruptShardError(entry.key, "tokenizer does not match its manifest SHA-256")
+            self._tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        return self._tokenizer
+
+    def decode(self, ids) -> str:
+        return self.tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
+
+    # --- integrity --------------------------------------------------------------------
+
+    def verify(self) -> int:
+        """Check every shard and the sample index against the manifest; returns bytes read."""
+        total = 0
+        for s in self.manifest.sources:
+            for entry in s.shards:
+                total += self._load(entry.key, entry.bytes, entry.sha256).nbytes
+        self._sample_index()
+        return total + self.manifest.sample_index.bytes
+
+    # --- internals --------------------------------------------------------------------
+
+    def _gather(self, source: str, split: Split, windows: np.ndarray) -> np.ndarray:
+        stream = self._streams[(source, split)]
+        if len(windows) and (windows.min() < 0 or windows.max() >= stream.windows):
+            raise DataError(f"window out of range for {source}/{split} ({stream.windows} windows)")
+        shard_ids = np.searchsorted(stream.starts, windows, side="right") - 1
+        out = np.empty((len(windows), self.window), dtype=np.int64)
+        for sh in np.unique(shard_ids):
+            entry = stream.shards[int(sh)]
+            tokens = self._load(entry.key, entry.bytes, entry.sha256)
+            rows = shard_ids == sh
+            n = entry.tokens // self.window
+            out[rows] = tokens[: n * self.window].reshape(n, self.window)[windows[rows] - stream.starts[sh]]
+        return out
+
+    def _sample_index(self) -> np.ndarray:
+        if self._index is None:
+            e = self.manifest.sample_index
+            self._index = self._load(e.key, e.bytes, e.sha256, dtype="<i8")
+        return self._index
+
+    def _load(self, key: str, size: int, sha256: str, dtype: str | None = None) -> np.ndarray:
+        with self._lock:
+            if key not in self._arrays:
+                self._arrays[key] = self._load_verified(key, size, sha256, dtype or self.manifest.dtype)
+            return self._arrays[key]
+
+    def _load_verified(self, key: str, size: int, sha256: str, dtype: str) -> np.ndarray:
+        path = self.store.local_path(key)
+        if path is None:  # a remote store: a verified copy in the local cache
+            path = self._cache_dir / key
+            if not _matches(path, size, sha256):
+                self._download(key, path)
+                _verify_file(key, path, size, sha256)
+        else:
+            _verify_file(key, path, size, sha256)
+        if size == 0:
+            return np.empty(0, dtype=dtype)
+        return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+
+    def _download(self, key: str, path: Path) -> None:
+        # Several ranks on a node may fetch the same shard: each downloads to its own temp
+        # name and the rename is atomic.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+        try:
+            self.store.get_file(key, tmp)
+        except ObjectNotFound:
+            raise CorruptShardError(key, f"missing from the store {self.store.uri}") from None
+        os.replace(tmp, path)
+
+
+def _matches(path: Path, size: int, sha256: str) -> bool:
+    return path.is_file() and path.stat().st_size == size and sha256_file(path) == sha256
+
+
+def _verify_file(key: str, path: Path, size: int, sha256: str) -> None:
+    if not path.is_file():
+        raise CorruptShardError(key, f"missing ({path})")
+    actual = path.stat().st_size
+    if actual != size:
+        raise CorruptShardError(key, f"{actual} bytes, manifest says {size}")
+    digest = sha256_file(path)
+    if digest != sha256:
+        raise CorruptShardError(key, f"sha256 {digest[:16]}..., manifest says {sha256[:16]}...")

@@ -1,0 +1,264 @@
+"""Prepare a data mix: clean -> tokenizer -> token shards -> published manifest + sample index.
+
+    from fm_pipeline.data import prepare_mix
+    manifest = prepare_mix(job, store)         # idempotent: a published mix returns at once
+
+Each stage is a function the Dagster assets call one by one (`clean_stage`,
+`tokenizer_stage`, `shards_stage`, `publish_stage`). A stage ends by writing its receipt (or
+artifact) and skips itself when that exists, so a failed run resumes where it stopped. The
+manifest is written last: until then nothing is published, and `open_mix` refuses the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+
+from fm_pipeline.config import JobSpec
+from fm_pipeline.data.clean import Cleaner
+from fm_pipeline.data.corpus import (
+    CleanReceipt,
+    ShardsReceipt,
+    iter_clean_texts,
+    read_receipt,
+    write_clean_source,
+    write_receipt,
+)
+from fm_pipeline.data.errors import DataError
+from fm_pipeline.data.manifest import (
+    MixManifest,
+    SampleIndexEntry,
+    SourceEntry,
+    TokenizerEntry,
+    clean_receipt_key,
+    manifest_key,
+    mix_key,
+    mix_prefix,
+    sample_index_key,
+    shards_receipt_key,
+    token_dtype,
+    tokenizer_key,
+)
+from fm_pipeline.data.mix import open_mix
+from fm_pipeline.data.progress import NO_PROGRESS, ProgressSink
+from fm_pipeline.data.sample_index import SOURCE_SHIFT, build_sample_index, samples_per_source
+from fm_pipeline.data.shards import ShardWriter, shard_capacity
+from fm_pipeline.data.sources import fingerprint, iter_documents, list_source_files
+from fm_pipeline.data.tokenizer import encode_documents, eos_id, train_bpe
+from fm_pipeline.storage import ObjectNotFound, ObjectStore
+
+# The tokenizer learns from at most this many characters (split across sources by weight):
+# BPE merges converge long before a web-scale corpus is read.
+TOKENIZER_TRAIN_CHARS = 200_000_000
+ENCODE_BATCH_DOCS = 512
+
+
+def prepare_mix(
+    job: JobSpec, store: ObjectStore, *, force: bool = False, progress: ProgressSink = NO_PROGRESS
+) -> MixManifest:
+    """Run every stage that has not run yet and publish the mix; returns its manifest."""
+    key = mix_key(job)
+    if force:
+        unpublish(store, key)
+    elif store.exists(manifest_key(key)):
+        manifest = open_mix(store, key).manifest
+        _check_fingerprints(job, manifest.provenance.get("fingerprints", {}), key)
+        return manifest
+    clean_stage(job, store, progress=progress)
+    tokenizer_stage(job, store, progress=progress)
+    shards_stage(job, store, progress=progress)
+    return publish_stage(job, store, progress=progress)
+
+
+def unpublish(store: ObjectStore, key: str) -> int:
+    """Remove a mix: the manifest first, so that no reader sees a half-deleted mix."""
+    store.delete(manifest_key(key))
+    return store.delete_prefix(f"{mix_prefix(key)}/")
+
+
+# --- stage 1: clean documents ----------------------------------------------------------
+
+def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> CleanReceipt:
+    key = mix_key(job)
+    done = read_receipt(store, clean_receipt_key(key), CleanReceipt)
+    if done is not None:
+        _check_fingerprints(job, done.fingerprints, key)
+        return done
+    spec = job.data
+    cleaner = Cleaner(min_chars=spec.min_chars, max_chars=spec.max_chars,
+                      heldout_fraction=spec.heldout_fraction)
+    counts, fingerprints, examples = {}, {}, {}
+    for source in spec.sources:
+        task = f"clean {source.name}"
+        files = list_source_files(source)
+        fingerprints[source.name] = fingerprint(files)
+        progress.start(task, total=None, unit="docs")
+        cleaned = cleaner.clean_source(
+            source.name, iter_documents(source, files), on_document=lambda: progress.advance(task)
+        )
+        c = cleaned.counts()
+        if not c.kept:
+            reasons = ", ".join(f"{r}={n} (e.g. {cleaned.examples[r]})" for r, n in c.dropped.items())
+            raise DataError(
+                f"source {source.name!r} ({source.uri}) has no usable documents: read {c.read}, "
+                f"dropped {reasons or 'none'}"
+            )
+        write_clean_source(store, key, cleaned)
+        counts[source.name], examples[source.name] = c, dict(cleaned.examples)
+        progress.finish(task, f"{c.kept} kept, {c.dropped_total} dropped {dict(c.dropped)}")
+    receipt = CleanReceipt(mix_key=key, sources=counts, fingerprints=fingerprints, examples=examples)
+    write_receipt(store, clean_receipt_key(key), receipt)
+    return receipt
+
+
+def _check_fingerprints(job: JobSpec, recorded: dict[str, str], key: str) -> None:
+    for source in job.data.sources:
+        now = fingerprint(list_source_files(source))
+        if recorded.get(source.name, now) != now:
+            raise DataError(
+                f"source {source.name!r} ({source.uri}) changed since mix {key} was prepared "
+                f"(files fingerprint {recorded[source.name]} -> {now}); re-run with force "
+                "(`fm data prepare --force`) to rebuild it"
+            )
+
+
+# --- stage 2: tokenizer -----------------------------------------------------------------
+
+def tokenizer_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> TokenizerEntry:
+    key = mix_key(job)
+    try:
+        return _tokenizer_entry(store, key)
+    except ObjectNotFound:
+        pass
+    _require(store, clean_receipt_key(key), CleanReceipt, "clean_documents")
+    progress.start("train tokenizer", total=None)
+    tok = train_bpe(_tokenizer_corpus(job, store, key), vocab_size=job.model_cfg.vocab_size)
+    store.put_bytes(tok.to_str().encode("utf-8"), tokenizer_key(key))
+    entry = _tokenizer_entry(store, key)
+    progress.finish("train tokenizer", f"vocab {entry.vocab_size}")
+    return entry
+
+
+def _tokenizer_corpus(job: JobSpec, store: ObjectStore, key: str):
+    for source in job.data.sources:
+        budget = TOKENIZER_TRAIN_CHARS * source.weight
+        for texts in iter_clean_texts(store, key, source.name, split="train"):
+            for text in texts:
+                yield text
+                budget -= len(text)
+            if budget <= 0:
+                break
+
+
+def _tokenizer_entry(store: ObjectStore, key: str) -> TokenizerEntry:
+    from tokenizers import Tokenizer
+
+    data = store.get_bytes(tokenizer_key(key))
+    tok = Tokenizer.from_str(data.decode("utf-8"))
+    return TokenizerEntry(key=tokenizer_key(key), sha256=hashlib.sha256(data).hexdigest(),
+                          vocab_size=tok.get_vocab_size(), eos_id=eos_id(tok))
+
+
+def load_tokenizer(store: ObjectStore, key: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(store.get_bytes(tokenizer_key(key)).decode("utf-8"))
+
+
+# --- stage 3: token shards -------------------------------------------------------------
+
+def shards_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> ShardsReceipt:
+    key = mix_key(job)
+    try:
+        tok_entry = _tokenizer_entry(store, key)
+    except ObjectNotFound:
+        raise DataError(f"mix {key} has no tokenizer yet; run the tokenizer stage first") from None
+    done = read_receipt(store, shards_receipt_key(key), ShardsReceipt)
+    if done is not None and done.tokenizer_sha256 == tok_entry.sha256:
+        return done
+    clean = _require(store, clean_receipt_key(key), CleanReceipt, "clean_documents")
+    tok = load_tokenizer(store, key)
+    dtype = token_dtype(job.model_cfg.vocab_size)
+    capacity = shard_capacity(job.data.shard_tokens, job.training.seq_len + 1)
+    shards = {}
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="shard-upload") as uploader:
+        for source in job.data.sources:
+            task = f"tokenize {source.name}"
+            progress.start(task, total=clean.sources[source.name].kept, unit="docs")
+            entries = []
+            for split in ("train", "heldout"):
+                writer = ShardWriter(store, mix_key=key, source=source.name, split=split,
+                                     capacity=capacity, dtype=dtype, uploader=uploader)
+                for texts in iter_clean_texts(store, key, source.name, split=split,
+                                              batch_docs=ENCODE_BATCH_DOCS):
+                    writer.append(encode_documents(tok, texts, eos=tok_entry.eos_id, dtype=dtype))
+                    progress.advance(task, len(texts))
+                entries += writer.close()
+            shards[source.name] = entries
+            tokens = sum(e.tokens for e in entries)
+            progress.finish(task, f"{tokens:,} tokens in {len(entries)} shards")
+    receipt = ShardsReceipt(mix_key=key, tokenizer_sha256=tok_entry.sha256, dtype=dtype,
+                            capacity=capacity, shards=shards)
+    write_receipt(store, shards_receipt_key(key), receipt)
+    return receipt
+
+
+# --- stage 4: publish ------------------------------------------------------------------
+
+def publish_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> MixManifest:
+    key = mix_key(job)
+    if store.exists(manifest_key(key)):
+        return open_mix(store, key).manifest
+    clean = _require(store, clean_receipt_key(key), CleanReceipt, "clean_documents")
+    shards = _require(store, shards_receipt_key(key), ShardsReceipt, "token_shards")
+    tok = _tokenizer_entry(store, key)
+    if shards.tokenizer_sha256 != tok.sha256:
+        raise DataError(
+            f"mix {key}: the shards were cut with another tokenizer ({shards.tokenizer_sha256[:12]}) "
+            f"than the stored one ({tok.sha256[:12]}); re-run with force"
+        )
+    progress.start("publish mix", total=None)
+    window = job.training.seq_len + 1
+    sources = job.data.sources
+    windows = {s.name: shards.tokens(s.name, "train") // window for s in sources}
+    counts = samples_per_source(windows, {s.name: s.weight for s in sources})
+    index = build_sample_index(counts, windows, seed=job.data.seed)
+    index_bytes = index.astype("<i8").tobytes()
+    store.put_bytes(index_bytes, sample_index_key(key))
+    entries = []
+    for s in sources:
+        train, heldout = shards.tokens(s.name, "train"), shards.tokens(s.name, "heldout")
+        entries.append(SourceEntry(
+            name=s.name, uri=s.uri, format=s.format, weight=s.weight,
+            documents=clean.sources[s.name],
+            train_tokens=train, heldout_tokens=heldout,
+            train_windows=windows[s.name], heldout_windows=heldout // window,
+            samples=counts[s.name], epochs=round(counts[s.name] * window / train, 6),
+            shards=shards.shards[s.name],
+        ))
+    manifest = MixManifest(
+        key=key,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        seq_len=job.training.seq_len, window=window, vocab_size=job.model_cfg.vocab_size,
+        dtype=shards.dtype, shard_tokens=job.data.shard_tokens, seed=job.data.seed,
+        tokenizer=tok, sources=entries,
+        sample_index=SampleIndexEntry(
+            key=sample_index_key(key), samples=len(index), bytes=len(index_bytes),
+            sha256=hashlib.sha256(index_bytes).hexdigest(), source_shift=SOURCE_SHIFT,
+        ),
+        data_spec=job.data.model_dump(mode="json"),
+        provenance={"fingerprints": clean.fingerprints, "python": sys.version.split()[0],
+                    "dedup_ratio": round(clean.dedup_ratio(), 6)},
+    )
+    store.put_bytes(manifest.to_json(), manifest_key(key))  # the commit point
+    progress.finish("publish mix", f"{len(index):,} samples, key {key}")
+    return manifest
+
+
+def _require(store: ObjectStore, key: str, model, stage: str):
+    receipt = read_receipt(store, key, model)
+    if receipt is None:
+        raise DataError(f"stage {stage} has not finished ({store.uri_of(key)} is missing); run it first")
+    return receipt

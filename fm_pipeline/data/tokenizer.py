@@ -1,0 +1,63 @@
+"""Byte-level BPE (the `tokenizers` library), trained on the clean corpus of a mix.
+
+Byte-level means every UTF-8 string encodes without unknown tokens; `<|endoftext|>` (id 0)
+separates documents in the token streams. The trained file is what the trainer reloads:
+
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(store.get_bytes(f"data/{key}/tokenizer.json").decode())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fm_pipeline.data.errors import DataError
+from fm_pipeline.data.manifest import EOS_TOKEN
+
+MIN_VOCAB = 256 + 1  # the byte alphabet plus <|endoftext|>
+
+
+def train_bpe(texts: Iterable[str], *, vocab_size: int):
+    """A byte-level BPE tokenizer with at most `vocab_size` ids (fewer on a tiny corpus)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < MIN_VOCAB:
+        raise DataError(
+            f"model.vocab_size ({vocab_size}) must be >= {MIN_VOCAB}: 256 byte tokens plus "
+            f"{EOS_TOKEN}"
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def eos_id(tok) -> int:
+    idx = tok.token_to_id(EOS_TOKEN)
+    if idx is None:
+        raise DataError(f"tokenizer has no {EOS_TOKEN} token")
+    return idx
+
+
+def encode_documents(tok, texts: list[str], *, eos: int, dtype) -> "np.ndarray":
+    """Token ids of `texts`, each document followed by `eos`, as one flat array."""
+    import numpy as np
+
+    # encode_batch_fast skips character offsets, which shards never need.
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    encodings = encode(texts, add_special_tokens=False)
+    lengths = np.fromiter((len(e) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+    out = np.empty(int(lengths.sum()), dtype=dtype)
+    pos = 0
+    for e, n in zip(encodings, lengths):
+        out[pos:pos + n - 1] = e.ids
+        out[pos + n - 1] = eos
+        pos += n
+    return out

@@ -1,0 +1,38 @@
+"""FSDP2 (`fully_shard`): each transformer block is one unit, then the rest of the model.
+
+On a 1-D mesh it shards (ZeRO-3); on the 2-D ("dp_replicate", "dp_shard") mesh it is HSDP:
+sharded within a replica group, gradients all-reduced across replicas. bf16 mixed precision
+computes in bf16 and reduces gradients in fp32; master weights and optimizer state stay fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from fm_pipeline.model import Transformer
+
+
+def mixed_precision_policy(mixed_precision: str) -> MixedPrecisionPolicy:
+    if mixed_precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def apply_fsdp(
+    model: Transformer,
+    dp_mesh: DeviceMesh,
+    *,
+    mixed_precision: str,
+    reshard_after_forward: bool,
+) -> None:
+    """Shard `model` in place. Pipeline stages pass reshard_after_forward=False: re-gathering
+    the weights for every microbatch's backward would multiply the all-gathers."""
+    policy = mixed_precision_policy(mixed_precision)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        # The last block's weights are needed again at once by backward: keep them.
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy,
+                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)

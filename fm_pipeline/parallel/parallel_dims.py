@@ -1,0 +1,74 @@
+"""Mesh arithmetic: the job's degrees, checked against the world torchrun actually started,
+and the DeviceMesh built from them.
+
+Mesh dimensions, outermost first: dp_replicate x dp_shard x pp x tp (tp innermost, so tensor
+parallel peers are neighbours on a node). Every dimension exists even at degree 1, so code
+can always ask for `mesh["tp"]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fm_pipeline.config import ParallelismSpec
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "pp", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    pp: int
+    tp: int
+    world_size: int
+
+    def __post_init__(self):
+        degrees = (self.dp_replicate, self.dp_shard, self.pp, self.tp)
+        if min(degrees) < 1:
+            raise ValueError(f"every degree must be >= 1: {self.describe()}")
+        product = self.dp_replicate * self.dp_shard * self.pp * self.tp
+        if product != self.world_size:
+            raise ValueError(
+                f"{self.describe()} = {product} does not match the world size "
+                f"{self.world_size} this job was launched with"
+            )
+
+    @classmethod
+    def from_spec(cls, spec: ParallelismSpec, *, world_size: int) -> "ParallelDims":
+        return cls(dp_replicate=spec.dp_replicate, dp_shard=spec.dp_shard, pp=spec.pp,
+                   tp=spec.tp, world_size=world_size)
+
+    def describe(self) -> str:
+        return (f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x pp {self.pp} "
+                f"x tp {self.tp}")
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.dp_replicate, self.dp_shard, self.pp, self.tp)
+
+    @property
+    def dp(self) -> int:
+        """Distinct batches per step (the data loader's dp_size)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp > 1
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """This rank's position on each mesh dimension (row-major over MESH_DIMS)."""
+        coords, rest = {}, rank
+        for name, size in reversed(list(zip(MESH_DIMS, self.shape))):
+            coords[name] = rest % size
+            rest //= size
+        return {name: coords[name] for name in MESH_DIMS}
+
+    def dp_rank(self, rank: int) -> int:
+        c = self.coordinates(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    def build_mesh(self, device_type: str):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device_type, self.shape, mesh_dim_names=MESH_DIMS)

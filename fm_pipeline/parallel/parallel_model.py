@@ -1,0 +1,110 @@
+"""What one rank holds after parallelisation, and the forward/backward of one optimizer step.
+
+Without pipeline parallelism a step is a loop over micro-batches accumulating gradients;
+with it, one pipeline schedule run over the whole local batch. Tensor-parallel logits stay
+vocabulary-sharded and the loss runs under `loss_parallel()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from fm_pipeline.model import Transformer
+from fm_pipeline.parallel.parallel_dims import ParallelDims
+
+
+def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss; logits come out bf16 under mixed precision, so upcast first."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A detached ordinary tensor (tensor-parallel losses come back as replicated DTensors)."""
+    t = t.detach()
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+@dataclass
+class ParallelModel:
+    parts: list[Transformer]  # one, or one per virtual pipeline stage
+    stages: list[int]
+    n_stages: int
+    schedule: object | None  # a torch.distributed.pipelining schedule when pp > 1
+    dims: ParallelDims
+    mesh: DeviceMesh
+    device: torch.device
+    mixed_precision: str
+    micro_batch_size: int
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stages
+
+    @property
+    def has_last_stage(self) -> bool:
+        """Whether this rank computes the loss."""
+        return self.n_stages - 1 in self.stages
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        for part in self.parts:
+            yield from part.parameters()
+
+    def train(self, mode: bool = True) -> None:
+        for part in self.parts:
+            part.train(mode)
+
+    @contextlib.contextmanager
+    def _compute_context(self):
+        with contextlib.ExitStack() as stack:
+            if self.dims.tp > 1:
+                stack.enter_context(loss_parallel())
+            if self.mixed_precision == "bf16" and not self.dims.fsdp_enabled:
+                # FSDP's MixedPrecisionPolicy casts when it is on; otherwise autocast does.
+                stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+            yield
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Accumulate the gradients of one optimizer step over this rank's batch
+        [local_batch, seq]. Returns the mean loss on ranks holding the last stage, else None."""
+        if self.schedule is not None:
+            return self._pipeline_step(inputs, targets, train=True)
+        model = self.parts[0]
+        micro_inputs = inputs.split(self.micro_batch_size)
+        micro_targets = targets.split(self.micro_batch_size)
+        total = torch.zeros((), device=self.device)
+        for mb_inputs, mb_targets in zip(micro_inputs, micro_targets, strict=True):
+            with self._compute_context():
+                loss = cross_entropy_loss(model(mb_inputs), mb_targets) / len(micro_inputs)
+                loss.backward()
+            total += _plain(loss)
+        return total
+
+    @torch.no_grad()
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Evaluation loss of one batch (no gradients); None on ranks without the last stage."""
+        if self.schedule is not None:
+            return self._pipeline_step(inputs, targets, train=False)
+        with self._compute_context():
+            return _plain(cross_entropy_loss(self.parts[0](inputs), targets))
+
+    def _pipeline_step(self, inputs, targets, *, train: bool) -> torch.Tensor | None:
+        args = (inputs,) if self.has_first_stage else ()
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": targets, "losses": losses} if self.has_last_stage else {}
+        with self._compute_context():
+            if train:
+                self.schedule.step(*args, **kwargs)
+            else:
+                self.schedule.eval(*args, **kwargs)
+        if not self.has_last_stage:
+            return None
+        return torch.stack([_plain(loss).float() for loss in losses]).mean()

@@ -1,0 +1,100 @@
+"""Build the model this rank trains: meta-device construction, then parallelism applied from
+outside in a fixed order, then materialisation and deterministic initialisation.
+
+    from fm_pipeline.parallel import build_parallel_model, init_distributed, ParallelDims
+    device = init_distributed()
+    dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
+    mesh = dims.build_mesh(device.type)
+    pm = build_parallel_model(job, mesh=mesh, dims=dims, device=device)
+    loss = pm.forward_backward(inputs, targets)      # grads accumulated for one step
+
+Order per model part: tensor/sequence parallel -> activation checkpointing -> FSDP2
+(torchtitan's order: FSDP must wrap what TP produced, and checkpointing must sit inside FSDP
+so recomputation re-gathers nothing). Pipeline parallelism decides first which parts
+(stages) this rank holds.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from fm_pipeline.config import JobSpec
+from fm_pipeline.model import Transformer
+from fm_pipeline.parallel.activation_checkpoint import apply_activation_checkpoint
+from fm_pipeline.parallel.fsdp import apply_fsdp
+from fm_pipeline.parallel.parallel_dims import ParallelDims
+from fm_pipeline.parallel.parallel_model import ParallelModel, cross_entropy_loss
+from fm_pipeline.parallel.pipeline_parallel import build_schedule, build_stage_module, stage_ids
+from fm_pipeline.parallel.tensor_parallel import apply_tensor_parallel
+
+
+def dp_mesh(mesh: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
+    """The mesh FSDP works on: 2-D (replicate, shard) for HSDP, else the shard dimension."""
+    if dims.dp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard"]
+    return mesh["dp_shard"]
+
+
+def parallelize_part(
+    part: Transformer,
+    *,
+    mesh: DeviceMesh,
+    dims: ParallelDims,
+    activation_checkpoint: str,
+    mixed_precision: str,
+) -> None:
+    """TP -> AC -> FSDP2 on one model part, in place."""
+    if dims.tp > 1:
+        apply_tensor_parallel(part, mesh["tp"])
+    apply_activation_checkpoint(part, activation_checkpoint)
+    if dims.fsdp_enabled:
+        apply_fsdp(part, dp_mesh(mesh, dims), mixed_precision=mixed_precision,
+                   reshard_after_forward=dims.pp == 1)
+
+
+def write_local_part(param: nn.Parameter, full: torch.Tensor) -> None:
+    """Keep the slice of `full` that this rank's shard of `param` holds."""
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(local.to_local())
+    else:
+        param.copy_(full)
+
+
+def build_parallel_model(
+    job: JobSpec,
+    *,
+    mesh: DeviceMesh,
+    dims: ParallelDims,
+    device: torch.device,
+    seed: int | None = None,
+) -> ParallelModel:
+    """This rank's parallelised, initialised model parts (and pipeline schedule if pp > 1)."""
+    cfg, p = job.model_cfg, job.parallelism
+    n_stages = p.pp * p.pp_virtual_stages
+    pp_rank = mesh["pp"].get_local_rank()
+    stages = stage_ids(pp_rank=pp_rank, pp=p.pp, virtual_stages=p.pp_virtual_stages)
+    parts = []
+    for stage in stages:
+        with torch.device("meta"):
+            part = build_stage_module(cfg, stage=stage, n_stages=n_stages)
+        parallelize_part(part, mesh=mesh, dims=dims, activation_checkpoint=p.activation_checkpoint,
+                         mixed_precision=p.mixed_precision)
+        part.to_empty(device=device)
+        part.init_weights(seed=job.training.seed if seed is None else seed, write=write_local_part)
+        parts.append(part)
+    schedule = None
+    if p.pp > 1:
+        schedule = build_schedule(
+            parts, stages=stages, n_stages=n_stages, schedule=p.pp_schedule,
+            n_microbatches=job.pp_microbatches, loss_fn=cross_entropy_loss, device=device,
+            pp_group=mesh["pp"].get_group(),
+        )
+    return ParallelModel(
+        parts=parts, stages=stages, n_stages=n_stages, schedule=schedule, dims=dims, mesh=mesh,
+        device=device, mixed_precision=p.mixed_precision,
+        micro_batch_size=job.training.micro_batch_size,
+    )

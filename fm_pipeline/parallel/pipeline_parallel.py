@@ -1,0 +1,72 @@
+"""Pipeline parallelism with torch.distributed.pipelining: stage split and schedules.
+
+The decoder is cut into pp x pp_virtual_stages stages of equal layer counts; the first
+stage also holds the embedding, the last the final norm and output head. With
+Interleaved1F1B a pp rank holds stages rank, rank + pp, rank + 2pp, ... ("loop" placement);
+with 1F1B and GPipe one stage each. A stage is the model with the other layers' keys
+deleted, so its parameter names are those of the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+
+from fm_pipeline.model import ModelConfig, Transformer
+
+SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
+
+
+def stage_ids(*, pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    return [pp_rank + v * pp for v in range(virtual_stages)]
+
+
+def stage_layers(cfg: ModelConfig, *, stage: int, n_stages: int) -> range:
+    if cfg.n_layers % n_stages:
+        raise ValueError(f"n_layers ({cfg.n_layers}) must be divisible by the {n_stages} stages")
+    per_stage = cfg.n_layers // n_stages
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+def build_stage_module(cfg: ModelConfig, *, stage: int, n_stages: int) -> Transformer:
+    """The decoder restricted to one stage (built on the current default device)."""
+    model = Transformer(cfg)
+    keep = {str(i) for i in stage_layers(cfg, stage=stage, n_stages=n_stages)}
+    for key in [k for k in model.layers if k not in keep]:
+        del model.layers[key]
+    if stage > 0:
+        model.tok_embeddings = None
+    if stage < n_stages - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def build_schedule(
+    parts: list[Transformer],
+    *,
+    stages: list[int],
+    n_stages: int,
+    schedule: str,
+    n_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    pp_group,
+):
+    """One PipelineStage per model part, driven by the named schedule."""
+    pipeline_stages = [
+        PipelineStage(part, stage_idx, n_stages, device, group=pp_group)
+        for part, stage_idx in zip(parts, stages, strict=True)
+    ]
+    cls = SCHEDULES[schedule]
+    if cls is ScheduleInterleaved1F1B:
+        return cls(pipeline_stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    (only_stage,) = pipeline_stages
+    return cls(only_stage, n_microbatches=n_microbatches, loss_fn=loss_fn)

@@ -1,0 +1,36 @@
+"""Launching training segments: the torchrun invocation, locally and as a Kubernetes JobSet.
+
+    from fm_pipeline.launch import SegmentLaunch, run_segment_locally, render_segment
+    result = run_segment_locally(SegmentLaunch(job, end_step=20))      # SegmentResult
+    rendered = render_segment(SegmentLaunch(job, end_step=20),
+                              KubernetesTarget(store_uri="s3://bucket/fm"))
+
+Modules: spec (the invocation), local (run it here), outcome (real exit code and reason),
+exit_record (the trainer's side of that), pod + jobset (Kubernetes objects), k8s_validate
+(strict validation), k8s_client (submit/follow/delete), pod_local (run a rendered pod's
+command as a local "node"). Exports resolve lazily: torchrun workers import exit_record
+through this package and must not pay for the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "SegmentLaunch": "spec", "Standalone": "spec", "PetRendezvous": "spec",
+    "run_segment_locally": "local",
+    "Outcome": "outcome", "SegmentResult": "outcome", "SegmentFailed": "outcome",
+    "SegmentPreempted": "outcome",
+    "Placement": "pod",
+    "KubernetesTarget": "jobset", "RenderedSegment": "jobset", "render_segment": "jobset",
+    "ManifestInvalid": "k8s_validate", "validate_object": "k8s_validate",
+    "JobSetClient": "k8s_client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'fm_pipeline.launch' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"fm_pipeline.launch.{_EXPORTS[name]}"), name)

@@ -1,0 +1,55 @@
+"""The trainer's side of failure reporting: leave the real exit code and reason for the launcher.
+
+torchrun exits 1 whatever its worker's code was, and torch's `@record` writes an error file
+only for uncaught exceptions. A worker that exits on purpose (preempted, bad config) calls
+
+    from fm_pipeline.launch.exit_record import exit_with
+    exit_with(75, "preempted at step 37; checkpoint step-00000037 saved")
+
+which writes its torch-elastic error file (TORCHELASTIC_ERROR_FILE, set per worker by
+torchrun) and exits with the code. torchrun copies the root cause's file to its own error
+file and keeps `errorCode`; the launcher reads either back (outcome.py). Imports nothing
+heavy: it runs inside every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import NoReturn
+
+# Kubernetes keeps only the first 4096 bytes of a termination message: code and reason go
+# first, and the traceback is capped.
+MAX_TRACEBACK_CHARS = 2000
+
+
+def exit_record(exit_code: int, reason: str, *, traceback_text: str | None = None) -> dict:
+    """The torch-elastic error-file format, with errorCode first so truncation keeps it."""
+    extra = {"timestamp": str(int(time.time())), "time_ns": time.time_ns()}
+    if os.environ.get("RANK") is not None:
+        extra["rank"] = int(os.environ["RANK"])
+    extra["py_callstack"] = (traceback_text or reason)[-MAX_TRACEBACK_CHARS:]
+    return {"message": {"errorCode": exit_code, "message": reason, "extraInfo": extra}}
+
+
+def write_exit_record(exit_code: int, reason: str, *, traceback_text: str | None = None) -> str | None:
+    """Write this worker's error file; returns its path, or None outside torchrun."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return None
+    record = exit_record(exit_code, reason, traceback_text=traceback_text)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)  # torchrun may read it the moment we exit
+    return path
+
+
+def exit_with(exit_code: int, reason: str, *, traceback_text: str | None = None) -> NoReturn:
+    if exit_code != 0:
+        write_exit_record(exit_code, reason, traceback_text=traceback_text)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(exit_code)

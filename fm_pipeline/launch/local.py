@@ -1,0 +1,153 @@
+"""Run one training segment on this machine: the torchrun command, its output and its outcome.
+
+    from fm_pipeline.launch import SegmentLaunch, run_segment_locally
+    result = run_segment_locally(SegmentLaunch(job, end_step=20))
+    result.outcome, result.exit_code, result.reason      # succeeded / preempted / failed ...
+
+No Dagster here: the CLI, chaos tests and the API call this; the Dagster resource
+(fm_pipeline.resources.launcher_local) calls it inside a Pipes session. Everything a
+segment leaves is under runs_dir(job)/segments/<end_step>-<time>/: job.yaml, torchrun.log
+(torchrun's and the workers' output), torchrun/ (per-worker error files), error.json,
+result.json. Touching `preempt` there asks the trainer to checkpoint and exit (75).
+Interrupting the caller (Ctrl-C, a cancelled Dagster run) sends torchrun SIGTERM, which
+it forwards to the workers: they checkpoint, exit, and the result says "preempted".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TextIO
+
+from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.launch.outcome import Outcome, SegmentResult, diagnose, outcome_of, worker_error_files
+from fm_pipeline.launch.spec import SegmentLaunch, SegmentPaths, local_paths
+
+# After SIGTERM, torchrun waits its --shutdown-timeout for the workers; then this much more.
+STOP_MARGIN_S = 10
+
+
+def new_segment_dir(launch: SegmentLaunch) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    path = runs_dir(launch.job.name) / "segments" / f"{launch.end_step:08d}-{stamp}"
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def torchrun_executable() -> list[str]:
+    """The torchrun of this interpreter's environment (a venv need not be on PATH)."""
+    beside = Path(sys.executable).parent / "torchrun"
+    if beside.is_file():
+        return [str(beside)]
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
+def prepare_segment(launch: SegmentLaunch, segment_dir: Path | None = None) -> tuple[list[str], SegmentPaths]:
+    """Create the segment directory with its job.yaml; return (argv, paths)."""
+    segment_dir = segment_dir or new_segment_dir(launch)
+    segment_dir.mkdir(parents=True, exist_ok=True)
+    paths = local_paths(segment_dir)
+    paths.job_file.write_text(launch.job_yaml(), encoding="utf-8")
+    argv = launch.torchrun_argv(launch.standalone(), paths=paths)
+    return torchrun_executable() + argv[1:], paths
+
+
+def run_segment_locally(
+    launch: SegmentLaunch,
+    *,
+    env: dict[str, str] | None = None,
+    segment_dir: Path | None = None,
+    echo: TextIO | None = sys.stdout,
+    timeout_s: float | None = None,
+) -> SegmentResult:
+    """Run the segment to completion and say what happened; never raises for a failed run
+    (call `result.raise_for_outcome()` for that). `env` is added to the workers' environment
+    (e.g. Dagster Pipes bootstrap variables); `echo` receives the live output (None: quiet)."""
+    argv, paths = prepare_segment(launch, segment_dir)
+    segment_dir = paths.job_file.parent
+    output_log = segment_dir / "torchrun.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **paths.env(), **(env or {})}
+    started = time.monotonic()
+    timed_out = False
+    with open(output_log, "wb") as log:
+        # Own session: a Ctrl-C in the terminal reaches us, and we decide what torchrun gets.
+        proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo), daemon=True)
+        pump.start()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
+        except BaseException:
+            stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
+            raise
+        finally:
+            pump.join(timeout=10)
+    result = _result(launch, paths, proc.returncode, output_log,
+                     time.monotonic() - started, timed_out=timed_out, timeout_s=timeout_s)
+    (segment_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    return result
+
+
+def stop(proc: subprocess.Popen, *, grace_s: float) -> None:
+    """SIGTERM torchrun (it forwards to the workers, who checkpoint); SIGKILL the group later."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _pump(stream, log, echo: TextIO | None) -> None:
+    for line in iter(stream.readline, b""):
+        log.write(line)
+        log.flush()
+        if echo is not None:
+            echo.write(line.decode("utf-8", errors="replace"))
+            echo.flush()
+    stream.close()
+
+
+def _result(launch: SegmentLaunch, paths: SegmentPaths, returncode: int, output_log: Path,
+            duration_s: float, *, timed_out: bool, timeout_s: float | None) -> SegmentResult:
+    common = dict(
+        job=launch.job.name, end_step=launch.end_step, torchrun_exit_code=returncode,
+        duration_s=round(duration_s, 3), segment_dir=str(paths.job_file.parent),
+        output_log=str(output_log),
+        error_files=tuple(str(p) for p in worker_error_files(paths.log_dir)),
+    )
+    if returncode == 0 and not timed_out:
+        return SegmentResult(outcome=Outcome.SUCCEEDED, exit_code=0, reason="reached end step",
+                             **common)
+    text = output_log.read_text(encoding="utf-8", errors="replace")
+    evidence = diagnose(log_dir=paths.log_dir, agent_error_file=paths.error_file,
+                        output_text=text)
+    exit_code = evidence.exit_code if evidence.exit_code is not None else returncode
+    reason = evidence.reason or _no_record_reason(returncode, text)
+    outcome = outcome_of(exit_code)
+    if timed_out:
+        outcome = Outcome.TIMED_OUT
+        reason = f"stopped after the {timeout_s:g} s time limit; then: {reason}"
+    return SegmentResult(outcome=outcome, exit_code=exit_code, reason=reason,
+                         failed_rank=evidence.rank, traceback=evidence.traceback,
+                         evidence=evidence.source, **common)
+
+
+def _no_record_reason(returncode: int, output: str) -> str:
+    tail = [line for line in output.strip().splitlines()[-5:] if line.strip()]
+    last = tail[-1].strip() if tail else "(no output)"
+    if returncode < 0:
+        return f"torchrun was killed by signal {-returncode}; last output: {last}"
+    return f"torchrun exited {returncode} and no worker left an error record; last output: {last}"

@@ -1,0 +1,149 @@
+"""The launch spec: one training segment as a `torchrun` invocation.
+
+    launch = SegmentLaunch(job, end_step=20)
+    argv = launch.torchrun_argv(Standalone(nproc=2), paths=local_paths(segment_dir))
+    # ['torchrun', '--standalone', '--nnodes', '1', '--nproc-per-node', '2', '--log-dir', ...,
+    #  '--max-restarts', '0', '--shutdown-timeout', '30', '-m', 'fm_pipeline.train',
+    #  '--job', '<segment_dir>/job.yaml', '--end-step', '20']
+
+The local launcher and the Kubernetes pod run the same invocation; only the rendezvous
+arguments and the paths differ. On Kubernetes the rendezvous comes from the PET_* variables
+Kubeflow Trainer v2 uses, written as `$(PET_NNODES)` so the kubelet expands them.
+torchrun loses a failed worker's exit code (it exits 1), so every invocation names a log
+directory (one error file per worker) and an error file for the agent: the outcome is read
+back from them (see outcome.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from fm_pipeline.config import JobSpec, dump_job
+
+TRAINER_MODULE = "fm_pipeline.train"
+# The trainer polls this file at step boundaries; a Kubernetes preStop hook touches it, so
+# ranks checkpoint before SIGTERM arrives.
+PREEMPT_FLAG_ENV = "FM_PREEMPT_FLAG"
+PET_VARS = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+            "PET_MASTER_PORT")
+# Seconds torchrun waits, after forwarding SIGTERM, beyond the trainer's preemption grace.
+SHUTDOWN_MARGIN_S = 5
+
+
+@dataclass(frozen=True)
+class Standalone:
+    """Every rank of the job on this machine, with torchrun's private rendezvous."""
+
+    nproc: int
+
+    def args(self) -> list[str]:
+        return ["--standalone", "--nnodes", "1", "--nproc-per-node", str(self.nproc)]
+
+
+@dataclass(frozen=True)
+class PetRendezvous:
+    """c10d rendezvous from the PET_* environment (one torchrun agent per node/pod).
+
+    The values stay `$(VAR)` references: the kubelet (or pod_local.expand_k8s_vars)
+    substitutes them from the container's environment.
+    """
+
+    rdzv_id: str
+
+    def args(self) -> list[str]:
+        return [
+            "--nnodes", "$(PET_NNODES)",
+            "--nproc-per-node", "$(PET_NPROC_PER_NODE)",
+            "--node-rank", "$(PET_NODE_RANK)",
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+            "--rdzv-id", self.rdzv_id,
+        ]
+
+
+Rendezvous = Standalone | PetRendezvous
+
+
+@dataclass(frozen=True)
+class SegmentPaths:
+    """Where one segment's invocation reads its spec and leaves its evidence."""
+
+    job_file: Path
+    log_dir: Path  # torchrun --log-dir: <run>/attempt_<k>/<local_rank>/error.json per worker
+    error_file: Path  # TORCHELASTIC_ERROR_FILE of the torchrun agent (root cause copy)
+    preempt_flag: Path
+
+    def env(self) -> dict[str, str]:
+        return {"TORCHELASTIC_ERROR_FILE": str(self.error_file),
+                PREEMPT_FLAG_ENV: str(self.preempt_flag)}
+
+
+def local_paths(segment_dir: Path) -> SegmentPaths:
+    return SegmentPaths(
+        job_file=segment_dir / "job.yaml",
+        log_dir=segment_dir / "torchrun",
+        error_file=segment_dir / "error.json",
+        preempt_flag=segment_dir / "preempt",
+    )
+
+
+@dataclass(frozen=True)
+class SegmentLaunch:
+    """Train `job` from its latest valid checkpoint up to `end_step`, as one torchrun job."""
+
+    job: JobSpec
+    end_step: int
+    module: str = TRAINER_MODULE
+    overrides: tuple[str, ...] = field(default=())  # trainer --set dotted.key=value
+    max_restarts: int = 0  # torchrun's in-place restarts; Kubernetes restarts via JobSet
+
+    def __post_init__(self):
+        if self.end_step < 1:
+            raise ValueError(f"end_step must be >= 1, got {self.end_step}")
+        if self.end_step > self.job.training.steps:
+            raise ValueError(
+                f"end_step {self.end_step} is past the job's target step "
+                f"training.steps={self.job.training.steps}"
+            )
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        for item in self.overrides:
+            if "=" not in item or item.startswith("="):
+                raise ValueError(f"override {item!r} must look like dotted.key=value")
+
+    @property
+    def rdzv_id(self) -> str:
+        return f"{self.job.name}-{self.end_step}"
+
+    @property
+    def shutdown_timeout_s(self) -> int:
+        return math.ceil(self.job.training.preemption_grace_s) + SHUTDOWN_MARGIN_S
+
+    def standalone(self) -> Standalone:
+        """All ranks on one machine: nnodes x nproc_per_node local workers."""
+        return Standalone(nproc=self.job.parallelism.world_size)
+
+    def pet_rendezvous(self) -> PetRendezvous:
+        return PetRendezvous(rdzv_id=self.rdzv_id)
+
+    def torchrun_argv(self, rendezvous: Rendezvous, *, paths: SegmentPaths) -> list[str]:
+        trainer_args = ["--job", str(paths.job_file), "--end-step", str(self.end_step)]
+        for item in self.overrides:
+            trainer_args += ["--set", item]
+        return [
+            "torchrun",
+            *rendezvous.args(),
+            "--log-dir", str(paths.log_dir),
+            "--max-restarts", str(self.max_restarts),
+            "--shutdown-timeout", str(self.shutdown_timeout_s),
+            "-m", self.module,
+            *trainer_args,
+        ]
+
+    def job_yaml(self) -> str:
+        """The resolved spec the segment trains with (a file locally, a ConfigMap in a pod)."""
+        return yaml.safe_dump(dump_job(self.job), sort_keys=False)

@@ -1,0 +1,10 @@
+"""Trainer exit codes (the cross-area contract in the team brief); launchers classify by them.
+
+torchrun itself exits 1 for any worker failure; the launcher recovers these codes from the
+workers' error files (see fm_pipeline.launch.exit_record and fm_pipeline.launch.outcome).
+"""
+
+SUCCESS = 0
+FAILURE = 1
+BAD_CONFIG = 2
+PREEMPTED = 75  # EX_TEMPFAIL: checkpointed on purpose; resume from the latest checkpoint

@@ -1,0 +1,89 @@
+"""The local launcher reports the worker's real exit code and reason, never just torchrun's 1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fm_pipeline.config import parse_job
+from fm_pipeline.launch.local import run_segment_locally
+from fm_pipeline.launch.outcome import Outcome, SegmentFailed, SegmentPreempted
+from fm_pipeline.launch.spec import SegmentLaunch
+from tests.launch.conftest import TINY_WORKER
+
+pytestmark = pytest.mark.slow
+
+
+def _run(job, monkeypatch, behaviour: str, **kwargs):
+    monkeypatch.setenv("FM_TINY_WORKER", behaviour)
+    launch = SegmentLaunch(job, end_step=5, module=TINY_WORKER)
+    return run_segment_locally(launch, echo=None, timeout_s=kwargs.pop("timeout_s", 120),
+                               **kwargs)
+
+
+def test_success_writes_the_result_next_to_the_segment(job2, monkeypatch, fm_home):
+    result = _run(job2, monkeypatch, "ok")
+    assert result.ok and result.exit_code == 0 and result.torchrun_exit_code == 0
+    segment = Path(result.segment_dir)
+    assert segment.parent == fm_home / "runs" / "tiny" / "segments"
+    assert json.loads((segment / "result.json").read_text())["outcome"] == "succeeded"
+    # The segment trains with the resolved spec it was launched with, kept beside its logs.
+    assert parse_job(yaml.safe_load((segment / "job.yaml").read_text())) == job2
+    assert "tiny worker rank 1/2: ok" in Path(result.output_log).read_text()
+
+
+def test_a_crash_reports_the_exception_and_rank_not_code_1(job2, monkeypatch):
+    result = _run(job2, monkeypatch, "crash")
+    assert result.torchrun_exit_code == 1
+    assert result.outcome is Outcome.FAILED and result.exit_code == 1
+    assert result.reason == "RuntimeError: boom at step 3 of 5"
+    assert result.failed_rank == 1
+    assert "tiny_worker.py" in result.traceback
+    with pytest.raises(SegmentFailed, match="rank 1.*boom at step 3"):
+        result.raise_for_outcome()
+
+
+def test_a_deliberate_exit_code_survives_torchrun(job2, monkeypatch):
+    result = _run(job2, monkeypatch, "bad_config")
+    assert result.torchrun_exit_code == 1
+    assert result.outcome is Outcome.BAD_CONFIG and result.exit_code == 2
+    assert "seq_len 4096" in result.reason
+
+
+def test_a_worker_killed_by_a_signal_is_named_from_torchruns_summary(job2, monkeypatch):
+    result = _run(job2, monkeypatch, "sigkill")
+    assert result.outcome is Outcome.KILLED and result.exit_code == -9
+    assert result.failed_rank == 1 and "SIGKILL" in result.reason
+    assert result.evidence == "torchrun summary"
+
+
+def test_the_flag_file_preempts_and_is_not_a_failure(job2, monkeypatch, tmp_path):
+    segment = tmp_path / "segment"
+
+    def touch_flag_when_ready():
+        log = segment / "torchrun.log"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if log.is_file() and log.read_text().count("ready") == 2:
+                (segment / "preempt").touch()
+                return
+            time.sleep(0.1)
+
+    toucher = threading.Thread(target=touch_flag_when_ready, daemon=True)
+    toucher.start()
+    result = _run(job2, monkeypatch, "preempt", segment_dir=segment)
+    assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75
+    assert "preempted (flag file)" in result.reason
+    with pytest.raises(SegmentPreempted):
+        result.raise_for_outcome()
+
+
+def test_stopping_a_segment_sends_sigterm_so_ranks_checkpoint(job2, monkeypatch):
+    result = _run(job2, monkeypatch, "preempt", timeout_s=6)
+    assert result.outcome is Outcome.TIMED_OUT
+    assert result.exit_code == 75 and "preempted (SIGTERM)" in result.reason

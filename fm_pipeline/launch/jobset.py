@@ -68,7 +68,8 @@ class KubernetesTarget:
         if not self.store_uri.startswith("s3://"):
             raise ValueError(
                 f"store_uri {self.store_uri!r}: pods on different nodes need a shared object "
-                "store for data and checkpoints; use s3://bucket/prefix"
+                "store for data and checkpoints; use s3://bucket/prefix (fm k8s render "
+                "--store-uri, or FM_STORE_URI)"
             )
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
@@ -111,7 +112,7 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
     if len(last_host) > MAX_HOSTNAME:
         raise ValueError(
             f"JobSet name {name!r} is too long: pod hostname {last_host!r} has "
-            f"{len(last_host)} characters (max {MAX_HOSTNAME}); shorten the job name"
+            f"{len(last_host)} characters (max {MAX_HOSTNAME}); use a shorter name"
         )
     labels = {
         "app.kubernetes.io/name": "fm-pipeline",

@@ -19,7 +19,7 @@ def tiny_job(*, name: str = "tiny", nnodes: int = 1, nproc: int = 2, **sections)
                               "weight": 1.0}]},
     }
     for key, value in sections.items():
-        spec[key] = {**spec.get(key, {}), **value}
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
     return parse_job(spec)
 
 

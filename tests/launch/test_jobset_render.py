@@ -1,0 +1,195 @@
+"""Rendered Kubernetes objects: strictly valid, the local torchrun command, Kueue and placement."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fm_pipeline.cli.k8s import app as k8s_app
+from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
+from fm_pipeline.launch.k8s_validate import ManifestInvalid, validate_object
+from fm_pipeline.launch.local import prepare_segment
+from fm_pipeline.launch.pod import Placement
+from fm_pipeline.launch.spec import SegmentLaunch
+from tests.launch.conftest import tiny_job
+
+STORE = "s3://fm-bucket/fm"
+
+
+def _container(rendered) -> dict:
+    spec = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return spec["containers"][0]
+
+
+def _env(container) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.fixture
+def two_nodes():
+    return tiny_job(nnodes=2, nproc=2, priority="high",
+                    cluster={"local_queue": "team-a", "namespace": "training"})
+
+
+def test_every_rendered_object_is_strictly_valid(two_nodes):
+    rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
+                              KubernetesTarget(store_uri=STORE))
+    kinds = [o["kind"] for o in rendered.objects()]
+    assert kinds == ["ConfigMap", "Service", "JobSet"]
+    for obj in rendered.objects():
+        validate_object(obj)
+        assert obj["metadata"]["namespace"] == "training"
+    assert yaml.safe_load(rendered.config_map["data"]["job.yaml"])["name"] == "tiny"
+    assert rendered.service["spec"]["clusterIP"] == "None"
+    assert rendered.jobset["spec"]["network"]["subdomain"] == rendered.service["metadata"]["name"]
+
+
+RENDEZVOUS_FLAGS = {"--standalone": 0, "--nnodes": 1, "--nproc-per-node": 1, "--node-rank": 1,
+                    "--rdzv-backend": 1, "--rdzv-endpoint": 1, "--rdzv-id": 1}
+
+
+def _without_rendezvous_and_paths(argv: list[str]) -> list[str]:
+    """torchrun's own flags and the trainer's, with rendezvous dropped and paths blanked."""
+    i = next(n for n, arg in enumerate(argv) if arg.startswith("--"))  # past the executable
+    kept = []
+    while i < len(argv):
+        arg = argv[i]
+        if arg in RENDEZVOUS_FLAGS:
+            i += 1 + RENDEZVOUS_FLAGS[arg]
+        elif arg in ("--log-dir", "--job"):
+            kept += [arg, "<path>"]
+            i += 2
+        else:
+            kept.append(arg)
+            i += 1
+    return kept
+
+
+def test_the_pod_runs_the_local_command_with_only_the_rendezvous_changed(two_nodes, tmp_path):
+    launch = SegmentLaunch(two_nodes, end_step=20, overrides=("training.lr=0.001",))
+    container = _container(render_segment(launch, KubernetesTarget(store_uri=STORE)))
+    local_argv, _ = prepare_segment(launch, tmp_path / "seg")
+    pod = container["command"]
+    assert pod[0] == "torchrun"
+    assert _without_rendezvous_and_paths(pod) == _without_rendezvous_and_paths(local_argv)
+    assert pod[-4:] == ["--end-step", "20", "--set", "training.lr=0.001"]
+    assert pod[pod.index("--rdzv-endpoint") + 1] == "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)"
+    assert local_argv[local_argv.index("--nproc-per-node") + 1] == "4"  # all ranks locally
+    env = _env(container)
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "2"
+    assert env["PET_MASTER_ADDR"] == "tiny-20-node-0-0.tiny-20"
+    assert "job-completion-index" in env["PET_NODE_RANK"]["fieldRef"]["fieldPath"]
+    assert env["FM_STORE_URI"] == STORE and env["TORCHELASTIC_ERROR_FILE"]
+
+
+def test_kueue_queue_priority_and_failure_policy(two_nodes):
+    js = render_segment(SegmentLaunch(two_nodes, end_step=20),
+                        KubernetesTarget(store_uri=STORE, max_restarts=5)).jobset
+    labels = js["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert labels["kueue.x-k8s.io/priority-class"] == "fm-high"
+    policy = js["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 5
+    node_loss = policy["rules"][0]
+    assert node_loss["action"] == "RestartJobSetAndIgnoreMaxRestarts"
+    job = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["completions"] == job["parallelism"] == 2 and job["backoffLimit"] == 0
+    # The Job controller's message for this rule is what the JobSet rule matches.
+    assert job["podFailurePolicy"]["rules"][0]["onPodConditions"][0]["type"] == "DisruptionTarget"
+    assert "DisruptionTarget" in node_loss["onJobFailureMessagePatterns"][0]
+
+
+def test_prestop_touches_the_preemption_flag_within_the_grace_period(two_nodes):
+    rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
+                              KubernetesTarget(store_uri=STORE))
+    container = _container(rendered)
+    pod_spec = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    hook = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+    assert 'touch "$FM_PREEMPT_FLAG"' in hook
+    grace = two_nodes.training.preemption_grace_s
+    assert pod_spec["terminationGracePeriodSeconds"] > grace
+    assert _env(container)["FM_PREEMPT_FLAG"].startswith("/var/lib/fm/")
+
+
+def test_gpu_jobs_request_gpus_and_placement_reaches_kueue_and_jobset():
+    job = tiny_job(nnodes=2, nproc=8, cluster={"accelerator": "h100"},
+                   training={"global_batch_size": 32})
+    placement = Placement(required_topology="cloud.provider.com/topology-block",
+                          exclusive_topology="cloud.provider.com/topology-rack",
+                          avoid_hosts=("gpu-node-17",))
+    rendered = render_segment(SegmentLaunch(job, end_step=20),
+                              KubernetesTarget(store_uri=STORE, placement=placement))
+    container = _container(rendered)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    template = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-block"}
+    assert rendered.jobset["metadata"]["annotations"] == {
+        "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.provider.com/topology-rack"}
+    terms = template["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["gpu-node-17"]
+
+
+def test_a_broken_object_is_refused_with_the_field_named(two_nodes):
+    rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
+                              KubernetesTarget(store_uri=STORE))
+    broken = copy.deepcopy(rendered.jobset)
+    broken["spec"]["failurePolicy"]["restartStrategy"] = "Sometimes"
+    with pytest.raises(ManifestInvalid, match=r"spec\.failurePolicy\.restartStrategy"):
+        validate_object(broken)
+    broken = copy.deepcopy(rendered.jobset)
+    pod = broken["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["containers"][0]["termintionGracePeriod"] = 5
+    with pytest.raises(ManifestInvalid, match="containers.0.*'termintionGracePeriod'"):
+        validate_object(broken)
+    svc = copy.deepcopy(rendered.service)
+    svc["spec"]["publishNotReady"] = True
+    with pytest.raises(ManifestInvalid, match="'publishNotReady' was unexpected"):
+        validate_object(svc)
+
+
+def test_render_refuses_what_pods_cannot_run(two_nodes):
+    with pytest.raises(ValueError, match="shared object store"):
+        KubernetesTarget(store_uri="/tmp/local-store")
+    with pytest.raises(ValueError, match=r"pod hostname .* \(max 63\)"):
+        render_segment(SegmentLaunch(two_nodes, end_step=20),
+                       KubernetesTarget(store_uri=STORE, name="x" * 60))
+    with pytest.raises(ValueError, match="unknown accelerator 'tpu-v9'"):
+        render_segment(SegmentLaunch(tiny_job(cluster={"accelerator": "tpu-v9"}), end_step=20),
+                       KubernetesTarget(store_uri=STORE))
+
+
+def test_cli_writes_manifests_that_validate(tmp_path, two_nodes):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(SegmentLaunch(two_nodes, end_step=20).job_yaml())
+    out = tmp_path / "manifests"
+    result = CliRunner().invoke(k8s_app, ["render", "--job", str(job_file), "--out", str(out),
+                                          "--store-uri", STORE, "--set", "training.steps=80"])
+    assert result.exit_code == 0, result.output
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["configmap-tiny-20-job.yaml", "jobset-tiny-20.yaml", "service-tiny-20.yaml"]
+    for path in out.iterdir():
+        validate_object(yaml.safe_load(path.read_text()))
+    spec = yaml.safe_load(yaml.safe_load((out / "configmap-tiny-20-job.yaml").read_text())
+                          ["data"]["job.yaml"])
+    assert spec["training"]["steps"] == 80
+
+
+def test_cli_invalid_job_spec_writes_no_manifest(tmp_path):
+    job_file = tmp_path / "bad.yaml"
+    job_file.write_text(yaml.safe_dump({
+        "name": "bad", "parallelism": {"nproc_per_node": 3, "tp": 2},
+        "data": {"sources": [{"name": "a", "uri": "python-stdlib", "weight": 1.0}]},
+    }))
+    out = tmp_path / "manifests"
+    result = CliRunner().invoke(k8s_app, ["render", "--job", str(job_file), "--out", str(out),
+                                          "--store-uri", STORE])
+    assert result.exit_code == 2
+    assert "parallelism" in result.output and "world size 3" in result.output
+    assert not out.exists()
+    result = CliRunner().invoke(k8s_app, ["render", "--job", str(job_file), "--out", str(out)])
+    assert result.exit_code == 2 and not out.exists()

@@ -12,6 +12,7 @@ import typer
 
 from fm_pipeline.cli import data as data_cli
 from fm_pipeline.cli import demo as demo_cli
+from fm_pipeline.cli import k8s as k8s_cli
 
 app = typer.Typer(
     name="fm",
@@ -20,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data_cli.app, name="data", help="Prepare and inspect the training data mix.")
+app.add_typer(k8s_cli.app, name="k8s", help="Kubernetes JobSet manifests for a segment.")
 app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_cli.demo)
 
 

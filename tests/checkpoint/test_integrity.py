@@ -1,0 +1,137 @@
+"""A checkpoint is used only when whole and right: killed saves, flipped bytes, truncated or
+missing files and another model's checkpoint are refused, naming the file or field, and
+discovery falls back to the previous valid checkpoint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fm_pipeline.checkpoint import (
+    CheckpointInvalid,
+    CheckpointManager,
+    CheckpointRef,
+    latest_valid,
+    local_root,
+    restore,
+    restore_latest,
+    validate,
+)
+from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+from tests.conftest import REPO
+
+
+def test_process_killed_mid_save_never_yields_a_selectable_checkpoint(tmp_path, fm_home):
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.checkpoint.kill_worker", str(ready)],
+                            cwd=REPO, env={**os.environ, "FM_HOME": str(fm_home)})
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, "worker died before reaching the kill point"
+            assert time.monotonic() < deadline, "worker never reached the kill point"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    job = tiny_job()
+    killed = local_root(job.name) / "step-00000002"
+    assert (killed / ".metadata").is_file() and list(killed.glob("*.distcp"))
+    assert not (killed / "manifest.json").exists()
+    found = latest_valid(job)
+    assert found.found.step == 1
+    (skipped, problems), = found.skipped
+    assert skipped.step == 2
+    assert [str(p) for p in problems] == [
+        "manifest.json: missing: the save never committed (incomplete checkpoint)"]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """Two committed checkpoints (steps 1 and 2) of a tiny run, built once per module."""
+    root = tmp_path_factory.mktemp("pristine")
+    trainer = Trainer(TinyLM())
+    manager = CheckpointManager(tiny_job(), trainer.app_state, root=root, async_save=False)
+    for step in (1, 2):
+        trainer.step(step)
+        manager.save(step, tokens_seen=32 * step)
+    manager.close()
+    return root, {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.fixture
+def run_root(pristine):
+    root = local_root(tiny_job().name)
+    shutil.copytree(pristine[0], root)
+    return root
+
+
+def _flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 7)
+
+
+TAMPERING = {
+    "flip_byte": (lambda d: _flip_byte(d / "__0_0.distcp"),
+                  "__0_0.distcp: SHA-256 mismatch"),
+    "truncate": (lambda d: _truncate(d / "__0_0.distcp"),
+                 "__0_0.distcp: size"),
+    "remove": (lambda d: (d / "__0_0.distcp").unlink(),
+               "__0_0.distcp: missing (the manifest lists"),
+    "remove_metadata": (lambda d: (d / ".metadata").unlink(),
+                        ".metadata: missing"),
+    "extra_file": (lambda d: (d / "__1_0.distcp").write_bytes(b"stray"),
+                   "__1_0.distcp: not listed in the manifest"),
+    "bad_manifest": (lambda d: (d / "manifest.json").write_text('{"format": "fm-checkpoint/1"}'),
+                     "manifest.json step: Field required"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TAMPERING))
+def test_tampered_checkpoint_is_refused_naming_the_file_and_discovery_falls_back(run_root, kind):
+    tamper, expected = TAMPERING[kind]
+    tamper(run_root / "step-00000002")
+    job = tiny_job()
+    problems = [str(p) for p in validate(run_root / "step-00000002", job)]
+    assert any(p.startswith(expected) for p in problems), problems
+    assert validate(run_root / "step-00000001", job) == []
+    found = latest_valid(job)
+    assert found.found.step == 1
+    assert found.skipped[0][0].step == 2
+
+
+def test_restore_falls_back_to_the_previous_checkpoint_when_the_newest_is_corrupt(run_root):
+    _flip_byte(run_root / "step-00000002" / "__0_0.distcp")
+    trainer = Trainer(TinyLM())
+    result = restore_latest(trainer.app_state, tiny_job())
+    assert result.step == 1 and trainer.cursor.samples_consumed == 4
+    assert "SHA-256 mismatch" in result.skipped[0]
+
+
+def test_another_models_checkpoint_is_refused_naming_the_field(run_root, pristine):
+    other = tiny_job(dim=128)  # same job name, different architecture
+    ref = CheckpointRef.local(run_root / "step-00000002")
+    problems = [str(p) for p in validate(ref, other)]
+    assert problems == ["manifest.json model.config.dim: checkpoint has 64, job 'ckpt-test' "
+                        "has 128 (a checkpoint of another model)"]
+    trainer = Trainer(TinyLM())
+    with pytest.raises(CheckpointInvalid, match=r"model\.config\.dim"):
+        restore(trainer.app_state, ref, job=other)
+    assert latest_valid(other).found is None
+    result = restore(trainer.app_state, ref, job=tiny_job())
+    assert result.step == 2
+    assert all(torch.equal(v, pristine[1][k]) for k, v in trainer.model.state_dict().items())

@@ -187,6 +187,12 @@ class ClusterSpec(_Strict):
     storage_write_gbps: float = Field(default=10.0, gt=0)
     dollars_per_gpu_hour: float = Field(default=2.5, ge=0)
     node_failure_rate_per_day: float = Field(default=0.002, ge=0)
+    # Planner (fm_pipeline.planner): network hierarchy above the node, restarts, storage price.
+    nodes_per_rack: int = Field(default=4, gt=0, description="nodes under one leaf switch group")
+    region_gpus: int = Field(default=0, ge=0, description="GPUs per region; 0: one region")
+    inter_region_gbps: float = Field(default=2.5, gt=0, description="GB/s per GPU between regions")
+    restart_overhead_s: float = Field(default=600.0, ge=0, description="reschedule + rendezvous")
+    storage_dollars_per_gb_month: float = Field(default=0.023, ge=0)
     # Kubernetes
     namespace: str = "default"
     image: str = "fm-pipeline:latest"

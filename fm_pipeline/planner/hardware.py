@@ -2,7 +2,11 @@
 and the planner. On CPU the peak is not a datasheet number: it is measured by a matmul
 probe on this machine, with the thread count the workers use.
 
-Datasheet figures are dense (no 2:4 sparsity) tensor-core peaks.
+Datasheet figures are dense (no 2:4 sparsity) tensor-core peaks. `matmul_efficiency` is the
+best bf16 matmul rate actually reached, over that peak ("maximum achievable matmul FLOPS":
+stas00/ml-engineering, compute/accelerator/README.md; for the H100 also 798 TFLOP/s measured
+on this workplace's device machine, /work/.library/device/KINDS.md). The planner uses it as
+the ceiling of every GEMM; the CPU's peak is itself a measured matmul, so its ceiling is 1.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ class Accelerator:
     intra_node_gbps: float  # per-device NVLink (unidirectional) GB/s
     inter_node_gbps: float  # per-device scale-out NIC GB/s (e.g. 400 Gb/s = 50 GB/s)
     dollars_per_hour: float  # indicative on-demand list price per device
+    matmul_efficiency: float = 0.8  # best achieved dense matmul rate / peak
+    sm_count: int = 1  # streaming multiprocessors: one GEMM tile per SM per wave
 
     def peak_flops(self, dtype: str) -> float:
         if dtype in ("bf16", "bfloat16", "fp16"):
@@ -33,11 +39,16 @@ class Accelerator:
 
 
 CATALOG: dict[str, Accelerator] = {
-    "a100-40gb": Accelerator("a100-40gb", 312 * TFLOPS, 156 * TFLOPS, 40, 1555, 300, 25, 1.8),
-    "a100-80gb": Accelerator("a100-80gb", 312 * TFLOPS, 156 * TFLOPS, 80, 2039, 300, 25, 2.2),
-    "h100-sxm": Accelerator("h100-sxm", 989 * TFLOPS, 494 * TFLOPS, 80, 3350, 450, 50, 3.0),
-    "h200": Accelerator("h200", 989 * TFLOPS, 494 * TFLOPS, 141, 4800, 450, 50, 3.8),
-    "b200": Accelerator("b200", 2250 * TFLOPS, 1100 * TFLOPS, 180, 8000, 900, 50, 6.0),
+    "a100-40gb": Accelerator("a100-40gb", 312 * TFLOPS, 156 * TFLOPS, 40, 1555, 300, 25, 1.8,
+                             matmul_efficiency=0.859, sm_count=108),
+    "a100-80gb": Accelerator("a100-80gb", 312 * TFLOPS, 156 * TFLOPS, 80, 2039, 300, 25, 2.2,
+                             matmul_efficiency=0.859, sm_count=108),
+    "h100-sxm": Accelerator("h100-sxm", 989 * TFLOPS, 494 * TFLOPS, 80, 3350, 450, 50, 3.0,
+                            matmul_efficiency=0.803, sm_count=132),
+    "h200": Accelerator("h200", 989 * TFLOPS, 494 * TFLOPS, 141, 4800, 450, 50, 3.8,
+                        matmul_efficiency=0.803, sm_count=132),
+    "b200": Accelerator("b200", 2250 * TFLOPS, 1100 * TFLOPS, 180, 8000, 900, 50, 6.0,
+                        matmul_efficiency=0.776, sm_count=148),
 }
 
 _ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}
@@ -100,6 +111,6 @@ def measured_cpu() -> Accelerator:
         _cpu_cache[threads] = Accelerator(
             name=f"cpu-{threads}t", peak_bf16_flops=max(bf16, fp32), peak_fp32_flops=fp32,
             memory_gib=24, memory_bw_gbps=20, intra_node_gbps=10, inter_node_gbps=1.25,
-            dollars_per_hour=0.1,
+            dollars_per_hour=0.1, matmul_efficiency=1.0, sm_count=1,
         )
     return _cpu_cache[threads]

@@ -1,0 +1,111 @@
+"""The cluster as the planner sees it: accelerator, the network hierarchy, storage, prices,
+failure rate.
+
+    from fm_pipeline.planner.cluster import make_cluster
+    cluster = make_cluster("h100", gpus_per_node=8, inter_node_gbps=50, region_gpus=32768)
+
+Network hierarchy, fastest first: the node (NVLink, `intra_node_gbps` per GPU and
+direction); the rack or leaf-switch group (`nodes_per_rack` nodes; each GPU has its own
+NIC on its own rail, `inter_node_gbps` per GPU); the spine (traffic leaving a rack is slowed
+by `oversubscription`); other regions or buildings (`region_gpus` GPUs per region, at
+`inter_region_gbps` per GPU). Bandwidths left out come from the accelerator catalog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fm_pipeline.planner.errors import PlanInputError, require_positive
+from fm_pipeline.planner.hardware import Accelerator, get_accelerator
+
+# Defaults shared with the job spec's `cluster:` section (fm_pipeline/config/job.py).
+DEFAULT_STORAGE_WRITE_GBPS = 10.0
+DEFAULT_NODE_FAILURE_RATE_PER_DAY = 0.002
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    accelerator: Accelerator
+    gpus_per_node: int
+    intra_node_gbps: float  # NVLink, GB/s per GPU per direction
+    inter_node_gbps: float  # scale-out NIC, GB/s per GPU per direction (rails)
+    oversubscription: float = 1.0  # spine taper for traffic leaving a rack
+    nodes_per_rack: int = 4
+    region_gpus: int = 0  # GPUs per region; 0: the whole cluster is one region
+    inter_region_gbps: float = 2.5  # GB/s per GPU between regions
+    storage_write_gbps: float = DEFAULT_STORAGE_WRITE_GBPS  # aggregate checkpoint write GB/s
+    storage_read_gbps: float | None = None  # aggregate restore GB/s; None: same as write
+    host_copy_gbps: float = 25.0  # device-to-host per GPU, what an async save blocks on
+    dollars_per_gpu_hour: float = 2.5
+    storage_dollars_per_gb_month: float = 0.023  # object-store list price
+    node_failure_rate_per_day: float = DEFAULT_NODE_FAILURE_RATE_PER_DAY
+    restart_overhead_s: float = 600.0  # reschedule, rendezvous, NCCL init (excl. restore)
+
+    def __post_init__(self) -> None:
+        require_positive("gpus_per_node", self.gpus_per_node, integer=True)
+        require_positive("nodes_per_rack", self.nodes_per_rack, integer=True)
+        for field in ("intra_node_gbps", "inter_node_gbps", "inter_region_gbps",
+                      "storage_write_gbps", "host_copy_gbps"):
+            require_positive(field, getattr(self, field))
+        if self.storage_read_gbps is not None:
+            require_positive("storage_read_gbps", self.storage_read_gbps)
+        if self.oversubscription < 1:
+            raise PlanInputError(
+                "oversubscription", f"must be >= 1 (1 = non-blocking), got {self.oversubscription}"
+            )
+        if self.region_gpus < 0:
+            raise PlanInputError("region_gpus", f"must be >= 0 (0: one region), got {self.region_gpus}")
+        for field in ("dollars_per_gpu_hour", "storage_dollars_per_gb_month",
+                      "node_failure_rate_per_day", "restart_overhead_s"):
+            if getattr(self, field) < 0:
+                raise PlanInputError(field, f"must be >= 0, got {getattr(self, field)}")
+
+    @property
+    def gpus_per_rack(self) -> int:
+        return self.gpus_per_node * self.nodes_per_rack
+
+    @property
+    def restore_gbps(self) -> float:
+        return self.storage_read_gbps or self.storage_write_gbps
+
+    def with_changes(self, **changes) -> "ClusterConfig":
+        return replace(self, **changes)
+
+
+def make_cluster(gpu_type: str, **overrides) -> ClusterConfig:
+    """A cluster of `gpu_type`; any field left out (or None) takes the catalog's value."""
+    try:
+        acc = get_accelerator(gpu_type)
+    except ValueError as e:
+        raise PlanInputError("gpu_type", str(e)) from None
+    fields = {k: v for k, v in overrides.items() if v is not None}
+    fields.setdefault("gpus_per_node", 8)
+    fields.setdefault("intra_node_gbps", acc.intra_node_gbps)
+    fields.setdefault("inter_node_gbps", acc.inter_node_gbps)
+    fields.setdefault("dollars_per_gpu_hour", acc.dollars_per_hour)
+    return ClusterConfig(accelerator=acc, **fields)
+
+
+def cluster_from_spec(spec, *, gpus_per_node: int | None = None) -> ClusterConfig:
+    """The planner's cluster for a job's `cluster:` section.
+
+    Bandwidths and price the job spec does not set explicitly come from the accelerator
+    catalog: the spec's generic defaults (900 GB/s NVLink, $2.5/h) would misdescribe an A100
+    or a CPU. `gpus_per_node` defaults to the spec's value.
+    """
+    explicit = spec.model_fields_set
+    overrides = {
+        "gpus_per_node": gpus_per_node or spec.gpus_per_node,
+        "oversubscription": spec.oversubscription,
+        "storage_write_gbps": spec.storage_write_gbps,
+        "node_failure_rate_per_day": spec.node_failure_rate_per_day,
+    }
+    for field, spec_field in (("intra_node_gbps", "intra_node_gbps"),
+                              ("inter_node_gbps", "inter_node_gbps"),
+                              ("dollars_per_gpu_hour", "dollars_per_gpu_hour")):
+        if spec_field in explicit:
+            overrides[field] = getattr(spec, spec_field)
+    for field in ("nodes_per_rack", "region_gpus", "inter_region_gbps", "restart_overhead_s",
+                  "storage_dollars_per_gb_month"):
+        overrides[field] = getattr(spec, field)
+    return make_cluster(spec.accelerator, **overrides)

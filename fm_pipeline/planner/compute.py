@@ -1,0 +1,105 @@
+"""Compute time of one micro-batch through one layer (and the output layer) on one GPU,
+from the shapes of its matrix multiplications. Vectorized over candidate layouts.
+
+A GEMM (M x K) @ (K x N) runs at the accelerator's best achieved matmul rate
+(`matmul_efficiency` x peak) scaled by two losses that grow as tensor/context parallelism
+shrinks the matrices:
+  - wave quantization: 128x128 output tiles are spread over the SMs in waves; a last,
+    partly filled wave idles the rest (tiles / (waves x SMs));
+  - a short inner dimension: K / (K + 64) (prologue/epilogue and operand loads amortize
+    over K; this is why a head_dim-128 attention GEMM runs well below a 8192-wide one);
+and never faster than moving its operands through HBM (roofline).
+
+Attention scores (QK^T, softmax x V) are batched GEMMs of head_dim inner size; flash
+attention skips the masked half of causal scores and recomputes them in backward
+(2.5 x forward), unfused attention computes the full square (backward 2 x forward).
+Element-wise work (norms, activations, residuals, dropout, softmax) is memory-bound:
+ELEMENTWISE_PASSES x the layer's activation bytes through HBM forward, twice that backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fm_pipeline.planner.hardware import Accelerator
+from fm_pipeline.planner.layout import Candidates
+from fm_pipeline.planner.memory import layer_activations
+from fm_pipeline.planner.shape import ModelShape
+
+TILE = 128
+K_HALF = 256  # inner dimension at which a GEMM tile reaches half its asymptotic rate
+MEMORY_BW_EFFICIENCY = 0.9  # device copy 3.0 of 3.35 TB/s on this workplace's H100
+ELEMENTWISE_PASSES = 2.0  # each stored activation byte: written by its op, read by the next
+
+
+def gemm_time(acc: Accelerator, peak: float, M, N, K, *, batch=1, dtype_bytes: int = 2):
+    """Seconds for `batch` GEMMs of (M x K) @ (K x N) on one device."""
+    M, N, K = (np.asarray(x, dtype=np.float64) for x in (M, N, K))
+    tiles = np.ceil(M / TILE) * np.ceil(N / TILE) * batch
+    waves = np.ceil(tiles / acc.sm_count)
+    rate = peak * acc.matmul_efficiency * (tiles / (waves * acc.sm_count)) * (K / (K + K_HALF))
+    compute = 2 * M * N * K * batch / rate
+    memory = dtype_bytes * (M * K + K * N + M * N) * batch / (acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY)
+    return np.maximum(compute, memory)
+
+
+def _fwd_bwd(acc, peak, M, N, K, dtype_bytes):
+    """Forward, input-gradient and weight-gradient times of one linear layer."""
+    fwd = gemm_time(acc, peak, M, N, K, dtype_bytes=dtype_bytes)
+    dgrad = gemm_time(acc, peak, M, K, N, dtype_bytes=dtype_bytes)
+    wgrad = gemm_time(acc, peak, K, N, M, dtype_bytes=dtype_bytes)
+    return fwd, dgrad, wgrad
+
+
+@dataclass
+class LayerTimes:
+    """Seconds per micro-batch on one GPU."""
+
+    fwd: np.ndarray  # one layer forward: GEMMs, attention, element-wise
+    bwd: np.ndarray  # one layer backward, all of it
+    wgrad: np.ndarray  # the weight-gradient GEMMs within bwd (TP backward comm hides behind them)
+    attn_fwd: np.ndarray  # attention core forward (what selective recomputation redoes)
+    head_fwd: np.ndarray  # output layer + loss
+    head_bwd: np.ndarray
+
+
+def layer_times(shape: ModelShape, acc: Accelerator, c: Candidates, *, precision: str = "bf16") -> LayerTimes:
+    dtype_bytes = 4 if precision == "fp32" else 2
+    peak = acc.peak_flops(precision)
+    t = c.tp.astype(np.float64)
+    M = c.micro_batch * shape.seq_len / c.cp  # tokens per micro-batch on this rank (gathered over tp)
+    h, kv, f = shape.hidden, shape.kv_dim, shape.ffn
+    up_width = 2 * f if shape.mlp == "swiglu" else f  # gate and up fused
+
+    fwd = dgrad = wgrad = 0.0
+    for N, K in (((h + 2 * kv) / t, h), (h, h / t), (up_width / t, h), (h, f / t)):
+        a, b, w = _fwd_bwd(acc, peak, M, N, K, dtype_bytes)
+        fwd, dgrad, wgrad = fwd + a, dgrad + b, wgrad + w
+
+    # Attention scores: per (sequence, head) a (s_local x s) @ (s x head_dim) pair.
+    heads_local = shape.heads / t
+    s_local, s_kv, hd = shape.seq_len / c.cp, shape.seq_len, shape.head_dim
+    batch = c.micro_batch * heads_local
+    scores = gemm_time(acc, peak, s_local, s_kv, hd, batch=batch, dtype_bytes=dtype_bytes)
+    values = gemm_time(acc, peak, s_local, hd, s_kv, batch=batch, dtype_bytes=dtype_bytes)
+    causal_share = 0.5 if shape.flash_attention else 1.0
+    attn_fwd = (scores + values) * causal_share
+    attn_bwd = attn_fwd * (2.5 if shape.flash_attention else 2.0)
+
+    acts = layer_activations(shape, c, dtype_bytes=dtype_bytes)
+    hbm = acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY
+    elem_fwd = ELEMENTWISE_PASSES * (acts.linear + acts.core) / hbm
+    core_elem_fwd = ELEMENTWISE_PASSES * acts.core / hbm
+
+    head_fwd, head_dgrad, head_wgrad = _fwd_bwd(acc, peak, M, shape.vocab / t, h, dtype_bytes)
+    loss = 3 * 4 * M * shape.vocab / t / hbm  # fp32 logits: softmax, loss and its gradient
+    return LayerTimes(
+        fwd=fwd + attn_fwd + elem_fwd,
+        bwd=dgrad + wgrad + attn_bwd + 2 * elem_fwd,
+        wgrad=wgrad,
+        attn_fwd=attn_fwd + core_elem_fwd,
+        head_fwd=head_fwd + loss,
+        head_bwd=head_dgrad + head_wgrad + loss,
+    )

@@ -1,0 +1,105 @@
+"""One plan, fully predicted: memory, step time, MFU/HFU, where the time goes, checkpoint
+interval, goodput, time-to-train, dollars, and where the ranks go.
+
+    from fm_pipeline.planner import Layout, estimate, make_cluster, named_shape
+    est = estimate(named_shape("llama3-405b", seq_len=8192), make_cluster("h100"),
+                   Layout(tp=8, pp=16, dp=128, virtual_stages=4, recompute="half"),
+                   global_batch_tokens=16 * 2**20, training_tokens=15.6e12)
+    est.to_dict()["mfu"], est.to_dict()["fits"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fm_pipeline.planner.cluster import ClusterConfig
+from fm_pipeline.planner.cost import Cost, training_cost
+from fm_pipeline.planner.errors import PlanInputError, require_positive
+from fm_pipeline.planner.layout import Candidates, Layout, check_layout
+from fm_pipeline.planner.placement import Placement, placement
+from fm_pipeline.planner.reliability import Reliability, reliability
+from fm_pipeline.planner.report import plan_metrics
+from fm_pipeline.planner.shape import ModelShape
+from fm_pipeline.planner.step import evaluate
+
+CHINCHILLA_TOKENS_PER_PARAM = 20  # default budget when none is given (Hoffmann et al. 2022)
+PRECISIONS = ("bf16", "fp32")
+
+
+@dataclass
+class Estimate:
+    shape: ModelShape
+    cluster: ClusterConfig
+    layout: Layout
+    global_batch_tokens: int
+    metrics: dict
+    reliability: Reliability
+    cost: Cost
+    placement: Placement
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.metrics["fits"]
+
+    def to_dict(self) -> dict:
+        """Flat headline numbers first (the `fm plan estimate --json` contract), then sections."""
+        p = self.shape.params()
+        lay = self.layout
+        return {
+            **{k: v for k, v in self.metrics.items() if not isinstance(v, dict)},
+            "model": self.shape.name,
+            "params": p.total,
+            "model_flops_per_token": self.shape.model_flops_per_token(),
+            "gpus": lay.gpus,
+            "gpu_type": self.cluster.accelerator.name,
+            "global_batch_tokens": self.global_batch_tokens,
+            "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp,
+                       "micro_batch": lay.micro_batch, "virtual_stages": lay.virtual_stages,
+                       "schedule": lay.pipeline_schedule, "recompute": lay.recompute,
+                       "sharding": lay.sharding, "dp_shard": lay.shard_group},
+            "time_s": self.metrics["time_s"],
+            "memory_gib": self.metrics["memory_gib"],
+            "groups_reach": self.metrics["groups_reach"],
+            "reliability": self.reliability.to_dict(),
+            "cost": self.cost.to_dict(),
+            "placement": self.placement.to_dict(),
+            "warnings": self.warnings,
+        }
+
+
+def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, global_batch_tokens: int,
+             training_tokens: float | None = None, precision: str = "bf16", dp_overlap: bool = True,
+             async_checkpoint: bool = True, checkpoints_kept: int = 3) -> Estimate:
+    require_positive("global_batch_tokens", global_batch_tokens, integer=True)
+    if training_tokens is not None:
+        require_positive("training_tokens", training_tokens)
+    if precision not in PRECISIONS:
+        raise PlanInputError("precision", f"must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    check_layout(shape, layout, gpus=layout.gpus, global_batch_tokens=global_batch_tokens)
+    ev = evaluate(shape, cluster, Candidates.from_layouts([layout]),
+                  global_batch_tokens=global_batch_tokens, precision=precision, dp_overlap=dp_overlap)
+    metrics = plan_metrics(ev, 0)
+    params = shape.params().total
+    rel = reliability(params=params, gpus=layout.gpus, cluster=cluster,
+                      step_time_s=metrics["step_time_s"], async_save=async_checkpoint)
+    tokens = training_tokens or CHINCHILLA_TOKENS_PER_PARAM * params
+    cost = training_cost(training_tokens=tokens, tokens_per_step=global_batch_tokens,
+                         step_time_s=metrics["step_time_s"], gpus=layout.gpus, cluster=cluster,
+                         reliability=rel, checkpoints_kept=checkpoints_kept)
+    place = placement(cluster, layout)
+    warnings = list(place.notes)
+    if not metrics["fits"]:
+        warnings.append(f"does not fit: {metrics['memory_gib_per_gpu']:.1f} GiB needed per GPU, "
+                        f"{metrics['memory_capacity_gib']:.0f} GiB available; add pp or tp, shard "
+                        "more (zero1 -> fsdp), or recompute activations")
+    chunks = layout.pp * layout.virtual_stages
+    if shape.layers % chunks:
+        warnings.append(f"{shape.layers} layers do not split evenly over pp x virtual_stages = "
+                        f"{chunks} chunks; the fullest rank sets the pace")
+    if layout.recompute == "selective" and shape.flash_attention:
+        warnings.append("selective recomputation saves nothing with flash attention "
+                        "(no attention scores are stored); it only adds recompute time")
+    return Estimate(shape=shape, cluster=cluster, layout=layout,
+                    global_batch_tokens=global_batch_tokens, metrics=metrics, reliability=rel,
+                    cost=cost, placement=place, warnings=warnings)

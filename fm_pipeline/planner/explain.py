@@ -1,0 +1,74 @@
+"""Why the search chose a plan, in sentences a person can check: for each knob, what the best
+plan with a smaller (or different) setting would cost, or that none of those fits."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fm_pipeline.planner.cluster import ClusterConfig
+from fm_pipeline.planner.collectives import LEVEL_NAMES, NODE
+from fm_pipeline.planner.layout import RECOMPUTE, SHARDING, Candidates
+from fm_pipeline.planner.shape import ModelShape
+from fm_pipeline.planner.step import Evaluation
+
+
+def _versus(ev: Evaluation, i: int, mask: np.ndarray) -> str | None:
+    """'x% faster than the best alternative', or None when no alternative fits."""
+    alt = mask & ev.fits
+    if not alt.any():
+        return None
+    best = ev.tokens_per_s[alt].max()
+    gain = ev.tokens_per_s[i] / best - 1
+    if gain < 0.005:
+        return "as fast as the alternatives"
+    return f"{gain:.0%} faster than the best alternative"
+
+
+def reasons_for(shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Evaluation, i: int) -> list[str]:
+    tp, pp, cp = int(c.tp[i]), int(c.pp[i]), int(c.cp[i])
+    v, mb = int(c.virtual_stages[i]), int(c.micro_batch[i])
+    cap = ev.memory.capacity_gib
+    out = []
+
+    if tp == 1:
+        out.append("tp=1: the layers fit without splitting matrices across GPUs")
+    else:
+        where = ("keeps TP inside NVLink" if int(ev.tp_level[i]) == NODE
+                 else f"TP spans the {LEVEL_NAMES[int(ev.tp_level[i])]} fabric")
+        smaller = _versus(ev, i, c.tp < tp)
+        out.append(f"tp={tp} {where}; " + (smaller.replace("alternative", "plan with smaller tp")
+                                             if smaller else "nothing with smaller tp fits"))
+    if pp == 1:
+        out.append("pp=1: no pipeline bubble")
+    else:
+        smaller = _versus(ev, i, c.pp < pp)
+        why = (f"pp={pp} because weights and activations do not fit in {cap:.0f} GiB below it"
+               if smaller is None else f"pp={pp}: {smaller.replace('alternative', 'plan with smaller pp')}")
+        out.append(why + f" (bubble {ev.bubble_s[i] / ev.step_time_s[i]:.0%} of the step)")
+    if cp > 1:
+        smaller = _versus(ev, i, c.cp < cp)
+        out.append(f"cp={cp} splits each {shape.seq_len}-token sequence over {cp} GPUs; "
+                   + (smaller.replace("alternative", "plan with smaller cp") if smaller
+                      else "nothing with smaller cp fits"))
+    if v > 1:
+        plain = _versus(ev, i, (c.virtual_stages == 1) & (c.pp == pp) & (c.tp == tp))
+        out.append(f"{v} virtual stages per rank shrink the bubble to (p-1)/(v m)"
+                   + (f"; {plain.replace('alternative', 'non-interleaved plan')}" if plain else ""))
+    recompute = RECOMPUTE[int(c.recompute[i])]
+    if recompute == "none":
+        out.append("no activation recomputation: activations fit")
+    else:
+        lighter = _versus(ev, i, c.recompute < c.recompute[i])
+        out.append(f"{recompute} recomputation because "
+                   + ("nothing lighter fits" if lighter is None
+                      else lighter.replace("alternative", "plan that recomputes less")))
+    sharding = SHARDING[int(c.sharding[i])]
+    shard = int(c.dp_shard[i] * c.cp[i])
+    if sharding == "ddp":
+        out.append("plain data parallelism: optimizer state fits unsharded")
+    else:
+        out.append(f"{sharding} over {shard} ranks; "
+                   + (_versus(ev, i, c.sharding != c.sharding[i]) or "the only sharding that fits")
+                   .replace("alternative", "other sharding"))
+    out.append(f"dp={int(c.dp[i])} with {int(ev.microbatches[i])} micro-batches of {mb} per step")
+    return out

@@ -1,0 +1,86 @@
+"""The training plan of a job spec: what the `training_plan` asset records and MLflow logs.
+
+    from fm_pipeline.config import load_job
+    from fm_pipeline.planner.job import plan_for_job
+    plan = plan_for_job(load_job("configs/demo.yaml"))
+    plan["estimate"]["mfu"], plan["checkpoint"]["recommended_every_steps"], plan["alternatives"]
+
+The job's declared layout is estimated as is (mesh dp_replicate x dp_shard x pp x tp; FSDP
+when dp_shard > 1); the search runs beside it on the same GPUs so the plan shows what the
+best alternatives would gain. Nothing here launches anything.
+"""
+
+from __future__ import annotations
+
+from fm_pipeline.planner.cluster import cluster_from_spec
+from fm_pipeline.planner.estimate import estimate
+from fm_pipeline.planner.layout import Layout
+from fm_pipeline.planner.placement import rank_table
+from fm_pipeline.planner.search import search
+from fm_pipeline.planner.shape import shape_from_model_config
+
+PLAN_VERSION = 1
+
+
+def job_inputs(job) -> dict:
+    """Shape, cluster, layout and budgets the planner reads from a JobSpec."""
+    p, t = job.parallelism, job.training
+    shape = shape_from_model_config(job.model_cfg, seq_len=t.seq_len, name=job.model.size)
+    cluster = cluster_from_spec(job.cluster, gpus_per_node=p.nproc_per_node)
+    layout = Layout(
+        tp=p.tp, pp=p.pp, dp=p.dp, cp=1, micro_batch=t.micro_batch_size,
+        virtual_stages=p.pp_virtual_stages, recompute=p.activation_checkpoint,
+        sharding="fsdp" if p.dp_shard > 1 else "ddp",
+        dp_shard=p.dp_shard if 1 < p.dp_shard < p.dp else 0, schedule=p.pp_schedule,
+    )
+    return {
+        "shape": shape, "cluster": cluster, "layout": layout,
+        "global_batch_tokens": job.tokens_per_step,
+        "training_tokens": t.steps * job.tokens_per_step,
+        "precision": p.mixed_precision,
+        "async_checkpoint": job.checkpoint.async_save,
+        "checkpoints_kept": job.checkpoint.keep_last,
+    }
+
+
+def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
+    """The checked plan: predictions for the declared layout, the search's best alternatives,
+    the checkpoint interval against the configured one, and the rank placement."""
+    inp = job_inputs(job)
+    est = estimate(inp["shape"], inp["cluster"], inp["layout"],
+                   global_batch_tokens=inp["global_batch_tokens"],
+                   training_tokens=inp["training_tokens"], precision=inp["precision"],
+                   async_checkpoint=inp["async_checkpoint"], checkpoints_kept=inp["checkpoints_kept"])
+    found = search(inp["shape"], inp["cluster"], gpus=inp["layout"].gpus,
+                   global_batch_tokens=inp["global_batch_tokens"], top=alternatives,
+                   precision=inp["precision"])
+    rel = est.reliability
+    return {
+        "version": PLAN_VERSION,
+        "job": job.name,
+        "model": inp["shape"].describe(),
+        "cluster": {"accelerator": inp["cluster"].accelerator.name,
+                    "gpus_per_node": inp["cluster"].gpus_per_node,
+                    "peak_flops": inp["cluster"].accelerator.peak_flops(inp["precision"])},
+        "precision": inp["precision"],
+        "estimate": est.to_dict(),
+        "checkpoint": {
+            "configured_every_steps": job.checkpoint.every_steps,
+            "recommended_every_steps": rel.interval_steps,
+            "recommended_interval_s": rel.interval_s,
+            "job_mtbf_h": rel.job_mtbf_h,
+        },
+        "alternatives": [
+            {"rank": p.rank, "layout": p.layout.describe(), **_headline(found.metrics(p.index)),
+             "reasons": p.reasons}
+            for p in found.plans
+        ],
+        "search": {"evaluated": found.evaluated, "fitting": found.fitting, "seconds": found.seconds},
+        "rank_placement": rank_table(inp["cluster"], inp["layout"], limit=rank_rows),
+    }
+
+
+def _headline(m: dict) -> dict:
+    keys = ("step_time_s", "tokens_per_s", "mfu", "memory_gib_per_gpu", "bubble_fraction",
+            "exposed_comm_fraction")
+    return {k: m[k] for k in keys}

@@ -1,0 +1,115 @@
+"""Published large training runs: configurations and measured throughput, transcribed from
+the papers' tables, for calibrating the cost model (docs/calibration-planner.md).
+
+Each row pins what the paper publishes (model, GPUs, tp, pp, dp, cp, batch, and micro-batch,
+interleaving, recomputation or sharding where stated). Whatever a paper leaves out, the
+planner's own search chooses, with the published degrees pinned: the same rule for every
+row, no per-row constants.
+
+Sources
+- [NAR21] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
+  Using Megatron-LM", SC 2021, arXiv:2104.04473. Table 1 (weak scaling, A100 80GB, 8x200 Gb/s
+  HDR InfiniBand per node, full recomputation, interleaved schedule) and Table 2 (PTD-P
+  strong scaling, micro-batch 1). Metric: teraFLOP/s per GPU by their eq. (3),
+  F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) per iteration.
+- [KOR22] Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+  Models", MLSys 2023, arXiv:2205.05198. Tables 3 and 5 (A100 80GB, no data parallelism,
+  interleaving with 3 stages for 175B and 530B), iteration time with full recomputation and
+  with sequence parallelism + selective recomputation; section 6.3 for 530B at dp=8 (no
+  overlap of gradient all-reduce).
+- [MTNLG22] Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
+  arXiv:2201.11990, section 2.4: batch 1920 on 280/350/420 DGX A100 nodes, 60.1/50.2/44.4 s
+  per iteration (126/121/113 TFLOP/s per GPU), tp=8, pp=35.
+- [LLAMA3] Llama Team, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 4 (H100 80GB,
+  400 Gb/s RoCE per GPU, BF16 MFU of the 405B pre-training stages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    key: str
+    source: str
+    model: str  # a name for fm_pipeline.planner.shape.named_shape
+    seq_len: int
+    gpu_type: str
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    global_batch: int  # sequences
+    metric: str  # "tflops_eq3" (per GPU, NAR21 eq. 3), "iteration_s" or "mfu"
+    value: float
+    cp: int = 1
+    pinned: dict = field(default_factory=dict)  # micro_batch, virtual_stages, recompute, sharding
+    dp_overlap: bool = True  # overlap of data-parallel communication with compute
+    inter_node_gbps: float | None = None
+    note: str = ""
+
+
+A100_HDR = 25.0  # 200 Gb/s HDR InfiniBand per GPU on Selene / DGX A100
+MEGATRON_2021 = {"recompute": "full", "sharding": "ddp"}
+
+PUBLISHED_RUNS: list[PublishedRun] = [
+    *[
+        PublishedRun(f"nar21-t1-{name}", "NAR21 Table 1", f"megatron-{name}", 2048, "a100-80gb",
+                     gpus, tp, pp, gpus // (tp * pp), batch, "tflops_eq3", tflops,
+                     pinned=dict(MEGATRON_2021), dp_overlap=False, inter_node_gbps=A100_HDR)
+        for name, tp, pp, gpus, batch, tflops in [
+            ("1.7b", 1, 1, 32, 512, 137), ("3.6b", 2, 1, 64, 512, 138),
+            ("7.5b", 4, 1, 128, 512, 142), ("18.4b", 8, 1, 256, 1024, 135),
+            ("39.1b", 8, 2, 512, 1536, 138), ("76.1b", 8, 4, 1024, 1792, 140),
+            ("145.6b", 8, 8, 1536, 2304, 148), ("310.1b", 8, 16, 1920, 2160, 155),
+            ("529.6b", 8, 35, 2520, 2520, 163), ("1t", 8, 64, 3072, 3072, 163),
+        ]
+    ],
+    *[
+        PublishedRun(f"nar21-t2-{name}-{gpus}", "NAR21 Table 2 (PTD-P)", f"megatron-{name}", 2048,
+                     "a100-80gb", gpus, 8, pp, gpus // (8 * pp), batch, "tflops_eq3", tflops,
+                     pinned={**MEGATRON_2021, "micro_batch": 1}, dp_overlap=False,
+                     inter_node_gbps=A100_HDR)
+        for name, pp, batch, gpus, tflops in [
+            ("175b", 12, 1536, 384, 153), ("175b", 12, 1536, 768, 149), ("175b", 12, 1536, 1536, 141),
+            ("529.6b", 35, 2240, 560, 171), ("529.6b", 35, 2240, 1120, 167),
+            ("529.6b", 35, 2240, 2240, 159),
+        ]
+    ],
+    *[
+        PublishedRun(f"kor22-{name}-{rec}", "KOR22 Tables 3, 5", f"megatron-{name}", 2048,
+                     "a100-80gb", gpus, 8, pp, 1, batch, "iteration_s", seconds,
+                     pinned={"micro_batch": mb, "virtual_stages": v, "recompute": rec,
+                             "sharding": "ddp"},
+                     dp_overlap=False, inter_node_gbps=A100_HDR,
+                     note="full recompute without sequence parallelism" if rec == "full" else "")
+        for name, pp, gpus, batch, mb, v, rec, seconds in [
+            ("22b", 1, 8, 4, 4, 1, "full", 1.42), ("22b", 1, 8, 4, 4, 1, "selective", 1.10),
+            ("175b", 8, 64, 64, 1, 3, "full", 18.13), ("175b", 8, 64, 64, 1, 3, "selective", 13.75),
+            ("529.6b", 35, 280, 280, 1, 3, "full", 49.05),
+            ("529.6b", 35, 280, 280, 1, 3, "selective", 37.83),
+            ("1t", 64, 512, 512, 1, 1, "full", 94.42), ("1t", 64, 512, 512, 1, 1, "selective", 71.49),
+        ]
+    ],
+    PublishedRun("kor22-529.6b-dp8", "KOR22 section 6.3", "megatron-529.6b", 2048, "a100-80gb",
+                 2240, 8, 35, 8, 2240, "iteration_s", 39.15,
+                 pinned={"micro_batch": 1, "virtual_stages": 3, "recompute": "selective",
+                         "sharding": "ddp"},
+                 dp_overlap=False, inter_node_gbps=A100_HDR),
+    *[
+        PublishedRun(f"mtnlg22-{gpus}", "MTNLG22 section 2.4", "megatron-529.6b", 2048, "a100-80gb",
+                     gpus, 8, 35, gpus // 280, 1920, "iteration_s", seconds,
+                     pinned={"micro_batch": 1, **MEGATRON_2021}, dp_overlap=False,
+                     inter_node_gbps=A100_HDR)
+        for gpus, seconds in [(2240, 60.1), (2800, 50.2), (3360, 44.4)]
+    ],
+    *[
+        PublishedRun(f"llama3-405b-{gpus}-{seq}", "LLAMA3 Table 4", "llama3-405b", seq, "h100-sxm",
+                     gpus, 8, 16, dp, 16 * 2**20 // seq, "mfu", mfu, cp=cp,
+                     pinned={"micro_batch": 1}, inter_node_gbps=50.0)
+        for gpus, cp, dp, seq, mfu in [
+            (8192, 1, 64, 8192, 0.43), (16384, 1, 128, 8192, 0.41), (16384, 16, 8, 131072, 0.38),
+        ]
+    ],
+]

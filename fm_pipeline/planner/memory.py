@@ -1,0 +1,169 @@
+"""Memory per GPU: model state by sharding level, activations by recomputation, the pipeline's
+in-flight micro-batches, and a fragmentation margin. Vectorized over candidate layouts.
+
+Activations per layer follow Korthikanti et al. 2022 ("Reducing Activation Recomputation
+in Large Transformer Models", section 4, Table 2), with tensor parallelism always paired
+with sequence parallelism so every term divides by tp:
+
+    GPT layer, no recomputation:  s b h (34 + 5 a s / h) / t   bytes
+    selective (attention core recomputed): 34 s b h / t
+    full (only the layer input kept):       2 s b h / t
+    half (every other layer fully recomputed): the mean of none and full
+
+generalized term by term to grouped-query attention (K and V are kv_dim wide), SwiGLU
+(gate, up, SiLU and product outputs: 8 s b ffn), no dropout masks, and flash attention
+(no s^2 scores are ever stored). Context parallelism divides s by cp.
+
+The first pipeline stage holds the most: p micro-batches of L/p layers in 1F1B, scaled by
+(1 + (p-1)/(p v)) when interleaved, m micro-batches in GPipe. The last stage holds the
+output layer and fp32 logits instead. The worse of the two is the GPU's need.
+
+Model state (bytes per parameter, mixed precision as Megatron and torchtitan keep it):
+bf16 weights 2, fp32 gradients 4, fp32 master weights + Adam moments 12. ZeRO-1 shards the
+12, ZeRO-2 the 4 + 12, FSDP all 18 over the shard group (dp_shard x cp ranks), plus the two
+gathered layers FSDP keeps in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fm_pipeline.planner.layout import RECOMPUTE, SCHEDULES, SHARDING, Candidates
+from fm_pipeline.planner.shape import ModelShape
+
+GIB = 1024**3
+FRAGMENTATION = 0.10  # caching-allocator fragmentation and transient buffers, x allocated
+RUNTIME_RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, cuBLAS workspaces (0 on CPU)
+
+NONE, SELECTIVE, HALF, FULL = (RECOMPUTE.index(x) for x in RECOMPUTE)
+DDP, ZERO1, ZERO2, FSDP = (SHARDING.index(x) for x in SHARDING)
+ONE_F_ONE_B, INTERLEAVED, GPIPE = (SCHEDULES.index(x) for x in SCHEDULES)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    weights: float
+    grads: float
+    optimizer: float
+
+    @classmethod
+    def for_precision(cls, precision: str) -> "StateBytes":
+        if precision == "fp32":
+            return cls(weights=4, grads=4, optimizer=8)  # the fp32 weights are the master copy
+        return cls(weights=2, grads=4, optimizer=12)
+
+
+@dataclass
+class LayerActivations:
+    """Bytes one layer keeps for one micro-batch on one GPU."""
+
+    linear: np.ndarray  # everything but the attention scores
+    core: np.ndarray  # softmax / dropout over the s x s scores (0 with flash attention)
+    layer_input: np.ndarray  # what full recomputation keeps
+
+
+def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int) -> LayerActivations:
+    unit = dtype_bytes / 2  # Korthikanti's counts are in 16-bit elements x 2 bytes
+    sb = c.micro_batch * shape.seq_len / c.cp
+    h, kv, f = shape.hidden, shape.kv_dim, shape.ffn
+    norms = 2 * 2 * h
+    attn = 2 * h + 2 * h + 2 * kv + 2 * kv + 2 * h  # QKV input, Q, K, V, projection input
+    mlp = 2 * h + (8 * f if shape.mlp == "swiglu" else 4 * f)
+    masks = 2 * h if shape.dropout else 0  # one byte each, after attention and after the MLP
+    linear = sb * ((norms + attn + mlp) * unit + masks) / c.tp
+    if shape.flash_attention:
+        core = np.zeros_like(linear)
+    else:
+        scores = shape.heads * c.micro_batch * (shape.seq_len / c.cp) * shape.seq_len
+        per_score = 2 * unit + ((1 + 2 * unit) if shape.dropout else 0)
+        core = scores * per_score / c.tp
+    layer_input = 2 * unit * sb * h / c.tp
+    return LayerActivations(linear=linear, core=core, layer_input=layer_input)
+
+
+@dataclass
+class MemoryArrays:
+    weights: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    working: np.ndarray  # FSDP's gathered layers, the layer being recomputed
+    total_gib: np.ndarray  # with fragmentation margin and runtime reserve
+    capacity_gib: float
+    stage_params: np.ndarray  # parameters on the fuller stage's GPU
+    layers_per_rank: np.ndarray
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.total_gib <= self.capacity_gib
+
+
+def stage_layers(shape: ModelShape, c: Candidates) -> np.ndarray:
+    """Layers on the fullest pipeline rank (uneven splits round up)."""
+    per_chunk = -(-shape.layers // (c.pp * c.virtual_stages))
+    return per_chunk * c.virtual_stages
+
+
+def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int,
+                   capacity_gib: float, precision: str = "bf16", on_cpu: bool = False) -> MemoryArrays:
+    dtype_bytes = 4 if precision == "fp32" else 2
+    state = StateBytes.for_precision(precision)
+    p = shape.params()
+    layer_params = (p.per_layer - p.per_layer_norms) / c.tp + p.per_layer_norms
+    layers = stage_layers(shape, c)
+    embedding = p.embedding / c.tp + p.positions
+    head = np.where(shape.tie_embeddings & (c.pp == 1), 0.0, p.embedding / c.tp) + p.final_norm
+    single = c.pp == 1
+    first_params = layers * layer_params + embedding + np.where(single, head, 0.0)
+    last_params = layers * layer_params + head
+
+    shard = (c.dp_shard * c.cp).astype(np.float64)
+
+    def state_bytes(params):
+        w = params * state.weights
+        g = params * state.grads
+        o = params * state.optimizer
+        g = np.where((c.sharding == ZERO2) | (c.sharding == FSDP), g / shard, g)
+        o = np.where(c.sharding == DDP, o, o / shard)
+        w = np.where(c.sharding == FSDP, w / shard, w)
+        return w, g, o
+
+    acts = layer_activations(shape, c, dtype_bytes=dtype_bytes)
+    everything = acts.linear + acts.core
+    stored = np.select([c.recompute == NONE, c.recompute == SELECTIVE, c.recompute == HALF],
+                       [everything, acts.linear, (everything + acts.layer_input) / 2],
+                       default=acts.layer_input)
+    recompute_working = np.select([c.recompute == SELECTIVE, c.recompute >= HALF],
+                                  [acts.core, everything], default=0.0)
+    fsdp_working = np.where(c.sharding == FSDP,
+                            2 * layer_params * (state.weights + state.grads), 0.0)
+
+    m = global_batch_tokens // shape.seq_len // (c.dp * c.micro_batch)
+    pp = c.pp.astype(np.float64)
+    in_flight = np.select(
+        [single, c.schedule == GPIPE, c.schedule == INTERLEAVED],
+        [1.0, m, np.minimum(m, pp) + (pp - 1) / c.virtual_stages],
+        default=np.minimum(m, pp),
+    )
+    sb = c.micro_batch * shape.seq_len / c.cp
+    output = sb * (4 * shape.hidden * dtype_bytes / 2 + 4 * shape.vocab) / c.tp  # + fp32 logits
+    first_acts = in_flight * layers * stored + np.where(single, output, 0.0)
+    last_acts = np.where(c.schedule == GPIPE, m, 1) * layers * stored + output
+
+    first = [*state_bytes(first_params), first_acts]
+    last = [*state_bytes(last_params), last_acts]
+    working = recompute_working + fsdp_working
+    first_total = sum(first) + working
+    last_total = sum(last) + working
+    use_first = first_total >= last_total
+    parts = [np.where(use_first, a, b) for a, b in zip(first, last)]
+    allocated = np.maximum(first_total, last_total)
+    reserved = 0.0 if on_cpu else RUNTIME_RESERVED_GIB
+    total_gib = allocated * (1 + FRAGMENTATION) / GIB + reserved
+    return MemoryArrays(
+        weights=parts[0], grads=parts[1], optimizer=parts[2], activations=parts[3],
+        working=working, total_gib=total_gib, capacity_gib=capacity_gib,
+        stage_params=np.where(use_first, first_params, last_params), layers_per_rank=layers,
+    )

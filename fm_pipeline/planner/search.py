@@ -1,0 +1,134 @@
+"""Parallelism search: every valid (tp, cp, pp, dp, micro-batch, interleaving, recomputation,
+sharding) for a GPU count, scored in one vectorized pass, non-fitting ones dropped, the rest
+ranked by predicted throughput.
+
+    from fm_pipeline.planner.search import search
+    result = search(shape, cluster, gpus=16384, global_batch_tokens=16 * 2**20)
+    result.plans[0].layout, result.plans[0].reasons, result.evaluated
+
+Degrees: tp divides heads, kv_heads and ffn (at most 64); cp is a power of two up to 32 that
+divides the sequence with tp; pp divides what is left of the GPUs and is at most the layer
+count; dp takes the rest. Sharded optimizers / FSDP shard over all of dp or, hybrid-sharded
+(HSDP), over groups of 8 or 64 data-parallel ranks replicated across the rest. Pinning any
+field (`fixed={"tp": 8}`) restricts the search to it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fm_pipeline.planner.cluster import ClusterConfig
+from fm_pipeline.planner.errors import PlanInputError, require_positive
+from fm_pipeline.planner.layout import RECOMPUTE, SCHEDULES, SHARDING, Candidates, Layout, valid_mask
+from fm_pipeline.planner.shape import ModelShape
+from fm_pipeline.planner.step import Evaluation, evaluate
+
+MICRO_BATCHES = (1, 2, 4, 8)
+VIRTUAL_STAGES = (1, 2, 4, 8)
+MAX_TP = 64
+MAX_CP = 32
+HSDP_SHARD_GROUPS = (8, 64)  # besides sharding over all of dp: shard in 8 or 64, replicate across
+SEARCH_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "recompute", "sharding")
+
+
+@dataclass
+class RankedPlan:
+    rank: int
+    layout: Layout
+    index: int  # into the evaluated candidates
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SearchResult:
+    plans: list[RankedPlan]
+    candidates: Candidates
+    evaluation: Evaluation
+    evaluated: int
+    fitting: int
+    seconds: float
+    gpus: int
+
+    def metrics(self, index: int) -> dict:
+        from fm_pipeline.planner.report import plan_metrics
+
+        return plan_metrics(self.evaluation, index)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: int,
+                         fixed: dict | None = None) -> Candidates:
+    fixed = dict(fixed or {})
+    unknown = set(fixed) - set(SEARCH_FIELDS)
+    if unknown:
+        raise PlanInputError(sorted(unknown)[0], f"cannot be pinned; pin one of {', '.join(SEARCH_FIELDS)}")
+
+    def options(name, default):
+        return [fixed[name]] if name in fixed else list(default)
+
+    common = math.gcd(shape.heads, shape.kv_heads, shape.ffn, gpus)
+    tps = options("tp", [d for d in _divisors(common) if d <= MAX_TP])
+    cps = options("cp", [2**i for i in range(int(math.log2(MAX_CP)) + 1)])
+    triples = []
+    for tp, cp in itertools.product(tps, cps):
+        if gpus % (tp * cp):
+            continue
+        for pp in options("pp", _divisors(gpus // (tp * cp))):
+            if pp <= shape.layers and gpus % (tp * cp * pp) == 0:
+                dp = gpus // (tp * cp * pp)
+                if "dp" not in fixed or fixed["dp"] == dp:
+                    triples.append((tp, cp, pp, dp))
+    if not triples:
+        raise PlanInputError("gpus", f"no tp x cp x pp x dp factorization of {gpus} GPUs matches "
+                                     f"the pinned degrees {fixed}")
+    flash = shape.flash_attention
+    recompute = [RECOMPUTE.index(r) for r in options("recompute", RECOMPUTE)
+                 if not (flash and r == "selective" and "recompute" not in fixed)]
+    sharding = [SHARDING.index(s) for s in options("sharding", SHARDING)]
+    shard_groups = [0] if "sharding" in fixed and fixed["sharding"] == "ddp" else [0, *HSDP_SHARD_GROUPS]
+    grid = np.array(list(itertools.product(
+        range(len(triples)), options("micro_batch", MICRO_BATCHES),
+        options("virtual_stages", VIRTUAL_STAGES), recompute, sharding, shard_groups)), dtype=np.int64)
+    t = np.array(triples, dtype=np.int64)[grid[:, 0]]
+    dp, v, s, group = t[:, 3], grid[:, 2], grid[:, 4], grid[:, 5]
+    ddp = s == SHARDING.index("ddp")
+    keep = (group == 0) | (~ddp & (group < dp) & (dp % np.maximum(group, 1) == 0))
+    c = Candidates(
+        tp=t[:, 0], cp=t[:, 1], pp=t[:, 2], dp=dp, micro_batch=grid[:, 1], virtual_stages=v,
+        recompute=grid[:, 3], sharding=s,
+        dp_shard=np.where(ddp, 1, np.where(group == 0, dp, group)),
+        schedule=np.where(v > 1, SCHEDULES.index("Interleaved1F1B"), SCHEDULES.index("1F1B")),
+    ).take(keep)
+    return c.take(valid_mask(shape, c, global_batch_tokens=global_batch_tokens))
+
+
+def search(shape: ModelShape, cluster: ClusterConfig, *, gpus: int, global_batch_tokens: int,
+           top: int = 5, fixed: dict | None = None, precision: str = "bf16",
+           dp_overlap: bool = True) -> SearchResult:
+    require_positive("gpus", gpus, integer=True)
+    require_positive("global_batch_tokens", global_batch_tokens, integer=True)
+    if global_batch_tokens % shape.seq_len:
+        raise PlanInputError("global_batch_tokens", f"{global_batch_tokens} is not a whole number of "
+                                                    f"sequences of {shape.seq_len} tokens")
+    start = time.perf_counter()
+    c = enumerate_candidates(shape, gpus=gpus, global_batch_tokens=global_batch_tokens, fixed=fixed)
+    ev = evaluate(shape, cluster, c, global_batch_tokens=global_batch_tokens, precision=precision,
+                  dp_overlap=dp_overlap)
+    fits = np.flatnonzero(ev.fits)
+    order = fits[np.lexsort((ev.memory.total_gib[fits], -ev.tokens_per_s[fits]))][:top]
+    from fm_pipeline.planner.explain import reasons_for
+
+    plans = [RankedPlan(rank=r + 1, layout=c.layout(int(i)), index=int(i),
+                        reasons=reasons_for(shape, cluster, c, ev, int(i)))
+             for r, i in enumerate(order)]
+    return SearchResult(plans=plans, candidates=c, evaluation=ev, evaluated=len(c),
+                        fitting=len(fits), seconds=time.perf_counter() - start, gpus=gpus)

@@ -1,0 +1,199 @@
+"""The model as the planner sees it: widths, depth, vocabulary, sequence length, MLP kind.
+
+    from fm_pipeline.planner.shape import named_shape
+    shape = named_shape("llama3-405b", seq_len=8192)
+    shape.params().total, shape.model_flops_per_token()
+
+Two families. Llama-style shapes (SwiGLU 3-matrix MLP, RMSNorm, RoPE, grouped-query
+attention, flash attention) come from `fm_pipeline.model.registry` and count exactly what
+the trainer builds, so planned and measured MFU share one numerator. GPT-style shapes
+(2-matrix 4h GELU MLP, biases, LayerNorm, learned positions, tied embeddings, dropout, no
+flash attention) reproduce the closed forms of Narayanan et al. 2021,
+P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), and are what the published GPT-3,
+MT-NLG and Megatron scaling runs trained.
+
+Model FLOPs follow the PaLM convention used by the trainer (fm_pipeline/model/flops.py):
+6 x parameters in matmuls + 12 x layers x hidden x seq_len for attention (full square,
+forward and backward); the input embedding and learned positions are lookups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fm_pipeline.planner.errors import PlanInputError, require_positive
+
+MLP_KINDS = ("swiglu", "gelu")
+NORM_KINDS = ("rmsnorm", "layernorm")
+
+
+@dataclass(frozen=True)
+class ParamBreakdown:
+    embedding: int
+    positions: int
+    per_layer: int
+    per_layer_norms: int  # replicated across tensor-parallel ranks
+    layers: int
+    final_norm: int
+    output: int  # 0 when tied to the embedding
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.positions + self.layers + self.final_norm + self.output
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq_len: int
+    mlp: str = "swiglu"
+    bias: bool = False
+    norm: str = "rmsnorm"
+    learned_positions: bool = False
+    tie_embeddings: bool = False
+    dropout: bool = False
+    flash_attention: bool = True
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
+            require_positive(field, getattr(self, field), integer=True)
+        if self.hidden % self.heads:
+            raise PlanInputError(
+                "heads", f"hidden ({self.hidden}) must be divisible by heads ({self.heads})"
+            )
+        if self.heads % self.kv_heads:
+            raise PlanInputError(
+                "kv_heads",
+                f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})",
+            )
+        if self.mlp not in MLP_KINDS:
+            raise PlanInputError("mlp", f"must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
+        if self.norm not in NORM_KINDS:
+            raise PlanInputError(
+                "norm", f"must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
+
+    def layer_matmul_weights(self) -> int:
+        """Weights of one layer that take part in matmuls (Q, K, V, O and the MLP)."""
+        h = self.hidden
+        attn = 2 * h * h + 2 * h * self.kv_dim
+        return attn + self.mlp_matrices * h * self.ffn
+
+    def params(self) -> ParamBreakdown:
+        h = self.hidden
+        norm_size = h if self.norm == "rmsnorm" else 2 * h
+        biases = (2 * h + 2 * self.kv_dim + (self.mlp_matrices - 1) * self.ffn + h) if self.bias else 0
+        per_layer_norms = 2 * norm_size
+        per_layer = self.layer_matmul_weights() + biases + per_layer_norms
+        return ParamBreakdown(
+            embedding=self.vocab * h,
+            positions=self.seq_len * h if self.learned_positions else 0,
+            per_layer=per_layer,
+            per_layer_norms=per_layer_norms,
+            layers=per_layer * self.layers,
+            final_norm=norm_size,
+            output=0 if self.tie_embeddings else self.vocab * h,
+        )
+
+    def attention_flops_per_token(self) -> int:
+        """QK^T and attention-over-V for one token, forward and backward, full square."""
+        return 12 * self.layers * self.hidden * self.seq_len
+
+    def model_flops_per_token(self) -> int:
+        """Training FLOPs of one token, the MFU numerator (same convention as the trainer)."""
+        p = self.params()
+        matmul_params = p.total - p.embedding - p.positions
+        if self.tie_embeddings:
+            matmul_params += p.embedding  # the tied matrix still does the output projection
+        return 6 * matmul_params + self.attention_flops_per_token()
+
+    def describe(self) -> str:
+        p = self.params().total
+        return (
+            f"{self.name}: {p / 1e9:.1f}B params, {self.layers} layers, hidden {self.hidden}, "
+            f"{self.heads} heads ({self.kv_heads} kv), ffn {self.ffn} {self.mlp}, "
+            f"vocab {self.vocab}, seq {self.seq_len}"
+        )
+
+
+def default_ffn(hidden: int, mlp: str) -> int:
+    """4h for a GELU MLP; Llama's rule (2/3 of 4h, rounded up to 256) for SwiGLU."""
+    if mlp == "gelu":
+        return 4 * hidden
+    return 256 * -(-int(8 * hidden / 3) // 256)
+
+
+def gpt_shape(*, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
+              name: str = "gpt") -> ModelShape:
+    """A GPT-3 / Megatron-LM style decoder as trained in 2020-2022."""
+    return ModelShape(
+        layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn=4 * hidden,
+        vocab=vocab, seq_len=seq_len, mlp="gelu", bias=True, norm="layernorm",
+        learned_positions=True, tie_embeddings=True, dropout=True, flash_attention=False,
+        name=name,
+    )
+
+
+# Published GPT-style shapes: (layers, hidden, heads, vocab, seq_len).
+GPT_SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "gpt3-175b": (96, 12288, 96, 50257, 2048),  # Brown et al. 2020, Table 2.1
+    "megatron-1.7b": (24, 2304, 24, 51200, 2048),  # Narayanan et al. 2021, Table 1
+    "megatron-3.6b": (30, 3072, 32, 51200, 2048),
+    "megatron-7.5b": (36, 4096, 32, 51200, 2048),
+    "megatron-18.4b": (40, 6144, 48, 51200, 2048),
+    "megatron-39.1b": (48, 8192, 64, 51200, 2048),
+    "megatron-76.1b": (60, 10240, 80, 51200, 2048),
+    "megatron-145.6b": (80, 12288, 96, 51200, 2048),
+    "megatron-175b": (96, 12288, 96, 51200, 2048),  # GPT-3 shape, Megatron's padded vocab
+    "megatron-310.1b": (96, 16384, 128, 51200, 2048),
+    "megatron-529.6b": (105, 20480, 128, 51200, 2048),  # = MT-NLG 530B
+    "megatron-1t": (128, 25600, 160, 51200, 2048),
+    "megatron-22b": (48, 6144, 64, 51200, 2048),  # Korthikanti et al. 2022, Table 3
+}
+
+
+def shape_names() -> list[str]:
+    from fm_pipeline.model.registry import model_names
+
+    return [*model_names(), *GPT_SIZES]
+
+
+def named_shape(name: str, *, seq_len: int | None = None) -> ModelShape:
+    """A registry size (Llama-style) or a published GPT-style shape, by name."""
+    if name in GPT_SIZES:
+        layers, hidden, heads, vocab, default_seq = GPT_SIZES[name]
+        return gpt_shape(layers=layers, hidden=hidden, heads=heads, vocab=vocab,
+                         seq_len=seq_len or default_seq, name=name)
+    from fm_pipeline.model.registry import get_model_config, model_names
+
+    if name not in model_names():
+        raise PlanInputError("model", f"unknown model {name!r}; known: {', '.join(shape_names())}")
+    cfg = get_model_config(name)
+    return shape_from_model_config(cfg, seq_len=seq_len or cfg.max_seq_len, name=name)
+
+
+def shape_from_model_config(cfg, *, seq_len: int, name: str = "custom") -> ModelShape:
+    """The planner's view of a `fm_pipeline.model.ModelConfig` trained at `seq_len`."""
+    return ModelShape(
+        layers=cfg.n_layers, hidden=cfg.dim, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads,
+        ffn=cfg.ffn_dim, vocab=cfg.vocab_size, seq_len=seq_len,
+        tie_embeddings=cfg.tie_embeddings, name=name,
+    )

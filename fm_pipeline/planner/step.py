@@ -1,0 +1,201 @@
+"""Time of one optimizer step, MFU and HFU, and where the time goes. Vectorized over
+candidate layouts: `evaluate` scores one layout or thirty thousand in the same pass.
+
+    step = (m + (p - 1) / v) x t_micro  +  exposed data-parallel comm  +  optimizer
+
+t_micro is one micro-batch through the slowest pipeline rank (its layers, the output layer,
+recomputation, and the communication that cannot hide):
+  - tensor parallel (with sequence parallelism): per layer 2 all-gathers + 2 reduce-scatters
+    of the s x b x h activation forward, the same backward (Korthikanti et al. 2022); the
+    forward ones and a recomputed forward's are exposed; backward, the all-gathers feeding
+    the row-parallel layers are exposed and the reduce-scatters hide behind the
+    weight-gradient GEMMs (Megatron overlaps them);
+  - context parallel: an all-gather of K and V forward, a reduce-scatter of their gradients
+    backward (the all-gather variant Llama 3 uses), exposed;
+  - pipeline point-to-point: activation forward, gradient backward, per virtual stage.
+The bubble is (p-1)/v micro-batch times: a fraction (p-1)/(v m + p - 1) of the step
+(Narayanan et al. 2021; v = 1 is plain 1F1B). Data-parallel traffic per step: DDP
+all-reduces fp32 gradients; ZeRO-1 reduce-scatters them and all-gathers updated bf16
+weights; ZeRO-2 reduce-scatters every micro-batch; FSDP all-gathers weights forward and
+backward and reduce-scatters gradients every micro-batch. With overlap (modern Megatron,
+torchtitan) only what exceeds the backward (or forward) compute it hides behind is exposed,
+and never less than the last layer's bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fm_pipeline.planner.cluster import ClusterConfig
+from fm_pipeline.planner.collectives import (
+    all_reduce_time,
+    group_link,
+    p2p_time,
+    ring_pass_time,
+)
+from fm_pipeline.planner.compute import MEMORY_BW_EFFICIENCY, layer_times
+from fm_pipeline.planner.layout import Candidates
+from fm_pipeline.planner.memory import (
+    DDP,
+    FSDP,
+    FULL,
+    GPIPE,
+    HALF,
+    SELECTIVE,
+    ZERO2,
+    MemoryArrays,
+    memory_per_gpu,
+)
+from fm_pipeline.planner.shape import ModelShape
+
+GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (torchtitan's reduce_dtype, Megatron's default)
+OPTIMIZER_BYTES_PER_PARAM = 34  # AdamW: read/write master, grad, two moments, write bf16 copy
+
+
+@dataclass
+class Evaluation:
+    """Per-candidate predictions (arrays aligned with the Candidates evaluated)."""
+
+    memory: MemoryArrays
+    microbatches: np.ndarray
+    step_time_s: np.ndarray
+    compute_s: np.ndarray  # per step, on the slowest pipeline rank
+    tp_comm_s: np.ndarray  # exposed, per step
+    cp_comm_s: np.ndarray
+    pp_comm_s: np.ndarray
+    dp_comm_s: np.ndarray
+    bubble_s: np.ndarray
+    optimizer_s: np.ndarray
+    mfu: np.ndarray
+    hfu: np.ndarray
+    tokens_per_s: np.ndarray
+    tp_level: np.ndarray  # how far each group reaches (collectives.LEVEL_NAMES)
+    cp_level: np.ndarray
+    pp_level: np.ndarray
+    dp_level: np.ndarray
+
+    @property
+    def exposed_comm_s(self) -> np.ndarray:
+        return self.tp_comm_s + self.cp_comm_s + self.pp_comm_s + self.dp_comm_s
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.memory.fits
+
+    def fraction(self, part: np.ndarray) -> np.ndarray:
+        return part / self.step_time_s
+
+
+def _hides(comm, window, buckets):
+    """Exposed part of `comm` overlapped with `window` of compute; the last bucket never hides."""
+    return np.maximum(comm - window, comm / np.maximum(buckets, 1))
+
+
+def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global_batch_tokens: int,
+             precision: str = "bf16", dp_overlap: bool = True) -> Evaluation:
+    acc = cluster.accelerator
+    on_cpu = acc.name.startswith("cpu")
+    dtype_bytes = 4 if precision == "fp32" else 2
+    mem = memory_per_gpu(shape, c, global_batch_tokens=global_batch_tokens,
+                         capacity_gib=acc.memory_gib, precision=precision, on_cpu=on_cpu)
+    lt = layer_times(shape, acc, c, precision=precision)
+    layers = mem.layers_per_rank.astype(np.float64)
+    m = (global_batch_tokens // shape.seq_len // (c.dp * c.micro_batch)).astype(np.float64)
+    v = c.virtual_stages.astype(np.float64)
+    pp = c.pp.astype(np.float64)
+
+    redone = np.select([c.recompute == FULL, c.recompute == HALF], [1.0, 0.5], default=0.0)
+    recompute = redone * lt.fwd + np.where(c.recompute == SELECTIVE, lt.attn_fwd, 0.0)
+    fwd_window = layers * lt.fwd
+    bwd_window = layers * (lt.bwd + recompute)
+    compute_mb = fwd_window + bwd_window + lt.head_fwd + lt.head_bwd
+
+    # Tensor parallel: 4 ring passes of the gathered activation per layer and direction.
+    tokens = c.micro_batch * shape.seq_len / c.cp
+    act_bytes = tokens * shape.hidden * dtype_bytes
+    tp_link = group_link(cluster, c.tp, 1)
+    tp_pass = ring_pass_time(act_bytes, c.tp, tp_link)
+    tp_fwd = 4 * tp_pass * (1 + redone)
+    # Backward: the gradient all-gather before each row-parallel layer is needed at once;
+    # the reduce-scatters after the column-parallel ones hide behind weight gradients.
+    tp_bwd = 2 * tp_pass + np.maximum(2 * tp_pass - lt.wgrad, 0.0)
+    tp_mb = layers * (tp_fwd + tp_bwd)
+
+    # Context parallel: gather K and V (this rank's kv heads) forward, scatter their grads.
+    kv_bytes = 2 * c.micro_batch * shape.seq_len * (shape.kv_dim / c.tp) * dtype_bytes
+    cp_link = group_link(cluster, c.cp, c.tp)
+    cp_pass = ring_pass_time(kv_bytes, c.cp, cp_link)
+    cp_mb = layers * cp_pass * (2 + redone)
+
+    # Pipeline: each virtual stage sends an activation forward and a gradient backward.
+    pp_link = group_link(cluster, c.pp, c.tp * c.cp)
+    p2p = p2p_time(act_bytes / c.tp, pp_link, active=c.pp > 1)
+    pp_mb = 2 * v * p2p
+
+    t_micro = compute_mb + tp_mb + cp_mb + pp_mb
+    bubble_slots = np.where(c.schedule == GPIPE, pp - 1, (pp - 1) / v)
+    pipeline_s = (m + bubble_slots) * t_micro
+
+    # Data parallel over dp x cp ranks (context-parallel ranks hold the same weights).
+    gpn = cluster.gpus_per_node
+    group = c.tp * c.cp * c.pp * c.dp
+    shard_size = c.dp_shard * c.cp
+    per_node_cp = np.clip(gpn // c.tp, 1, c.cp)
+    per_node_dp = np.clip(gpn // (c.tp * c.cp * c.pp), 1, c.dp_shard)
+    shard_link = group_link(cluster, shard_size, c.tp, span=c.tp * c.cp * c.pp * c.dp_shard,
+                            per_node=per_node_cp * per_node_dp)
+    replicas = c.dp // c.dp_shard
+    replica_link = group_link(cluster, replicas, c.tp * c.cp * c.pp * c.dp_shard)
+    params = mem.stage_params
+    grads = params * GRAD_REDUCE_BYTES
+    weights = params * dtype_bytes
+    # One collective per layer (FSDP units, gradient buckets): latency is paid per layer.
+    rs_grads = ring_pass_time(grads, shard_size, shard_link, calls=layers)
+    ag_weights = ring_pass_time(weights, shard_size, shard_link, calls=layers)
+    across_replicas = all_reduce_time(grads / shard_size, replicas, replica_link, calls=layers)
+    ddp_all_reduce = all_reduce_time(grads, shard_size, shard_link, calls=layers) + across_replicas
+    if dp_overlap:
+        fwd_hidden = _hides(ag_weights, fwd_window, layers)
+        grad_once = _hides(rs_grads, bwd_window, layers) + across_replicas
+        per_micro_fsdp = fwd_hidden + _hides(ag_weights + rs_grads, bwd_window, layers)
+        dp_s = np.select(
+            [c.sharding == DDP, c.sharding == ZERO2, c.sharding == FSDP],
+            [_hides(ddp_all_reduce, bwd_window, layers),
+             m * _hides(rs_grads, bwd_window, layers) + across_replicas + fwd_hidden,
+             m * per_micro_fsdp + across_replicas],
+            default=grad_once + fwd_hidden,
+        )
+    else:
+        dp_s = np.select(
+            [c.sharding == DDP, c.sharding == ZERO2, c.sharding == FSDP],
+            [ddp_all_reduce, m * rs_grads + across_replicas + ag_weights,
+             m * (2 * ag_weights + rs_grads) + across_replicas],
+            default=rs_grads + across_replicas + ag_weights,
+        )
+    dp_s = np.where(group > c.tp * c.cp * c.pp, dp_s, 0.0)  # no data parallelism at all
+
+    optimizer_params = np.where(c.sharding == DDP, params, params / shard_size)
+    hbm = acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY
+    optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / hbm
+
+    step = pipeline_s + dp_s + optimizer_s
+    tokens_per_step = global_batch_tokens
+    gpus = group.astype(np.float64)
+    peak = acc.peak_flops(precision)
+    model_flops = float(shape.model_flops_per_token()) * tokens_per_step
+    attn_fwd_per_token = 4.0 * shape.layers * shape.hidden * shape.seq_len
+    layer_fwd_per_token = 2.0 * shape.layers * shape.layer_matmul_weights() + attn_fwd_per_token
+    recompute_per_token = redone * layer_fwd_per_token + np.where(
+        c.recompute == SELECTIVE, attn_fwd_per_token, 0.0)
+    hardware_flops = model_flops + recompute_per_token * tokens_per_step
+    return Evaluation(
+        memory=mem, microbatches=m, step_time_s=step,
+        compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb, pp_comm_s=m * pp_mb,
+        dp_comm_s=dp_s, bubble_s=bubble_slots * t_micro, optimizer_s=optimizer_s,
+        mfu=model_flops / (step * gpus * peak), hfu=hardware_flops / (step * gpus * peak),
+        tokens_per_s=tokens_per_step / step,
+        tp_level=tp_link.level, cp_level=cp_link.level, pp_level=pp_link.level,
+        dp_level=np.maximum(shard_link.level, np.where(replicas > 1, replica_link.level, 0)),
+    )

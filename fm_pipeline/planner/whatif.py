@@ -1,0 +1,159 @@
+"""What-if: the same training on 2x, 4x ... the GPUs (same global batch), with half or double
+the fabric and storage bandwidth, with half or double the failure rate; and which term of
+the time grows fastest, "what breaks first".
+
+    wi = what_if(shape, cluster, gpus=16384, global_batch_tokens=16 * 2**20)
+    wi.breaks_first, [s.name for s in wi.scenarios]
+
+Each doubling appears twice: the same layout with dp doubled (what happens to the running
+job if you just add GPUs: fewer micro-batches per pipeline, the same gradient traffic per
+step behind half the compute, twice the failures), and re-planned by the search (what the
+planner would do instead). "What breaks first" compares the first against the baseline:
+the term whose share of the time grows the most (pipeline bubble, exposed tensor /
+context / pipeline / data-parallel communication as shares of the step; checkpoint pauses
+and failure losses as shares of wall-clock time). A doubling with no valid layout (the
+global batch cannot feed that many GPUs) is reported as such: often the first thing to break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from fm_pipeline.planner.cluster import ClusterConfig
+from fm_pipeline.planner.errors import PlanInputError
+from fm_pipeline.planner.estimate import Estimate, estimate
+from fm_pipeline.planner.layout import Layout, check_layout
+from fm_pipeline.planner.search import search
+from fm_pipeline.planner.shape import ModelShape
+
+MIN_SHARE = 0.02  # a term must reach 2% of the time to count as breaking
+
+
+@dataclass
+class Scenario:
+    name: str
+    gpus: int
+    estimate: Estimate | None
+    note: str = ""
+
+    def terms(self) -> dict[str, float]:
+        if self.estimate is None:
+            return {}
+        t = self.estimate.metrics["time_s"]
+        step = self.estimate.metrics["step_time_s"]
+        rel = self.estimate.reliability
+        return {
+            "pipeline bubble": t["bubble"] / step,
+            "tensor-parallel comm": t["tp_comm"] / step,
+            "context-parallel comm": t["cp_comm"] / step,
+            "pipeline comm": t["pp_comm"] / step,
+            "data-parallel comm": t["dp_comm"] / step,
+            "checkpoint pauses": rel.checkpoint_overhead,
+            "failures and restarts": rel.failure_overhead,
+        }
+
+    def row(self) -> dict:
+        e = self.estimate
+        if e is None:
+            return {"scenario": self.name, "gpus": self.gpus, "layout": None, "note": self.note}
+        m = e.metrics
+        return {
+            "scenario": self.name, "gpus": self.gpus, "layout": e.layout.describe(),
+            "step_time_s": m["step_time_s"], "mfu": m["mfu"], "tokens_per_s": m["tokens_per_s"],
+            "bubble_fraction": m["bubble_fraction"], "exposed_comm_fraction": m["exposed_comm_fraction"],
+            "goodput": e.reliability.goodput, "effective_mfu": m["mfu"] * e.reliability.goodput,
+            "checkpoint_interval_s": e.reliability.interval_s,
+            "time_to_train_days": e.cost.time_to_train_days, "dollars": e.cost.dollars,
+            "crosses_regions": e.placement.crosses_regions, "note": self.note,
+        }
+
+
+@dataclass
+class WhatIf:
+    scenarios: list[Scenario]
+    breaks_first: str
+    growth: dict[str, float] = field(default_factory=dict)  # term -> share at 2x / at 1x
+
+    def rows(self) -> list[dict]:
+        return [s.row() for s in self.scenarios]
+
+    def to_dict(self) -> dict:
+        return {"scenarios": self.rows(), "breaks_first": self.breaks_first, "growth": self.growth}
+
+
+def _best(shape, cluster, gpus, batch, precision) -> tuple[Layout | None, str]:
+    result = search(shape, cluster, gpus=gpus, global_batch_tokens=batch, top=1, precision=precision)
+    if result.plans:
+        return result.plans[0].layout, f"re-planned ({result.fitting} of {result.evaluated} layouts fit)"
+    sequences = batch // shape.seq_len
+    return None, (f"no layout fits: {result.evaluated} valid layouts, none fits in memory"
+                  if result.evaluated else
+                  f"the global batch of {sequences} sequences cannot feed {gpus} GPUs")
+
+
+def breaks_first(base: Scenario, bigger: Scenario) -> tuple[str, dict[str, float]]:
+    """The term whose share of the time grows the most (in points); growth maps each term to
+    its added share."""
+    if bigger.estimate is None:
+        return f"at {bigger.gpus} GPUs: {bigger.note}", {}
+    before, after = base.terms(), bigger.terms()
+    growth = {k: after[k] - before[k] for k in after}
+    term = max(growth, key=growth.get)
+    if after[term] < MIN_SHARE or growth[term] <= 0:
+        return f"nothing yet: at {bigger.gpus} GPUs no overhead grows past {MIN_SHARE:.0%} of the time", growth
+    return (f"{term}: {before[term]:.1%} -> {after[term]:.1%} of the time at {bigger.gpus} GPUs "
+            f"(MFU {base.estimate.metrics['mfu']:.1%} -> {bigger.estimate.metrics['mfu']:.1%}, "
+            f"goodput {base.estimate.reliability.goodput:.1%} -> "
+            f"{bigger.estimate.reliability.goodput:.1%})"), growth
+
+
+def _scaled(shape, layout: Layout, factor: int, batch: int) -> tuple[Layout | None, str]:
+    """The running job's layout with dp multiplied; None with the reason when it cannot run."""
+    bigger = replace(layout, dp=layout.dp * factor)
+    try:
+        check_layout(shape, bigger, gpus=bigger.gpus, global_batch_tokens=batch)
+    except PlanInputError as e:
+        return None, f"dp x{factor} breaks the layout: {e.detail}"
+    return bigger, f"same layout, dp x{factor}"
+
+
+def what_if(shape: ModelShape, cluster: ClusterConfig, *, gpus: int, global_batch_tokens: int,
+            training_tokens: float | None = None, layout: Layout | None = None, doublings: int = 2,
+            precision: str = "bf16") -> WhatIf:
+    def run(name, c: ClusterConfig, n: int, lay: Layout | None, note: str = "") -> Scenario:
+        if lay is None:
+            return Scenario(name=name, gpus=n, estimate=None, note=note)
+        est = estimate(shape, c, lay, global_batch_tokens=global_batch_tokens,
+                       training_tokens=training_tokens, precision=precision)
+        notes = [note] if note else []
+        if est.placement.crosses_regions:
+            notes.append(f"{'/'.join(est.placement.crosses_regions)} crosses regions")
+        return Scenario(name=name, gpus=n, estimate=est, note="; ".join(notes))
+
+    note = "given layout"
+    if layout is None:
+        layout, note = _best(shape, cluster, gpus, global_batch_tokens, precision)
+        if layout is None:
+            base = Scenario("baseline", gpus, None, note)
+            return WhatIf(scenarios=[base], breaks_first=f"already at {gpus} GPUs: {note}")
+    base = run("baseline", cluster, gpus, layout, note)
+    scenarios = [base]
+    scaled = []
+    for k in range(1, doublings + 1):
+        n = gpus * 2**k
+        lay, why = _scaled(shape, layout, 2**k, global_batch_tokens)
+        scaled.append(run(f"{2**k}x GPUs, dp x{2**k}", cluster, n, lay, why))
+        lay, why = _best(shape, cluster, n, global_batch_tokens, precision)
+        scenarios += [scaled[-1], run(f"{2**k}x GPUs, re-planned", cluster, n, lay, why)]
+    first, growth = breaks_first(base, scaled[0]) if doublings else ("", {})
+    for factor in (0.5, 2.0):
+        scenarios.append(run(f"fabric x{factor:g}", cluster.with_changes(
+            inter_node_gbps=cluster.inter_node_gbps * factor), gpus, layout))
+    for factor in (0.5, 2.0):
+        scenarios.append(run(f"storage x{factor:g}", cluster.with_changes(
+            storage_write_gbps=cluster.storage_write_gbps * factor,
+            storage_read_gbps=cluster.restore_gbps * factor), gpus, layout))
+    for factor in (2.0, 0.5):
+        scenarios.append(run(f"failures x{factor:g}", cluster.with_changes(
+            node_failure_rate_per_day=cluster.node_failure_rate_per_day * factor), gpus, layout))
+    return WhatIf(scenarios=scenarios, breaks_first=first, growth=growth)

@@ -28,7 +28,7 @@ The rules:
 - A preempted job keeps its `seq`, so `requeue` puts it back at its original position.
   Capacity its victims free is held for the preemptor until it starts.
 
-Verbs raise `AdmissionError` (a ValueError) for requests that could never start and for
+`check(job)` says up front whether a request could ever start. Verbs raise `AdmissionError` (a ValueError) for requests that could never start and for
 verbs on jobs in the wrong state. Queries: `queue_position`, `pending`, `running`,
 `usage`, `share`, `resource_seconds` (accounting, e.g. GPU-seconds per tenant),
 `preemptions_last_hour`, `is_stopping`.

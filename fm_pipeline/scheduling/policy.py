@@ -66,12 +66,12 @@ class FairSharePolicy:
 
     def submit(self, job: JobRequest) -> None:
         """Queue `job`; raises AdmissionError if it could never start."""
-        self._check_request(job)
+        self.check(job)
         self._enqueue(job)
 
     def restore_running(self, job: JobRequest, *, admitted_at: float) -> None:
         """Re-enter a job that was already running when the caller restarted."""
-        self._check_request(job)
+        self.check(job)
         self._start(job, admitted_at)
 
     def cancel(self, job_id: str) -> None:
@@ -164,7 +164,8 @@ class FairSharePolicy:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _check_request(self, job: JobRequest) -> None:
+    def check(self, job: JobRequest) -> None:
+        """Raise AdmissionError unless `job` could ever start (tenant, resources, limits)."""
         if job.job_id in self._pending or job.job_id in self._running:
             raise AdmissionError(f"job {job.job_id} is already queued or running")
         try:

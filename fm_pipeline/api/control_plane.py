@@ -1,0 +1,353 @@
+"""The control plane: validates and queues jobs, admits them through the fair-share
+policy, drives the orchestrator, and assembles each job's status from the orchestrator's
+runs and the job's own checkpoints and metrics.
+
+    plane = ControlPlane(tenants=load_tenants(), orchestrator=orch, store=JobStore())
+    record = plane.submit(principal, JobCreate(...))
+    plane.reconcile()          # admit / preempt / notice ended runs; `fm api serve` ticks it
+
+Every verb takes the calling `Principal`: a tenant sees and acts on its own jobs only
+(another tenant's job is NotFound, exactly like a job that does not exist); an admin acts
+on all. Stop requests: "preempt" (admin or policy), "cancel", "restart" (a resume of a
+running job: stop it, then start again from the chosen checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+
+from fm_pipeline.api import progress
+from fm_pipeline.api.auth import Principal
+from fm_pipeline.api.errors import Conflict, FieldError, Forbidden, NotFound
+from fm_pipeline.api.job_mapping import to_job_spec
+from fm_pipeline.api.orchestrator import Orchestrator, RunInfo
+from fm_pipeline.api.schemas import JobCreate
+from fm_pipeline.api.store import JobRecord, JobStore
+from fm_pipeline.config import PRIORITY_VALUES, dump_job, parse_job
+from fm_pipeline.config.paths import store_uri
+from fm_pipeline.scheduling import AdmissionError, FairSharePolicy, JobRequest, TenantsConfig
+from fm_pipeline.storage import open_store
+
+log = logging.getLogger(__name__)
+
+
+class ControlPlane:
+    def __init__(self, *, tenants: TenantsConfig, orchestrator: Orchestrator, store: JobStore,
+                 store_root: str | None = None, clock: Callable[[], float] = time.time):
+        self.tenants = tenants
+        self.orchestrator = orchestrator
+        self.store = store
+        self.store_root = store_root or store_uri()
+        self.clock = clock
+        self.policy = FairSharePolicy(tenants, clock=clock)
+        self._lock = threading.RLock()
+        self._restore()
+
+    # -- verbs -------------------------------------------------------------------------
+
+    def submit(self, who: Principal, body: JobCreate) -> JobRecord:
+        if who.is_admin:
+            raise Forbidden("admins do not own jobs: submit with a tenant's token")
+        tenant = self.tenants.tenant(who.tenant)
+        job_id = "job-" + secrets.token_hex(5)
+        try:
+            self.policy.check(JobRequest.gpus(job_id, tenant.name, body.gpus,
+                                              priority=PRIORITY_VALUES[body.priority], seq=0))
+        except AdmissionError as e:
+            raise FieldError([("gpus", str(e))]) from None
+        job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.store_root)
+        with self._lock:
+            record = self.store.add(
+                job_id=job_id, tenant=tenant.name, priority=body.priority, gpus=body.gpus,
+                request=body.model_dump(mode="json"), spec=dump_job(job),
+                submitted_at=self.clock(),
+            )
+            self.policy.submit(_request(record))
+            self.store.add_event(job_id, "submitted", {"gpus": body.gpus, "priority": body.priority})
+            log.info("job %s submitted by tenant %s (%d GPUs, %s)", job_id, tenant.name,
+                     body.gpus, body.priority)
+            self.reconcile()
+            return self.store.get(job_id)
+
+    def cancel(self, who: Principal, job_id: str) -> str:
+        with self._lock:
+            record = self._visible(who, job_id)
+            if record.queue_state == "queued":
+                self.policy.cancel(job_id)
+                self.store.update(job_id, queue_state="done", cancelled_at=self.clock(),
+                                  resume_checkpoint=None)
+                self._event(job_id, "cancelled", by=who)
+                return "cancelled"
+            if record.queue_state == "admitted":
+                if record.stop_requested != "cancel":
+                    self.orchestrator.cancel(job_id)
+                    self.store.update(job_id, stop_requested="cancel")
+                    self._event(job_id, "cancel_requested", by=who)
+                return "cancelling"
+            raise Conflict(f"job {job_id} has already ended ({self._status(record)})")
+
+    def preempt(self, who: Principal, job_id: str) -> str:
+        if not who.is_admin:
+            raise Forbidden("preempting a job needs an admin token")
+        with self._lock:
+            record = self._visible(who, job_id)
+            if record.queue_state != "admitted" or record.stop_requested:
+                raise Conflict(f"job {job_id} is not running ({self._status(record)})")
+            self.orchestrator.preempt(job_id)
+            self.store.update(job_id, stop_requested="preempt")
+            self._event(job_id, "preempted", by=who, reason="admin")
+            return "preempting"
+
+    def resume(self, who: Principal, job_id: str, checkpoint: str | None) -> str:
+        with self._lock:
+            record = self._visible(who, job_id)
+            location = self._checkpoint_location(job_id, checkpoint) if checkpoint else None
+            status = self._status(record)
+            if status == "succeeded":
+                raise Conflict(f"job {job_id} already reached its target step")
+            if record.queue_state == "queued" and not self._runs(job_id):
+                raise Conflict(f"job {job_id} is queued and has not run yet")
+            if record.stop_requested == "cancel":
+                raise Conflict(f"job {job_id} is being cancelled")
+            if record.queue_state == "admitted":  # restart a running job from a checkpoint
+                if record.stop_requested is None:
+                    self.orchestrator.preempt(job_id)
+                self.store.update(job_id, stop_requested="restart", resume_checkpoint=location)
+            elif record.queue_state == "queued":
+                self.store.update(job_id, resume_checkpoint=location)
+            else:  # ended (failed or cancelled): back to its original place in the queue
+                self.store.update(job_id, queue_state="queued", cancelled_at=None,
+                                  resume_checkpoint=location)
+                self.policy.submit(_request(self.store.get(job_id)))
+            self._event(job_id, "resume_requested", by=who, checkpoint=location or "latest valid")
+            self.reconcile()
+            return "restarting"
+
+    def reconcile(self) -> None:
+        """Notice ended runs, then admit and preempt what the policy decides."""
+        with self._lock:
+            for record in self.store.list(queue_state="admitted"):
+                runs = self._runs(record.job_id)
+                if runs and runs[-1].ended:
+                    self._run_ended(record, runs[-1])
+            decision = self.policy.schedule()
+            for job_id in decision.admitted:
+                self._launch(self.store.get(job_id))
+            for p in decision.preempted:
+                self.orchestrator.preempt(p.victim)
+                self.store.update(p.victim, stop_requested="preempt")
+                self.store.add_event(p.victim, "preempted", {"for": p.preemptor, "reason": p.reason},
+                                     at=self.clock())
+                log.info("job %s preempted for %s (%s)", p.victim, p.preemptor, p.reason)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def status(self, who: Principal, job_id: str) -> dict:
+        with self._lock:
+            return self._assemble(self._visible(who, job_id))
+
+    def list_jobs(self, who: Principal, *, tenant: str | None = None,
+                  status: str | None = None) -> list[dict]:
+        if not who.is_admin:
+            if tenant not in (None, who.tenant):
+                return []  # another tenant's jobs do not exist for this caller
+            tenant = who.tenant
+        with self._lock:
+            jobs = [self._assemble(r) for r in self.store.list(tenant=tenant)]
+        return [j for j in jobs if status in (None, j["status"])]
+
+    def checkpoints(self, who: Principal, job_id: str) -> list[progress.CheckpointSeen]:
+        self._visible(who, job_id)
+        return progress.checkpoints(job_id, self._object_store())
+
+    def evaluations(self, who: Principal, job_id: str) -> list[dict]:
+        return [
+            {"step": c.step, "checkpoint": c.location, "written_at": c.eval.get("written_at"),
+             "results": {k: v for k, v in c.eval.items() if k not in ("mark", "written_at")}}
+            for c in reversed(self.checkpoints(who, job_id)) if c.eval is not None
+        ]
+
+    def events(self, who: Principal, job_id: str) -> list[dict]:
+        with self._lock:
+            self._visible(who, job_id)
+            events = self.store.events(job_id)
+            for run in self._runs(job_id):
+                events.append({"at": run.started_at, "kind": "run_started",
+                               "detail": {"run_id": run.run_id, "resumed_from": run.resumed_from}})
+                if run.ended:
+                    events.append({"at": run.ended_at or run.started_at, "kind": f"run_{run.state}",
+                                   "detail": {"run_id": run.run_id, "reason": run.reason}})
+        events += progress.job_events(job_id)
+        return sorted(events, key=lambda e: e["at"])
+
+    def tenant_usage(self, who: Principal) -> list[dict]:
+        with self._lock:
+            rows = []
+            for t in self.tenants.tenants:
+                if not who.is_admin and t.name != who.tenant:
+                    continue
+                records = self.store.list(tenant=t.name)
+                rows.append({
+                    "tenant": t.name, "weight": t.weight, "quota_gpus": t.quota.get("gpu", 0),
+                    "used_gpus": self.policy.usage(t.name).get("gpu", 0),
+                    "share": round(self.policy.share(t.name), 6),
+                    "queued": sum(r.queue_state == "queued" for r in records),
+                    "running": sum(r.queue_state == "admitted" for r in records),
+                    "priorities": list(t.priorities),
+                })
+            return rows
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Rebuild the policy's queue from the store after a restart."""
+        for record in self.store.list():
+            if record.queue_state == "queued":
+                self.policy.submit(_request(record))
+            elif record.queue_state == "admitted":
+                runs = self._runs(record.job_id)
+                since = runs[-1].started_at if runs else record.submitted_at
+                self.policy.restore_running(_request(record), admitted_at=since)
+
+    def _visible(self, who: Principal, job_id: str) -> JobRecord:
+        record = self.store.get(job_id)
+        if record is None or not (who.is_admin or record.tenant == who.tenant):
+            raise NotFound(f"no job {job_id}")
+        return record
+
+    def _runs(self, job_id: str) -> list[RunInfo]:
+        return self.orchestrator.status(job_id)
+
+    def _object_store(self):
+        return open_store(self.store_root)
+
+    def _event(self, job_id: str, kind: str, *, by: Principal, **detail) -> None:
+        who = "admin" if by.is_admin else f"tenant {by.tenant}"
+        self.store.add_event(job_id, kind, {"by": who, **detail}, at=self.clock())
+
+    def _launch(self, record: JobRecord) -> None:
+        job = parse_job(record.spec, source=f"job {record.job_id}")
+        try:
+            if self._runs(record.job_id) or record.resume_checkpoint:
+                run_id = self.orchestrator.resume(job, checkpoint=record.resume_checkpoint)
+            else:
+                run_id = self.orchestrator.submit(job)
+        except Exception as e:  # the orchestrator refused: the job ends here, with the reason
+            log.warning("job %s could not be launched: %s", record.job_id, e)
+            self.policy.release(record.job_id)
+            self.store.update(record.job_id, queue_state="done")
+            self.store.add_event(record.job_id, "launch_failed", {"reason": str(e)}, at=self.clock())
+            return
+        self.store.update(record.job_id, queue_state="admitted", resume_checkpoint=None,
+                          stop_requested=None)
+        self.store.add_event(record.job_id, "admitted", {"run_id": run_id}, at=self.clock())
+        log.info("job %s admitted: run %s", record.job_id, run_id)
+
+    def _run_ended(self, record: JobRecord, run: RunInfo) -> None:
+        wanted = record.stop_requested
+        if wanted == "restart" or (run.state == "preempted" and wanted != "cancel"):
+            self.policy.requeue(record.job_id)
+            self.store.update(record.job_id, queue_state="queued", stop_requested=None)
+            self.store.add_event(record.job_id, "requeued", {"run_id": run.run_id}, at=self.clock())
+            return
+        self.policy.release(record.job_id)
+        fields = {"queue_state": "done", "stop_requested": None}
+        if wanted == "cancel":
+            fields["cancelled_at"] = self.clock()
+        self.store.update(record.job_id, **fields)
+
+    def _status(self, record: JobRecord, runs: list[RunInfo] | None = None) -> str:
+        runs = self._runs(record.job_id) if runs is None else runs
+        last = runs[-1] if runs else None
+        if record.queue_state == "queued":
+            return "restarting" if runs else "queued"
+        if record.queue_state == "admitted":
+            if record.stop_requested == "preempt":
+                return "preempting"
+            if record.stop_requested == "cancel":
+                return "cancelling"
+            if record.stop_requested == "restart" or (last and last.state == "preempted"):
+                return "restarting"
+            if last is None or not last.ended:
+                return "running"
+            return last.state
+        if record.cancelled_at is not None:
+            return "cancelled"
+        if last is None or last.state == "preempted":
+            return "failed"  # never launched, or stopped without a way back
+        return last.state
+
+    def _failure_reason(self, record: JobRecord, runs: list[RunInfo], status: str) -> str | None:
+        if status != "failed":
+            return None
+        if runs and runs[-1].reason:
+            return runs[-1].reason
+        for event in reversed(self.store.events(record.job_id)):
+            if event["kind"] == "launch_failed":
+                return event["detail"].get("reason")
+        return None
+
+    def _assemble(self, record: JobRecord) -> dict:
+        runs = self._runs(record.job_id)
+        status = self._status(record, runs)
+        now = self.clock()
+        held_s = sum(((r.ended_at or now) - r.started_at) for r in runs)
+        gpu_hours = held_s * record.gpus / 3600.0
+        spec = record.spec
+        metrics = progress.latest_metrics(record.job_id)
+        seen = progress.checkpoints(record.job_id, self._object_store())
+        last = progress.last_committed(seen)
+        step = metrics.get("step", last.step if last else None)
+        return {
+            "job_id": record.job_id, "tenant": record.tenant, "status": status,
+            "priority": record.priority, "model": record.request["model"], "gpus": record.gpus,
+            "submitted_at": record.submitted_at,
+            "queue_position": self.policy.queue_position(record.job_id),
+            "step": step, "target_step": spec["training"]["steps"],
+            "mfu": _number(metrics.get("mfu")),
+            "step_time_ms": _step_time_ms(metrics),
+            "tokens_per_s": _number(metrics.get("tokens_per_s")),
+            "goodput": _goodput(record.job_id, held_s),
+            "last_ckpt": last.location if last else None,
+            "last_ckpt_step": last.step if last else None,
+            "failure_reason": self._failure_reason(record, runs, status),
+            "gpu_hours": round(gpu_hours, 6),
+            "cost_usd": round(gpu_hours * spec["cluster"]["dollars_per_gpu_hour"], 4),
+            "preemptions": sum(e["kind"] == "preempted" for e in self.store.events(record.job_id)),
+            "runs": len(runs),
+        }
+
+    def _checkpoint_location(self, job_id: str, wanted: str) -> str:
+        committed = [c for c in progress.checkpoints(job_id, self._object_store()) if c.committed]
+        for c in committed:
+            if wanted in (c.location, f"step-{c.step:08d}", str(c.step)):
+                return c.location
+        known = ", ".join(f"step-{c.step:08d}" for c in committed) or "none yet"
+        raise FieldError([("checkpoint", (
+            f"{wanted!r} is not a committed checkpoint of job {job_id} (committed: {known})"
+        ))])
+
+
+def _request(record: JobRecord) -> JobRequest:
+    return JobRequest.gpus(record.job_id, record.tenant, record.gpus,
+                           priority=PRIORITY_VALUES[record.priority], seq=record.seq)
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _step_time_ms(metrics: dict) -> float | None:
+    seconds = _number(metrics.get("step_time_s"))
+    return round(seconds * 1000.0, 3) if seconds is not None else None
+
+
+def _goodput(job_id: str, held_s: float) -> float | None:
+    """Fraction of the GPU time held that went into steps that count (None before any)."""
+    if held_s <= 0:
+        return None
+    return round(min(1.0, progress.productive_seconds(job_id) / held_s), 6)

@@ -1,0 +1,141 @@
+"""A job's progress as its own artifacts tell it: checkpoint manifests, their marks
+(evaluations, drills), and the trainer's JSON lines (schema: fm_pipeline/train/metrics.py).
+Read on every request, never cached, so the API cannot drift from what the job wrote.
+
+    checkpoints   runs_dir(job)/checkpoints/step-*/ and <store>/checkpoints/<job>/step-*/
+    evaluations   the `eval` mark of each checkpoint (marks/eval.json)
+    metrics       runs_dir(job)/metrics.jsonl, kind "step": the newest record
+    goodput       step time of the steps that survive / GPU time held by the job's runs
+    events        runs_dir(job)/segments.jsonl (one per torchrun launch: completed,
+                  preempted, failed) and runs_dir(job)/events.jsonl (other producers,
+                  e.g. straggler events: JSON lines with `kind` and `time`)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.storage import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"  # fm_pipeline.train.metrics.METRICS_FILE
+SEGMENTS_FILE = "segments.jsonl"  # fm_pipeline.train.metrics.SEGMENTS_FILE
+EVENTS_FILE = "events.jsonl"
+_TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class CheckpointSeen:
+    step: int
+    location: str
+    tier: str
+    committed: bool
+    tokens_seen: int | None = None
+    created_at: str | None = None
+    total_bytes: int | None = None
+    problem: str | None = None
+    marks: tuple[str, ...] = ()
+    eval: dict | None = None
+
+
+def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen]:
+    """Every checkpoint directory of the job in both tiers, newest first, local before store."""
+    from fm_pipeline.checkpoint import read_marks, read_manifest
+    from fm_pipeline.checkpoint.validate import candidates
+
+    try:
+        refs = candidates(job_name, store=store)
+    except StoreError as e:  # the local tier still answers while the store is down
+        log.warning("checkpoints of %s: object store unreachable: %s", job_name, e)
+        refs = candidates(job_name, store=None)
+    seen = []
+    for ref in refs:
+        tier = "local" if ref.is_local else "store"
+        try:
+            manifest = read_manifest(ref)
+        except (FileNotFoundError, ValueError, StoreError) as e:
+            seen.append(CheckpointSeen(ref.step, ref.location, tier, False, problem=str(e)))
+            continue
+        marks = read_marks(ref)
+        seen.append(CheckpointSeen(
+            step=ref.step, location=ref.location, tier=tier, committed=True,
+            tokens_seen=manifest.tokens_seen, created_at=manifest.created_at,
+            total_bytes=manifest.total_bytes, marks=tuple(sorted(marks)), eval=marks.get("eval"),
+        ))
+    return seen
+
+
+def last_committed(seen: list[CheckpointSeen]) -> CheckpointSeen | None:
+    return next((c for c in seen if c.committed), None)
+
+
+def _tail_lines(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - _TAIL_BYTES))
+            chunk = f.read()
+    except FileNotFoundError:
+        return []
+    lines = chunk.decode("utf-8", errors="replace").splitlines()
+    return lines[1:] if size > _TAIL_BYTES else lines  # the first may be cut
+
+
+def latest_metrics(job_name: str) -> dict:
+    """The newest complete step record of the job ({} if it has not stepped yet)."""
+    for line in reversed(_tail_lines(runs_dir(job_name) / METRICS_FILE)):
+        record = _json(line)
+        if record.get("kind") == "step" and isinstance(record.get("step"), int):
+            return record
+    return {}
+
+
+def productive_seconds(job_name: str) -> float:
+    """Step time of every step that counts: a step redone after a failure counts once,
+    with the record of the latest segment (the one whose weights survived)."""
+    per_step: dict[int, float] = {}
+    path = runs_dir(job_name) / METRICS_FILE
+    if not path.is_file():
+        return 0.0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            record = _json(line)
+            step, seconds = record.get("step"), record.get("step_time_s")
+            if record.get("kind") == "step" and isinstance(step, int) and isinstance(
+                    seconds, (int, float)):
+                per_step[step] = float(seconds)
+    return sum(per_step.values())
+
+
+def job_events(job_name: str) -> list[dict]:
+    """Segment ends from the trainer and events from other producers, as {at, kind, detail}."""
+    events = []
+    for name in (SEGMENTS_FILE, EVENTS_FILE):
+        path = runs_dir(job_name) / name
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            record = _json(line)
+            kind = record.pop("kind", None)
+            if not isinstance(kind, str):
+                continue
+            at = record.pop("time", record.pop("at", 0.0))
+            if kind == "segment":
+                kind = f"segment_{record.get('exit_reason', 'ended')}"
+            events.append({"at": float(at) if isinstance(at, (int, float)) else 0.0,
+                           "kind": kind, "detail": record})
+    return events
+
+
+def _json(line: str) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return {}  # a torn line being written
+    return record if isinstance(record, dict) else {}

@@ -1,0 +1,153 @@
+"""Request and response bodies of the training-jobs API (they make up /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Priority = Literal["low", "normal", "high", "urgent"]
+JobStatusName = Literal[
+    "queued", "restarting", "running", "preempting", "cancelling",
+    "succeeded", "failed", "cancelled",
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParallelismBody(_Body):
+    tp: int = Field(default=1, ge=1, le=1024, description="tensor-parallel degree")
+    pp: int = Field(default=1, ge=1, le=1024, description="pipeline-parallel degree")
+    dp: int | None = Field(
+        default=None, ge=1, le=1_000_000,
+        description="data-parallel (FSDP shard) degree; default gpus / (tp x pp)",
+    )
+
+
+class JobCreate(_Body):
+    """The seed's training-job body, plus priority and a few optional training knobs."""
+
+    model: str = Field(min_length=1, max_length=64, description="a size from the model registry")
+    gpus: int = Field(ge=1, le=1_000_000, description="the whole gang: nnodes x gpus_per_node")
+    parallelism: ParallelismBody = ParallelismBody()
+    checkpoint_every_steps: int = Field(default=100, ge=1, le=10_000_000)
+    data_manifest: str = Field(
+        min_length=1, max_length=1024,
+        description="a prepared data mix in the job store: its manifest URI, "
+        "data/<mix_key>/manifest.json, or the mix key",
+    )
+    priority: Priority = "normal"
+    steps: int | None = Field(default=None, ge=1, le=100_000_000, description="target step")
+    gpus_per_node: int | None = Field(default=None, ge=1, le=64, description="default: 8")
+    global_batch_size: int | None = Field(default=None, ge=1, le=100_000_000)
+    micro_batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class ResumeBody(_Body):
+    checkpoint: str | None = Field(
+        default=None, min_length=1, max_length=1024,
+        description="a checkpoint of this job (its location or step-XXXXXXXX); "
+        "default: the latest valid one",
+    )
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    status: JobStatusName
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    tenant: str
+    status: JobStatusName
+    priority: Priority
+    model: str
+    gpus: int
+    submitted_at: float = Field(description="Unix seconds")
+    queue_position: int | None = Field(description="1-based place in the tenant's queue")
+    step: int | None
+    target_step: int
+    mfu: float | None
+    step_time_ms: float | None
+    tokens_per_s: float | None
+    goodput: float | None
+    last_ckpt: str | None = Field(description="location of the newest committed checkpoint")
+    last_ckpt_step: int | None
+    failure_reason: str | None
+    gpu_hours: float = Field(description="GPU-hours held by this job's runs so far")
+    cost_usd: float
+    preemptions: int
+    runs: int
+
+
+class JobList(BaseModel):
+    jobs: list[JobStatus]
+
+
+class CheckpointInfo(BaseModel):
+    step: int
+    location: str
+    tier: Literal["local", "store"]
+    committed: bool = Field(description="manifest.json present and well-formed")
+    tokens_seen: int | None
+    created_at: str | None
+    total_bytes: int | None
+    problem: str | None
+    marks: list[str]
+
+
+class CheckpointList(BaseModel):
+    checkpoints: list[CheckpointInfo]
+
+
+class Evaluation(BaseModel):
+    step: int
+    checkpoint: str
+    written_at: str | None
+    results: dict
+
+
+class EvaluationList(BaseModel):
+    evaluations: list[Evaluation]
+
+
+class Event(BaseModel):
+    at: float = Field(description="Unix seconds")
+    kind: str
+    detail: dict
+
+
+class EventList(BaseModel):
+    events: list[Event]
+
+
+class TenantUsage(BaseModel):
+    tenant: str
+    weight: float
+    quota_gpus: int
+    used_gpus: int
+    share: float = Field(description="weighted dominant share of borrowed capacity")
+    queued: int
+    running: int
+    priorities: list[Priority]
+
+
+class TenantList(BaseModel):
+    pool_gpus: int
+    tenants: list[TenantUsage]
+
+
+class Message(BaseModel):
+    detail: str
+
+
+class FieldProblem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationProblems(BaseModel):
+    detail: list[FieldProblem]

@@ -1,0 +1,139 @@
+"""The queue's own state: what was submitted, by whom, in which order, and what happened
+to it in the queue. Run state (started, ended, why) belongs to the orchestrator and
+progress to the job's checkpoints and metrics; this store never caches either.
+
+One SQLite file, `<FM_HOME>/api/queue.db`. With the Dagster orchestrator these records
+map onto run tags (tenant, priority, seq) and run config (the job spec).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from fm_pipeline.config.paths import fm_home
+
+# queued: waiting in the policy's queue; admitted: handed to the orchestrator;
+# done: not in the queue any more (its runs say how it ended, or it was cancelled queued).
+QueueState = Literal["queued", "admitted", "done"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT UNIQUE NOT NULL,
+    tenant TEXT NOT NULL,
+    priority TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    request TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    queue_state TEXT NOT NULL,
+    stop_requested TEXT,
+    cancelled_at REAL,
+    resume_checkpoint TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_tenant ON jobs (tenant);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
+"""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    seq: int
+    job_id: str
+    tenant: str
+    priority: str
+    gpus: int
+    request: dict
+    spec: dict
+    submitted_at: float
+    queue_state: QueueState
+    stop_requested: str | None  # "preempt" or "cancel" while the run stops
+    cancelled_at: float | None
+    resume_checkpoint: str | None
+
+
+def queue_db_path() -> Path:
+    return fm_home() / "api" / "queue.db"
+
+
+class JobStore:
+    def __init__(self, path: Path | None = None):
+        self.path = path or queue_db_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def add(self, *, job_id: str, tenant: str, priority: str, gpus: int, request: dict,
+            spec: dict, submitted_at: float | None = None) -> JobRecord:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO jobs (job_id, tenant, priority, gpus, request, spec, submitted_at,"
+                " queue_state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')",
+                (job_id, tenant, priority, gpus, json.dumps(request), json.dumps(spec),
+                 submitted_at if submitted_at is not None else time.time()),
+            )
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return _record(row) if row else None
+
+    def list(self, *, tenant: str | None = None, queue_state: str | None = None) -> list[JobRecord]:
+        query, args = "SELECT * FROM jobs WHERE 1=1", []
+        if tenant is not None:
+            query, args = query + " AND tenant = ?", [*args, tenant]
+        if queue_state is not None:
+            query, args = query + " AND queue_state = ?", [*args, queue_state]
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY seq", args).fetchall()
+        return [_record(r) for r in rows]
+
+    def update(self, job_id: str, **fields) -> JobRecord:
+        allowed = {"queue_state", "stop_requested", "cancelled_at", "resume_checkpoint"}
+        assert set(fields) <= allowed, set(fields) - allowed
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._lock:
+            self._db.execute(f"UPDATE jobs SET {sets} WHERE job_id = ?", [*fields.values(), job_id])
+        return self.get(job_id)
+
+    def add_event(self, job_id: str, kind: str, detail: dict | None = None,
+                  at: float | None = None) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO events (job_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                (job_id, at if at is not None else time.time(), kind, json.dumps(detail or {})),
+            )
+
+    def events(self, job_id: str) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT at, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,)
+            ).fetchall()
+        return [{"at": r["at"], "kind": r["kind"], "detail": json.loads(r["detail"])} for r in rows]
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    data = dict(row)
+    data["request"] = json.loads(data["request"])
+    data["spec"] = json.loads(data["spec"])
+    return JobRecord(**data)

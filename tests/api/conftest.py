@@ -1,0 +1,83 @@
+"""API fixtures: a published data mix, tenants, tokens, a control plane and a client."""
+
+from __future__ import annotations
+
+import pytest
+
+from fm_pipeline.api.auth import TokenStore
+from fm_pipeline.scheduling import parse_tenants
+from tests.api.orchestrators import RecordingOrchestrator
+from tests.scheduling.trace import Clock
+
+TENANTS = {
+    "pool": {"gpu": 32},
+    "tenants": [
+        {"name": "research", "weight": 1, "quota": {"gpu": 8},
+         "priorities": ["low", "normal"]},
+        {"name": "prod", "weight": 2, "quota": {"gpu": 16},
+         "priorities": ["low", "normal", "high", "urgent"]},
+    ],
+}
+
+
+@pytest.fixture(scope="session")
+def mix_store(tmp_path_factory):
+    """A real small data mix, prepared once per session in its own store."""
+    from fm_pipeline.data.testing import build_small_mix, small_job
+    from fm_pipeline.storage import open_store
+
+    root = tmp_path_factory.mktemp("mix-store")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FM_HOME", str(root / "home"))
+        store = open_store(root / "store")
+        mix = build_small_mix(small_job(), store=store)
+    return {"root": str(root / "store"), "key": mix.key,
+            "manifest": f"{root / 'store'}/data/{mix.key}/manifest.json"}
+
+
+@pytest.fixture
+def seed_body(mix_store) -> dict:
+    """The seed's body: model, gpus, parallelism {tp, pp, dp}, checkpoint cadence, data."""
+    return {
+        "model": "llama3-8b",
+        "gpus": 16,
+        "parallelism": {"tp": 4, "pp": 2, "dp": 2},
+        "checkpoint_every_steps": 500,
+        "data_manifest": mix_store["manifest"],
+        "priority": "high",
+    }
+
+
+@pytest.fixture
+def tokens(fm_home) -> dict[str, str]:
+    store = TokenStore()
+    return {name: store.issue(tenant=None if name == "admin" else name)[1]
+            for name in ("research", "prod", "admin")}
+
+
+@pytest.fixture
+def plane(fm_home, mix_store):
+    from fm_pipeline.api.control_plane import ControlPlane
+    from fm_pipeline.api.store import JobStore
+
+    clock = Clock()
+    clock.now = 1_800_000_000.0
+    orchestrator = RecordingOrchestrator(clock)
+    cp = ControlPlane(tenants=parse_tenants(TENANTS), orchestrator=orchestrator,
+                      store=JobStore(), store_root=mix_store["root"], clock=clock)
+    yield cp
+    cp.store.close()
+
+
+@pytest.fixture
+def client(plane, tokens):
+    from fastapi.testclient import TestClient
+
+    from fm_pipeline.api.app import create_app
+
+    with TestClient(create_app(plane, TokenStore())) as c:
+        yield c
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

@@ -1,0 +1,100 @@
+"""The restore drill restores fm_pipeline's Transformer on another topology (written by one
+process, restored by two FSDP ranks) and passes; a tampered checkpoint fails, saying why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch.distributed as dist
+
+from fm_pipeline.checkpoint import CheckpointRef, apply_retention, local_root, read_marks
+from fm_pipeline.checkpoint import drill_worker
+from fm_pipeline.checkpoint.drill import run_restore_drill
+from fm_pipeline.checkpoint.manifest import Manifest
+from tests.checkpoint.transformer_ckpt import drill_job, write_checkpoint
+from tests.conftest import free_port
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drill-src")
+    return root, write_checkpoint(root=root)
+
+
+@pytest.fixture
+def ref(written) -> CheckpointRef:
+    """A fresh copy of the step-2 checkpoint in this test's local tier."""
+    root, saved = written
+    dest = local_root(drill_job().name)
+    shutil.copytree(root, dest)
+    return CheckpointRef.local(dest / "step-00000002")
+
+
+@pytest.fixture
+def world_of_one_env(monkeypatch):
+    """The environment torchrun would give a single worker, so drill_worker.run runs here."""
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_drill_passes_on_a_good_checkpoint_and_is_recorded(ref, written):
+    result = run_restore_drill(ref)
+    assert result.passed, result.summary() + json.dumps(result.checks, indent=1)[-3000:]
+    assert result.source_topology == "world 1 (single process)"
+    assert result.drill_topology == "world 2 (dp_shard 2)" and result.world_size == 2
+    checks = result.checks
+    assert checks["params"]["compared"] > 0 and checks["params"]["n_mismatched"] == 0
+    assert checks["optimizer"]["compared"] > 0 and checks["optimizer"]["ok"]
+    assert checks["loss"]["ok"] and checks["loss"]["expected"] == pytest.approx(
+        checks["loss"]["restored"], rel=1e-4)
+    assert checks["cursor"] == {"ok": True, "problems": [], "samples_consumed": 8}
+    assert result.restore_s > 0 and result.bytes == written[1].total_bytes
+    assert result.bytes_per_s == pytest.approx(result.bytes / result.restore_s)
+    mark = read_marks(ref)["drill"]
+    assert mark["passed"] is True and mark["drill_topology"] == result.drill_topology
+    report = apply_retention(drill_job().name, keep_last=1, job=drill_job())
+    assert "drill-passed" in report.kept[2]
+
+
+def test_drill_fails_on_a_flipped_byte_naming_the_file(ref, world_of_one_env):
+    shard = ref.dir / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = drill_worker.run(ref.dir, {"nproc_per_node": 1}, allow_same_topology=True)
+    assert not result.passed
+    assert result.reasons == ["checksums/model: __0_0.distcp: SHA-256 mismatch (corrupted)"]
+
+
+def test_drill_fails_when_the_restored_loss_differs_from_the_recorded_one(ref, world_of_one_env):
+    path = ref.dir / "manifest.json"  # the manifest claims another probe loss
+    data = json.loads(path.read_text())
+    data["probe"]["loss"] += 0.5
+    path.write_text(json.dumps(Manifest.model_validate(data).model_dump()))
+    result = drill_worker.run(ref.dir, {"nproc_per_node": 1}, allow_same_topology=True)
+    assert not result.passed
+    assert len(result.reasons) == 1 and result.reasons[0].startswith("loss: probe batch loss")
+    assert result.checks["params"]["ok"] and result.checks["cursor"]["ok"]
+
+
+def test_drill_refuses_a_truncated_checkpoint_before_launching_and_records_it(ref):
+    shard = ref.dir / "__0_0.distcp"
+    with open(shard, "r+b") as f:
+        f.truncate(100)
+    result = run_restore_drill(ref)
+    assert not result.passed and result.world_size == 0  # no workers were started
+    assert result.reasons[0].startswith("__0_0.distcp: size 100 bytes, the manifest says")
+    assert read_marks(ref)["drill"]["passed"] is False
+
+
+def test_drill_worker_refuses_the_source_topology(ref, world_of_one_env):
+    with pytest.raises(ValueError, match="drill topology equals the source's"):
+        drill_worker.run(ref.dir, {"nproc_per_node": 1})

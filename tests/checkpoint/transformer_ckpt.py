@@ -1,0 +1,78 @@
+"""A checkpoint of fm_pipeline's own Transformer, written in this process (a world of one),
+with a probe batch and its loss, for restore-drill tests."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from fm_pipeline.checkpoint import CheckpointManager, ModelState, OptimizerState, Probe
+from fm_pipeline.config import parse_job
+from tests.checkpoint.tiny import Cursor
+
+SEQ, GBS = 32, 4
+
+
+def drill_job(name: str = "drill-test"):
+    return parse_job({
+        "name": name,
+        "model": {"size": "debug", "n_layers": 2},
+        "training": {"seq_len": SEQ, "global_batch_size": GBS, "micro_batch_size": 2},
+        "data": {"sources": [{"name": "a", "uri": "x", "weight": 1.0}]},
+        "checkpoint": {"upload": False},
+    })
+
+
+class Counters:
+    """train_state stand-in: the trainer's step and token counters."""
+
+    def __init__(self):
+        self.step, self.tokens_seen = 0, 0
+
+    def state_dict(self):
+        return {"step": self.step, "tokens_seen": self.tokens_seen}
+
+    def load_state_dict(self, sd):
+        self.step, self.tokens_seen = int(sd["step"]), int(sd["tokens_seen"])
+
+
+@contextlib.contextmanager
+def world_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def write_checkpoint(steps: int = 2, *, root=None):
+    """Train `steps` steps on random tokens and save the last; returns the SaveResult."""
+    from fm_pipeline.parallel import ParallelDims, build_parallel_model
+
+    job = drill_job()
+    with world_of_one():
+        dims = ParallelDims.from_spec(job.parallelism, world_size=1)
+        mesh = dims.build_mesh("cpu")
+        pm = build_parallel_model(job, mesh=mesh, dims=dims, device=torch.device("cpu"))
+        optims = [torch.optim.AdamW(p.parameters(), lr=1e-3) for p in pm.parts]
+        cursor, counters = Cursor(), Counters()
+        app_state = {"model": ModelState(pm.parts), "optimizer": OptimizerState(pm.parts, optims),
+                     "dataloader": cursor, "train_state": counters}
+        manager = CheckpointManager(job, app_state, mesh=mesh, async_save=True, root=root)
+        g = torch.Generator().manual_seed(0)
+        vocab = job.model_cfg.vocab_size
+        for step in range(1, steps + 1):
+            tokens = torch.randint(0, vocab, (GBS, SEQ + 1), generator=g)
+            pm.forward_backward(tokens[:, :-1], tokens[:, 1:])
+            for opt in optims:
+                opt.step()
+                opt.zero_grad()
+            cursor.samples_consumed += GBS
+            counters.step, counters.tokens_seen = step, counters.tokens_seen + GBS * SEQ
+        probe = torch.randint(0, vocab, (2, SEQ + 1), generator=g)
+        loss = float(pm.loss(probe[:, :-1], probe[:, 1:]))
+        manager.save(steps, tokens_seen=counters.tokens_seen, probe=Probe(probe, loss),
+                     final=True)
+        return manager.close()

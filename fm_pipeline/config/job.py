@@ -265,6 +265,16 @@ def _cross_field_problems(job: JobSpec):
             yield "parallelism.tp", f"model {field} ({value}) must be divisible by tp ({p.tp})"
     if m.ffn_dim % p.tp:
         yield "parallelism.tp", f"model ffn_dim ({m.ffn_dim}) must be divisible by tp ({p.tp})"
+    # Tied embeddings are one matrix used by the first and the last layer: a pipeline puts
+    # them on different ranks, and tensor parallelism would need two layouts of it.
+    if m.tie_embeddings and p.pp > 1:
+        yield "parallelism.pp", (
+            f"pp {p.pp} needs untied embeddings (model tie_embeddings is true); set "
+            "model.tie_embeddings: false or pp: 1")
+    if m.tie_embeddings and p.tp > 1:
+        yield "parallelism.tp", (
+            f"tp {p.tp} needs untied embeddings (model tie_embeddings is true); set "
+            "model.tie_embeddings: false or tp: 1")
     stages = p.pp * p.pp_virtual_stages
     if m.n_layers % stages:
         yield "parallelism.pp", (

@@ -1,0 +1,121 @@
+"""Train one segment of a job: the torchrun entry point.
+
+    torchrun --standalone --nproc-per-node 2 -m fm_pipeline.train --job configs/demo.yaml
+    torchrun ... -m fm_pipeline.train --job JOB.yaml --end-step 40 --set training.lr=1e-3
+    python -m fm_pipeline.train --job JOB.yaml     # a world of one, without torchrun
+
+Resumes from the job's newest valid checkpoint (or --resume-from DIR_OR_STORE_LOCATION),
+trains to --end-step (default: the next multiple of training.segment_steps, capped at
+training.steps), checkpoints every checkpoint.every_steps and at the end. The data mix must
+be prepared first (`fm data prepare --job JOB.yaml`).
+
+Exit codes (fm_pipeline.train.exit_codes): 0 done, 1 failure, 2 bad config (nothing will
+fix it by retrying), 75 preempted (SIGTERM or the flag file; a checkpoint was saved).
+torchrun itself exits 1 whenever a worker exits non-zero: the worker's code and reason are
+in its error file (see fm_pipeline.launch.outcome) and in runs_dir/segments.jsonl.
+
+A world size different from the job's (an elastic restart on fewer nodes) is accepted when
+the job lets dp_shard be inferred (unset or -1): the degrees are re-derived and the same
+global batch continues on the new mesh. Otherwise it is a bad config naming the degrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fm_pipeline.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", required=True, type=Path, help="job spec YAML")
+    parser.add_argument("--end-step", type=int, default=None,
+                        help="stop after this step (default: the end of the segment)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="DOTTED.KEY=VALUE", help="override a job spec field (repeatable)")
+    parser.add_argument("--resume-from", default=None,
+                        help="a checkpoint directory or store location instead of the newest")
+    return parser.parse_args(argv)
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    from fm_pipeline.config import JobSpecError
+
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise JobSpecError("--set", [(pair, "expected DOTTED.KEY=VALUE")])
+        overrides[key] = yaml.safe_load(value) if value else value
+    return overrides
+
+
+def load_job_for_world(path: Path, overrides: dict, *, world_size: int, local_world_size: int):
+    """The job, with nnodes/nproc_per_node re-derived for an elastic world when allowed."""
+    from fm_pipeline.config import JobSpecError, load_job
+
+    job = load_job(path, **overrides)
+    if job.parallelism.world_size == world_size:
+        return job
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    declared = {**(raw.get("parallelism") or {}),
+                **{k.split(".", 1)[1]: v for k, v in overrides.items()
+                   if k.startswith("parallelism.")}}
+    p = job.parallelism
+    if declared.get("dp_shard", -1) == -1 and world_size % local_world_size == 0:
+        return load_job(path, **{**overrides, "parallelism.nnodes": world_size // local_world_size,
+                                 "parallelism.nproc_per_node": local_world_size})
+    raise JobSpecError(str(path), [("parallelism", (
+        f"dp_replicate {p.dp_replicate} x dp_shard {p.dp_shard} x pp {p.pp} x tp {p.tp} = "
+        f"{p.world_size} ranks, but torchrun started {world_size}; set nnodes/nproc_per_node "
+        "to match, or leave dp_shard unset (-1) to let it follow the world size"))])
+
+
+def _setup_logging() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
+                        format=f"[rank{rank}] %(asctime)s %(name)s %(levelname)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from fm_pipeline.launch.exit_record import exit_with
+    from fm_pipeline.train import exit_codes
+
+    @record  # an uncaught exception lands, with its traceback, in torchrun's error file
+    def _run() -> None:
+        from fm_pipeline.config import JobSpecError
+        from fm_pipeline.train.segment import SegmentSetupError, run_segment
+
+        args = parse_args(argv)
+        _setup_logging()
+        try:
+            job = load_job_for_world(
+                args.job, parse_overrides(args.overrides),
+                world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except JobSpecError as e:
+            print(f"error: {e}", file=sys.stderr)
+            exit_with(exit_codes.BAD_CONFIG, str(e))
+        try:
+            result = run_segment(job, end_step=args.end_step, resume_from=args.resume_from)
+        except SegmentSetupError as e:
+            # Raised before the first step (a missing data mix, an unusable checkpoint, a bad
+            # --end-step); errors while training fall through to @record (exit 1).
+            print(f"error: {e}", file=sys.stderr)
+            exit_with(exit_codes.BAD_CONFIG, f"{type(e).__name__}: {e}")
+        reason = (f"{result.exit_reason} at step {result.end_step}; checkpoint "
+                  f"{result.summary.get('checkpoint')}")
+        exit_with(result.exit_code, reason)
+
+    _run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""One training segment on every rank: restore, train to the segment's end step, checkpoint
+every `checkpoint.every_steps` and at the end, report; or stop early on preemption.
+
+    result = run_segment(job, end_step=None, resume_from=None)   # inside torchrun workers
+
+The end step defaults to the next multiple of `training.segment_steps` after the restored
+step, capped at `training.steps`. Ranks restore the newest valid checkpoint of the job (or
+`resume_from`, a checkpoint directory or store location), resharding it if the topology
+changed, and start from scratch when there is none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fm_pipeline.checkpoint import CheckpointManager, CheckpointRef, latest_valid, read_manifest
+from fm_pipeline.checkpoint import restore as restore_checkpoint
+from fm_pipeline.config import JobSpec, dump_job
+from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.model import count_params, flops_per_token
+from fm_pipeline.parallel import ParallelDims, init_distributed
+from fm_pipeline.train import exit_codes
+from fm_pipeline.train.metrics import host_name, mfu, peak_flops_per_device
+from fm_pipeline.train.preemption import PreemptionWatcher, preempt_file
+from fm_pipeline.train.report import SegmentReporter
+from fm_pipeline.train.state import topology_key
+from fm_pipeline.train.trainer import StepResult, Trainer
+
+log = logging.getLogger(__name__)
+
+
+class SegmentSetupError(ValueError):
+    """A segment that cannot start for a reason retrying will not fix (exit code 2)."""
+
+
+@dataclass
+class SegmentResult:
+    exit_code: int
+    exit_reason: str
+    start_step: int
+    end_step: int
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def segment_target(job: JobSpec, start_step: int, end_step: int | None) -> int:
+    t = job.training
+    if end_step is None:
+        return min(t.steps, (start_step // t.segment_steps + 1) * t.segment_steps)
+    if end_step > t.steps:
+        raise SegmentSetupError(f"--end-step {end_step} exceeds training.steps ({t.steps})")
+    if end_step < 1:
+        raise SegmentSetupError(f"--end-step must be >= 1, got {end_step}")
+    return end_step
+
+
+def _manifest_topology(manifest) -> str:
+    p = manifest.parallelism
+    return topology_key(world_size=p.world_size, degrees=dict(
+        dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, pp=p.pp, tp=p.tp,
+        pp_virtual_stages=p.pp_virtual_stages))
+
+
+def _resolve_ref(resume_from: str, store) -> CheckpointRef:
+    path = Path(resume_from)
+    if path.is_dir():
+        return CheckpointRef.local(path)
+    prefix = resume_from.removeprefix(store.uri).strip("/")
+    if prefix != resume_from.strip("/"):
+        return CheckpointRef.remote(store, prefix)
+    raise SegmentSetupError(
+        f"--resume-from {resume_from}: neither a checkpoint directory nor a location in the "
+        f"store {store.uri}")
+
+
+def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | None):
+    """Load the chosen checkpoint into the trainer (all ranks). None: start from scratch."""
+    job = trainer.job
+    ref = _resolve_ref(resume_from, manager.store) if resume_from else None
+    topology = None
+    if dist.get_rank() == 0:  # peek: per-rank RNG states exist only for the same topology
+        if ref is not None:
+            topology = _manifest_topology(read_manifest(ref))
+        else:
+            found = latest_valid(job, store=manager.store, checksums=False)
+            topology = _manifest_topology(found.manifest) if found.found else None
+    box = [topology]
+    dist.broadcast_object_list(box, src=0)
+    trainer.state.expect_rng_from(box[0])
+    if ref is not None:
+        return restore_checkpoint(trainer.app_state, ref, job=job)
+    return manager.restore_latest()
+
+
+class RankTimingWindow:
+    """Per-rank sums since the last gather; gathered to rank 0 as per-step means."""
+
+    def __init__(self):
+        self.sums = [0.0, 0.0, 0.0, 0.0]
+        self.steps = 0
+
+    def add(self, r: StepResult) -> None:
+        for i, v in enumerate((r.compute_s, r.collective_wait_s, r.data_wait_s, r.step_time_s)):
+            self.sums[i] += v
+        self.steps += 1
+
+    def gather(self, *, step: int, device: torch.device, ranks: list[dict]) -> list[dict]:
+        mine = torch.tensor([*self.sums, float(self.steps)], dtype=torch.float64, device=device)
+        everyone = [torch.zeros_like(mine) for _ in ranks]
+        dist.all_gather(everyone, mine)
+        self.sums, self.steps = [0.0, 0.0, 0.0, 0.0], 0
+        records = []
+        for rank, (info, t) in enumerate(zip(ranks, everyone)):
+            compute, wait, data, step_time, n = t.tolist()
+            n = max(n, 1.0)
+            records.append(dict(step=step, rank=rank, host=info["host"],
+                                local_rank=info["local_rank"], peer_group=info["pp_rank"],
+                                compute_s=compute / n, collective_wait_s=wait / n,
+                                data_wait_s=data / n, step_time_s=step_time / n, steps=int(n)))
+        return records
+
+
+def plan_params(job: JobSpec, dims: ParallelDims, *, peak: float | None, accelerator: str,
+                device: torch.device) -> dict[str, Any]:
+    cfg = job.model_cfg
+    return {"job": dump_job(job), "plan": {
+        "world_size": dims.world_size, "mesh": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"),
+                                                        dims.shape)),
+        "dp": dims.dp, "device": device.type, "accelerator": accelerator,
+        "peak_flops_per_device": peak, "params": count_params(cfg).total,
+        "flops_per_token": flops_per_token(cfg, job.training.seq_len),
+        "tokens_per_step": job.tokens_per_step, "grad_accum_steps": job.grad_accum_steps,
+        "pp_microbatches": job.pp_microbatches if dims.pp > 1 else None}}
+
+
+@dataclass
+class _Setup:
+    dims: ParallelDims
+    mesh: Any
+    trainer: Trainer
+    manager: CheckpointManager
+    watcher: PreemptionWatcher
+    peak: float | None
+    accelerator: str
+    restored: Any
+    restore_s: float
+    target: int
+
+
+def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
+           resume_from: str | None) -> _Setup:
+    from fm_pipeline.data import open_job_mix
+
+    dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
+    mesh = dims.build_mesh(device.type)
+    peak, accelerator = peak_flops_per_device(device, job.parallelism.mixed_precision)
+    mix = open_job_mix(job)  # DataError if the mix was never prepared
+    trainer = Trainer(job, dims=dims, mesh=mesh, device=device, rank=dist.get_rank(), mix=mix)
+    manager = CheckpointManager(job, trainer.app_state, mesh=mesh, mix_key=mix.key)
+    t0 = time.perf_counter()
+    restored = restore(trainer, manager, resume_from=resume_from)
+    restore_s = time.perf_counter() - t0
+    target = segment_target(job, trainer.state.step, end_step)
+    # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
+    watcher = PreemptionWatcher(preempt_file(runs_dir(job.name)))
+    return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,
+                  peak=peak, accelerator=accelerator, restored=restored, restore_s=restore_s,
+                  target=target)
+
+
+def run_segment(job: JobSpec, *, end_step: int | None = None,
+                resume_from: str | None = None) -> SegmentResult:
+    """Train this segment on every rank of the (possibly new) default process group."""
+    owns_process_group = not dist.is_initialized()
+    device = init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        setup = _setup(job, device=device, end_step=end_step, resume_from=resume_from)
+    except ValueError as e:  # bad input of any kind, found before the first step
+        raise SegmentSetupError(f"{type(e).__name__}: {e}") from e
+    dims, mesh, trainer, manager, watcher = (setup.dims, setup.mesh, setup.trainer,
+                                             setup.manager, setup.watcher)
+    peak, accelerator, restored = setup.peak, setup.accelerator, setup.restored
+    start, target, runs = trainer.state.step, setup.target, runs_dir(job.name)
+    ranks: list[Any] = [None] * world
+    dist.all_gather_object(ranks, {"host": host_name(), "local_rank": int(
+        os.environ.get("LOCAL_RANK", 0)), "pp_rank": mesh["pp"].get_local_rank()})
+    reporter = None
+    if rank == 0:
+        reporter = SegmentReporter(job_name=job.name, runs_dir=runs, start_step=start,
+                                   target_step=target,
+                                   params=plan_params(job, dims, peak=peak,
+                                                      accelerator=accelerator, device=device))
+    summary: dict[str, Any] = {
+        "start_step": start, "target_step": target, "world_size": world,
+        "parallelism": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"), dims.shape)),
+        "restored_from": restored.source if restored else None,
+        "resharded": bool(restored) and not trainer.state.rng_restored,
+        "restore_s": round(setup.restore_s, 3) if restored else None,
+        "accelerator": accelerator, "peak_flops_per_device": peak,
+    }
+    error: BaseException | None = None
+    t_loop = time.perf_counter()
+    try:
+        loop_summary = _train(trainer, manager, watcher, reporter, target=target, device=device,
+                              ranks=ranks, peak=peak)
+        summary.update(loop_summary)
+    except BaseException as e:
+        error = e
+        summary.update(exit_code=exit_codes.FAILURE, exit_reason="failed",
+                       error=f"{type(e).__name__}: {e}", end_step=trainer.state.step)
+        raise
+    finally:
+        summary.update(wall_s=round(time.perf_counter() - t_loop, 3),
+                       tokens_seen=trainer.state.tokens_seen)
+        if reporter is not None:
+            reporter.close(summary, error=error)
+        watcher.close()
+        trainer.close()
+    if summary["exit_reason"] == "preempted":
+        watcher.consume_flag_file()
+    dist.barrier()
+    if owns_process_group:
+        dist.destroy_process_group()
+    return SegmentResult(exit_code=summary["exit_code"], exit_reason=summary["exit_reason"],
+                         start_step=start, end_step=summary["end_step"], summary=summary)
+
+
+def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatcher,
+           reporter: SegmentReporter | None, *, target: int, device: torch.device,
+           ranks: list[dict], peak: float | None) -> dict[str, Any]:
+    job, t = trainer.job, trainer.job.training
+    fpt = flops_per_token(job.model_cfg, t.seq_len)
+    window = RankTimingWindow()
+    last: StepResult | None = None
+    speeds, mfus, unlogged = [], [], 0
+    stopped = False
+    try:
+        while trainer.state.step < target and not stopped:
+            result = trainer.step(stop_requested=watcher.requested())
+            last, step, stopped = result, result.step, result.stop_requested
+            window.add(result)
+            block = 0.0
+            if stopped or manager.should_save(step) or step == target:
+                t0 = time.perf_counter()
+                manager.save(step, tokens_seen=trainer.state.tokens_seen, probe=trainer.probe(),
+                             final=stopped or step == target)
+                block = time.perf_counter() - t0
+            step_mfu = mfu(flops_per_token=fpt, tokens=job.tokens_per_step,
+                           step_time_s=result.step_time_s, devices=len(ranks), peak_flops=peak)
+            tokens_per_s = job.tokens_per_step / result.step_time_s
+            speeds.append(tokens_per_s)
+            mfus.append(step_mfu)
+            unlogged += 1
+            if step % t.rank_timings_every == 0:
+                records = window.gather(step=step, device=device, ranks=ranks)
+                if reporter is not None:
+                    reporter.rank_timings(records)
+            if reporter is not None and (step % t.log_every == 0 or stopped or step == target):
+                reporter.advance(unlogged - 1)
+                unlogged = 0
+                reporter.step(dict(
+                    step=step, loss=result.loss, grad_norm=result.grad_norm, lr=result.lr,
+                    step_time_s=round(result.step_time_s, 6), tokens=job.tokens_per_step,
+                    tokens_seen=trainer.state.tokens_seen, tokens_per_s=round(tokens_per_s, 3),
+                    mfu=step_mfu, data_wait_s=round(result.data_wait_s, 6),
+                    checkpoint_block_s=round(block, 6)))
+    except BaseException:
+        try:  # let an in-flight save finish (or fail) before the process goes
+            manager.close()
+        except Exception as e:
+            log.error("checkpoint save in flight at the failure did not commit: %s", e)
+        raise
+    manager.close()  # waits for the last save: its manifest must exist before we exit
+    # The first step pays for warm-up (allocations, pipeline shape inference): left out.
+    warm_speeds = speeds[1:] or speeds
+    warm_mfus = [m for m in (mfus[1:] or mfus) if m is not None]
+    committed = [r for r in manager.results if r.committed]
+    since = watcher.seconds_since_request()
+    return {
+        "end_step": trainer.state.step,
+        "exit_code": exit_codes.PREEMPTED if stopped else exit_codes.SUCCESS,
+        "exit_reason": "preempted" if stopped else (
+            "completed" if last is not None else "nothing_to_do"),
+        "error": None,
+        "final_loss": last.loss if last else None,
+        "mean_mfu": sum(warm_mfus) / len(warm_mfus) if warm_mfus else None,
+        "tokens_per_s": sum(warm_speeds) / len(warm_speeds) if warm_speeds else None,
+        "checkpoint": committed[-1].path if committed else None,
+        "checkpoint_block_s": round(sum(r.blocked_s for r in manager.results), 6),
+        "preempt_reason": watcher.reason if stopped else None,
+        "preempt_to_exit_s": round(since, 3) if stopped and since is not None else None,
+    }

@@ -1,0 +1,62 @@
+"""The "train_state" checkpoint part: step, tokens seen, and each rank's RNG state.
+
+DCP keeps one copy of a plain (non-DTensor) entry per key, so per-rank RNG states are keyed
+by global rank ("rng.rank3"). They only mean something for the same topology: restoring a
+checkpoint written under another mesh skips them (`expect_rng_from`), and each rank reseeds
+from (seed, step, rank) instead, which keeps resharded resumes deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+
+
+def topology_key(*, world_size: int, degrees: dict[str, int]) -> str:
+    """A string that is equal exactly when two runs place ranks identically."""
+    return f"world{world_size}:" + ",".join(f"{k}{v}" for k, v in sorted(degrees.items()))
+
+
+class TrainState(Stateful):
+    def __init__(self, *, rank: int, topology: str, seed: int, device: torch.device):
+        self.rank = rank
+        self.topology = topology
+        self.seed = seed
+        self.device = device
+        self.step = 0
+        self.tokens_seen = 0
+        self.rng_restored = False
+        self._load_rng = True  # until told the checkpoint came from another topology
+
+    def expect_rng_from(self, checkpoint_topology: str | None) -> None:
+        """Before a restore: load RNG states only from a checkpoint of this very topology."""
+        self._load_rng = checkpoint_topology == self.topology
+
+    def _rng_key(self, kind: str) -> str:
+        return f"{kind}.rank{self.rank}"
+
+    def state_dict(self) -> dict:
+        sd = {"step": self.step, "tokens_seen": self.tokens_seen, "topology": self.topology}
+        if self._load_rng:
+            sd[self._rng_key("rng")] = torch.get_rng_state()
+            if self.device.type == "cuda":
+                sd[self._rng_key("cuda_rng")] = torch.cuda.get_rng_state(self.device)
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.step = int(state_dict["step"])
+        self.tokens_seen = int(state_dict["tokens_seen"])
+        key = self._rng_key("rng")
+        if self._load_rng and key in state_dict:
+            torch.set_rng_state(state_dict[key].cpu())
+            cuda_key = self._rng_key("cuda_rng")
+            if self.device.type == "cuda" and cuda_key in state_dict:
+                torch.cuda.set_rng_state(state_dict[cuda_key].cpu(), self.device)
+            self.rng_restored = True
+        else:
+            self.reseed()
+        self._load_rng = True  # saves always carry this rank's RNG
+
+    def reseed(self) -> None:
+        """Deterministic per-rank RNG for a fresh start or a resharded resume."""
+        torch.manual_seed(self.seed * 1_000_003 + self.step * 65_537 + self.rank)

@@ -1,0 +1,163 @@
+"""One rank's training machinery: parallel model, optimizers, LR schedule, data loader, train
+state, and the optimizer step with its timings.
+
+A step, as measured:
+    data_wait        next(loader)                                    (rank-local)
+    compute          forward/backward of all micro-batches (or the pipeline schedule)
+    collective_wait  one all-reduce of [loss, has_loss, preempt]: a rank that finished its
+                     backward early waits here for the slowest one; it also makes every
+                     rank agree on the loss and on whether to stop after this step
+    compute (cont.)  grad norm (float64) + clipping + optimizer + LR schedule
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from fm_pipeline.checkpoint import LRSchedulerState, ModelState, OptimizerState, Probe
+from fm_pipeline.config import JobSpec
+from fm_pipeline.parallel import ParallelDims, build_parallel_model
+from fm_pipeline.train.grad_norm import clip_grads_, global_grad_norm
+from fm_pipeline.train.optimizer import build_lr_scheduler, build_optimizer
+from fm_pipeline.train.state import TrainState, topology_key
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    data_wait_s: float
+    compute_s: float
+    collective_wait_s: float
+    step_time_s: float
+    stop_requested: bool  # some rank asked to stop (preemption) before this step's sync
+
+
+def job_topology(job: JobSpec, world_size: int) -> str:
+    p = job.parallelism
+    return topology_key(world_size=world_size, degrees=dict(
+        dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, pp=p.pp, tp=p.tp,
+        pp_virtual_stages=p.pp_virtual_stages))
+
+
+def slow_rank_delay(rank: int) -> float:
+    """Fault injection for straggler drills: FM_FAULT_SLOW_RANKS="1:0.2,3:0.05" makes global
+    rank 1 sleep 0.2 s (rank 3: 0.05 s) in the compute section of every step."""
+    spec = os.environ.get("FM_FAULT_SLOW_RANKS", "")
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        r, _, seconds = item.partition(":")
+        if int(r) == rank:
+            return float(seconds)
+    return 0.0
+
+
+class Trainer:
+    def __init__(self, job: JobSpec, *, dims: ParallelDims, mesh: DeviceMesh,
+                 device: torch.device, rank: int, mix):
+        from fm_pipeline.data import MixLoader
+
+        self.job, self.dims, self.mesh, self.device, self.rank = job, dims, mesh, device, rank
+        t = job.training
+        self.pm = build_parallel_model(job, mesh=mesh, dims=dims, device=device)
+        self.params = list(self.pm.parameters())
+        self.optimizers = [build_optimizer(part, t) for part in self.pm.parts]
+        self.schedulers = [build_lr_scheduler(opt, t) for opt in self.optimizers]
+        self.mix = mix
+        self.dp_rank = dims.dp_rank(rank)
+        self.loader = MixLoader(mix, dp_rank=self.dp_rank, dp_size=dims.dp,
+                                micro_batch_size=t.micro_batch_size,
+                                global_batch_size=t.global_batch_size, seq_len=t.seq_len)
+        self.state = TrainState(rank=rank, topology=job_topology(job, dims.world_size),
+                                seed=t.seed, device=device)
+        self.state.reseed()
+        self.app_state = {
+            "model": ModelState(self.pm.parts),
+            "optimizer": OptimizerState(self.pm.parts, self.optimizers),
+            "lr_scheduler": LRSchedulerState(self.schedulers),
+            "dataloader": self.loader,
+            "train_state": self.state,
+        }
+        self.pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
+        self.slow_rank_delay = slow_rank_delay(rank)
+        self._probe_tokens: torch.Tensor | None = None
+
+    def step(self, *, stop_requested: bool) -> StepResult:
+        """One optimizer step on this rank; every rank must call it."""
+        t0 = time.perf_counter()
+        batch = next(self.loader).to(self.device, non_blocking=True)
+        t1 = time.perf_counter()
+        loss = self.pm.forward_backward(batch[:, :-1], batch[:, 1:])
+        if self.slow_rank_delay:
+            time.sleep(self.slow_rank_delay)
+        self._sync_device()
+        t2 = time.perf_counter()
+        packed = torch.tensor(
+            [0.0 if loss is None else float(loss), 0.0 if loss is None else 1.0,
+             1.0 if stop_requested else 0.0], dtype=torch.float64, device=self.device)
+        dist.all_reduce(packed)
+        loss_sum, n_loss, stops = packed.tolist()
+        t3 = time.perf_counter()
+        grad_norm = global_grad_norm(self.params, pp_group=self.pp_group)
+        clip_grads_(self.params, max_norm=self.job.training.grad_clip, total_norm=grad_norm)
+        lr = self.schedulers[0].get_last_lr()[0]
+        for opt in self.optimizers:
+            opt.step()
+        for sched in self.schedulers:
+            sched.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        grad_norm_value = grad_norm.item()  # also waits for the device
+        t4 = time.perf_counter()
+        self.state.step += 1
+        self.state.tokens_seen += self.job.tokens_per_step
+        return StepResult(
+            step=self.state.step, loss=loss_sum / max(n_loss, 1.0), grad_norm=grad_norm_value,
+            lr=lr, data_wait_s=t1 - t0, compute_s=(t2 - t1) + (t4 - t3),
+            collective_wait_s=t3 - t2, step_time_s=t4 - t0, stop_requested=stops > 0)
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- the probe batch the restore drill re-evaluates ---------------------------------
+
+    def probe(self) -> Probe | None:
+        """A fixed held-out batch (dp rank 0's first) and the current model's loss on it.
+        Collective: every rank evaluates the same batch. None if the mix has no held-out data."""
+        if self._probe_tokens is None:
+            self._probe_tokens = self._first_heldout_batch()
+        if self._probe_tokens.numel() == 0:
+            return None
+        tokens = self._probe_tokens.to(self.device)
+        loss = self.pm.loss(tokens[:, :-1], tokens[:, 1:])
+        packed = torch.tensor([0.0 if loss is None else float(loss),
+                               0.0 if loss is None else 1.0], dtype=torch.float64,
+                              device=self.device)
+        dist.all_reduce(packed)
+        return Probe(self._probe_tokens, packed[0].item() / packed[1].item())
+
+    def _first_heldout_batch(self) -> torch.Tensor:
+        from fm_pipeline.data import MixLoader
+
+        t = self.job.training
+        heldout = MixLoader(self.mix, dp_rank=0, dp_size=self.dims.dp,
+                            micro_batch_size=t.micro_batch_size,
+                            global_batch_size=t.global_batch_size, seq_len=t.seq_len,
+                            split="heldout", prefetch=1)
+        try:
+            return next(heldout)
+        except StopIteration:
+            return torch.empty(0, dtype=torch.int64)
+        finally:
+            heldout.close()
+
+    def close(self) -> None:
+        self.loader.close()

@@ -1,0 +1,71 @@
+"""One workspace (FM_HOME with the small real data mix) shared by the trainer's launches, and
+the layouts launch: every parallelism layout the spec accepts at 4 ranks, trained in one
+torchrun start-up. Its fsdp4 job (checkpoints every 2 steps) is the reference run that the
+resume and resharding tests continue from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fm_pipeline.data.testing import build_small_mix, small_job
+from fm_pipeline.storage import open_store
+from fm_pipeline.train.metrics import read_records
+from tests.train.launch import BASE, run_segments, write_job
+
+# name -> overrides; all at 4 ranks (gbs 8, micro-batch 2).
+LAYOUTS = {
+    "fsdp4": {"parallelism.dp_shard": 4, "checkpoint.every_steps": 2},
+    "hsdp": {"parallelism.dp_replicate": 2, "parallelism.dp_shard": 2,
+             "parallelism.activation_checkpoint": "selective"},
+    "tp-fsdp": {"parallelism.tp": 2, "parallelism.dp_shard": 2,
+                "parallelism.mixed_precision": "bf16", "training.micro_batch_size": 4},
+    "tp-ddp": {"parallelism.tp": 2, "parallelism.dp_replicate": 2, "parallelism.dp_shard": 1,
+               "training.micro_batch_size": 4},
+    "pp-1f1b-fsdp": {"parallelism.pp": 2, "parallelism.dp_shard": 2,
+                     "parallelism.activation_checkpoint": "full"},
+    "pp-interleaved-fsdp": {"parallelism.pp": 2, "parallelism.dp_shard": 2,
+                            "parallelism.pp_schedule": "Interleaved1F1B",
+                            "parallelism.pp_virtual_stages": 2},
+    "pp-gpipe-tp": {"parallelism.pp": 2, "parallelism.tp": 2, "parallelism.dp_shard": 1,
+                    "parallelism.pp_schedule": "GPipe"},
+    "pp4-bf16": {"parallelism.pp": 4, "parallelism.dp_shard": 1,
+                 "parallelism.mixed_precision": "bf16"},
+}
+
+
+@dataclass
+class Workspace:
+    home: Path
+    jobs: Path
+
+    def metrics(self, job: str) -> list[dict]:
+        return read_records(self.home / "runs" / job / "metrics.jsonl", "step")
+
+    def segments(self, job: str) -> list[dict]:
+        return read_records(self.home / "runs" / job / "segments.jsonl", "segment")
+
+    def checkpoint(self, job: str, step: int) -> Path:
+        return self.home / "runs" / job / "checkpoints" / f"step-{step:08d}"
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory) -> Workspace:
+    home = tmp_path_factory.mktemp("trainer_home")
+    jobs = home / "jobs"
+    jobs.mkdir()
+    with pytest.MonkeyPatch.context() as mp:  # the session fixture runs outside tests' FM_HOME
+        mp.setenv("FM_HOME", str(home))
+        build_small_mix(small_job(**BASE), store=open_store(str(home / "store")))
+    return Workspace(home=home, jobs=jobs)
+
+
+@pytest.fixture(scope="session")
+def layouts_run(workspace) -> Workspace:
+    paths = [write_job(workspace.jobs, name, nproc=4, **overrides)
+             for name, overrides in LAYOUTS.items()]
+    out = run_segments(workspace.home, paths, nproc=4)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return workspace

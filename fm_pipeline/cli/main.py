@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 
+from fm_pipeline.cli import ckpt as ckpt_cli
 from fm_pipeline.cli import data as data_cli
 from fm_pipeline.cli import demo as demo_cli
 from fm_pipeline.cli import k8s as k8s_cli
@@ -20,6 +21,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.add_typer(ckpt_cli.app, name="ckpt", help="List, validate, drill, export and retain checkpoints.")
 app.add_typer(data_cli.app, name="data", help="Prepare and inspect the training data mix.")
 app.add_typer(k8s_cli.app, name="k8s", help="Kubernetes JobSet manifests for a segment.")
 app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_cli.demo)

@@ -1,0 +1,193 @@
+"""`fm ckpt`: list, validate, drill, export, retain and upload checkpoints.
+
+    fm ckpt list --job configs/demo.yaml                 # both tiers, with marks and status
+    fm ckpt validate --job configs/demo.yaml             # newest valid, and why newer ones fail
+    fm ckpt validate 20 --job configs/demo.yaml          # one checkpoint (step, dir or store key)
+    fm ckpt drill --job configs/demo.yaml [--nproc 1]    # restore on another topology, verify
+    fm ckpt export 20 model.pt --job configs/demo.yaml   # one torch.save file (dcp_to_torch_save)
+    fm ckpt retain --job configs/demo.yaml [--dry-run]   # apply keep_last / milestone_every
+    fm ckpt upload --job configs/demo.yaml               # retry uploads that did not commit
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fm_pipeline.cli.errors import user_errors
+from fm_pipeline.config import load_job
+from fm_pipeline.config.paths import store_uri
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+console = Console()
+
+JOB = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help="job spec YAML")
+STORE = typer.Option(None, "--store", help="object store URI (default: FM_STORE_URI or <FM_HOME>/store)")
+CHECKPOINT = typer.Argument(None, help="step number, step-XXXXXXXX, a directory, or a store key "
+                                       "prefix; default: the newest valid checkpoint")
+
+
+def _store(uri: str | None):
+    from fm_pipeline.storage import open_store
+
+    return open_store(uri or store_uri())
+
+
+def _resolve(checkpoint: str | None, job, store):
+    """A CheckpointRef from what the user typed."""
+    from fm_pipeline.checkpoint import CheckpointRef, latest_valid, local_root, store_root
+    from fm_pipeline.checkpoint.layout import step_dir_name
+
+    if checkpoint in (None, "latest"):
+        found = latest_valid(job, store=store, checksums=False)
+        if found.found is None:
+            raise ValueError(f"job {job.name!r} has no valid checkpoint in "
+                             f"{local_root(job.name)} or {store.uri_of(store_root(job.name))}")
+        return found.found
+    if Path(checkpoint).is_dir():
+        return CheckpointRef.local(checkpoint)
+    name = step_dir_name(int(checkpoint)) if checkpoint.isdigit() else checkpoint
+    if (local_root(job.name) / name).is_dir():
+        return CheckpointRef.local(local_root(job.name) / name)
+    prefix = name if "/" in name else f"{store_root(job.name)}/{name}"
+    if prefix.startswith(store.uri.rstrip("/") + "/"):
+        prefix = prefix[len(store.uri.rstrip("/")) + 1:]
+    ref = CheckpointRef.remote(store, prefix)
+    if not ref.files():
+        raise ValueError(f"no checkpoint {checkpoint!r}: not in {local_root(job.name)} nor at "
+                         f"{ref.location}")
+    return ref
+
+
+@app.command("list")
+@user_errors
+def list_(job: Path = JOB, store: str | None = STORE,
+          verify: bool = typer.Option(False, "--verify", help="also re-hash every file")) -> None:
+    """Every checkpoint of the job in both tiers: status, size, tokens, topology, marks."""
+    from fm_pipeline.checkpoint import read_manifest, read_marks, validate
+    from fm_pipeline.checkpoint.drill import describe_topology
+    from fm_pipeline.checkpoint.validate import candidates
+
+    spec, target = load_job(job), _store(store)
+    table = Table(title=f"checkpoints of {spec.name}")
+    for col in ("step", "tier", "status", "MB", "tokens", "written at", "marks"):
+        table.add_column(col)
+    for ref in sorted(candidates(spec.name, store=target), key=lambda r: (r.step, not r.is_local)):
+        problems = validate(ref, spec, checksums=verify)
+        status = "[green]valid[/]" if not problems else f"[red]{problems[0]}[/]"
+        size = tokens = topo = ""
+        if not any(p.where.startswith("manifest.json") for p in problems):
+            m = read_manifest(ref)
+            size, tokens = f"{m.total_bytes / 1e6:.1f}", f"{m.tokens_seen:,}"
+            topo = describe_topology(m.parallelism.model_dump())
+        marks = read_marks(ref)
+        shown = [f"drill {'passed' if v.get('passed') else 'FAILED'}" if k == "drill"
+                 else f"upload {'ok' if v.get('committed') else 'PENDING'}" if k == "upload"
+                 else k for k, v in sorted(marks.items())]
+        table.add_row(str(ref.step), "local" if ref.is_local else "store", status, size, tokens,
+                      topo, ", ".join(shown))
+    console.print(table)
+
+
+@app.command("validate")
+@user_errors
+def validate_(checkpoint: str | None = CHECKPOINT, job: Path = JOB,
+              store: str | None = STORE) -> None:
+    """Check one checkpoint (or find the newest valid one); exit 1 if invalid."""
+    from fm_pipeline.checkpoint import latest_valid, validate
+
+    spec, target = load_job(job), _store(store)
+    if checkpoint is None:
+        with console.status("validating checkpoints, newest first"):
+            found = latest_valid(spec, store=target)
+        for line in found.skipped_lines():
+            console.print(f"[yellow]skipped[/] {line}", highlight=False)
+        if found.found is None:
+            console.print(f"[red]no valid checkpoint[/] for job {spec.name}")
+            raise typer.Exit(1)
+        console.print(f"[green]valid[/]: {found.found.location} (step {found.found.step})")
+        return
+    ref = _resolve(checkpoint, spec, target)
+    with console.status(f"validating {ref.location}"):
+        problems = validate(ref, spec)
+    for p in problems:
+        console.print(f"[red]problem[/] {p}", highlight=False)
+    if problems:
+        raise typer.Exit(1)
+    console.print(f"[green]valid[/]: {ref.location}")
+
+
+@app.command("drill")
+@user_errors
+def drill(checkpoint: str | None = CHECKPOINT, job: Path = JOB, store: str | None = STORE,
+          nproc: int | None = typer.Option(None, "--nproc", help="drill world size (pure FSDP); "
+                                                              "default: chosen from the source")) -> None:
+    """Restore on a different topology and verify params, optimizer, probe loss and cursor."""
+    from fm_pipeline.checkpoint.drill import run_restore_drill
+
+    spec, target = load_job(job), _store(store)
+    ref = _resolve(checkpoint, spec, target)
+    parallelism = {"nproc_per_node": nproc} if nproc else None
+    with console.status(f"restore drill of {ref.location}"):
+        result = run_restore_drill(ref, job=spec, parallelism=parallelism)
+    console.print(result.summary(), highlight=False)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@app.command("export")
+@user_errors
+def export(checkpoint: str = typer.Argument(..., help="step, directory or store key prefix"),
+           out: Path = typer.Argument(..., help="output .pt file"), job: Path = JOB,
+           store: str | None = STORE) -> None:
+    """Write the checkpoint as one torch.save file with torch's dcp_to_torch_save."""
+    from fm_pipeline.checkpoint import export_torch_save
+
+    spec, target = load_job(job), _store(store)
+    ref = _resolve(checkpoint, spec, target)
+    with console.status(f"exporting {ref.location}"):
+        path = export_torch_save(ref, out)
+    console.print(f"[green]wrote[/] {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+@app.command("retain")
+@user_errors
+def retain(job: Path = JOB, store: str | None = STORE,
+           tier: str = typer.Option("both", "--tier", help="local, store or both"),
+           dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing")) -> None:
+    """Apply the job's retention (keep_last, milestone_every, marks, newest valid)."""
+    from fm_pipeline.checkpoint import apply_retention
+
+    spec, target = load_job(job), _store(store)
+    if tier not in ("local", "store", "both"):
+        raise ValueError(f"--tier must be local, store or both, got {tier!r}")
+    ck = spec.checkpoint
+    for t in ("local", "store") if tier == "both" else (tier,):
+        report = apply_retention(spec.name, keep_last=ck.keep_last,
+                                 milestone_every=ck.milestone_every, tier=t, store=target,
+                                 job=spec, dry_run=dry_run)
+        console.print(report.summary(), highlight=False)
+        for err in report.errors:
+            console.print(f"[red]error[/] {err}", highlight=False)
+
+
+@app.command("upload")
+@user_errors
+def upload(job: Path = JOB, store: str | None = STORE) -> None:
+    """Upload every committed local checkpoint the store does not have yet; exit 1 on failure."""
+    from fm_pipeline.checkpoint import sync_to_store
+
+    spec, target = load_job(job), _store(store)
+    with console.status(f"uploading pending checkpoints to {target.uri}"):
+        reports = sync_to_store(spec.name, target)
+    for r in reports:
+        verdict = "[green]committed[/]" if r.committed else f"[red]failed[/]: {r.error}"
+        console.print(f"step {r.step}: {verdict} ({r.bytes / 1e6:.1f} MB, "
+                      f"{r.bytes_per_s / 1e6:.1f} MB/s)", highlight=False)
+    if not reports:
+        console.print("nothing to upload")
+    if any(not r.committed for r in reports):
+        raise typer.Exit(1)

@@ -6,6 +6,9 @@ area of the Dagster layer (fm_pipeline.assets.*) exports.
 
 from dagster import Definitions
 
-AREAS: list[Definitions] = []
+from fm_pipeline.assets.data import defs as data_defs
+from fm_pipeline.assets.plan import defs as plan_defs
+
+AREAS: list[Definitions] = [data_defs, plan_defs]
 
 defs = Definitions.merge(*AREAS) if AREAS else Definitions()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from fm_pipeline.data.errors import CorruptShardError, DataError
 from fm_pipeline.data.manifest import MixManifest, mix_key, mix_prefix, tokenizer_key
-from fm_pipeline.data.mix import Mix, open_mix
+from fm_pipeline.data.mix import Mix, MixRef, open_mix
 
 if TYPE_CHECKING:
     from fm_pipeline.data.loader import MixLoader
@@ -44,6 +44,6 @@ def open_job_mix(job, store=None) -> Mix:
 
 
 __all__ = [
-    "CorruptShardError", "DataError", "Mix", "MixLoader", "MixManifest", "mix_key", "mix_prefix",
+    "CorruptShardError", "DataError", "Mix", "MixLoader", "MixRef", "MixManifest", "mix_key", "mix_prefix",
     "open_job_mix", "open_mix", "prepare_mix", "tokenizer_key",
 ]

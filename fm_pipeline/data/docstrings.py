@@ -63,6 +63,8 @@ def extract_prose_many(sources: list[bytes | str | None]) -> list[tuple[str | No
     workers = min(os.cpu_count() or 1, 8)
     if workers < 2 or len(sources) < _POOL_MIN_FILES:
         return [extract_prose(s) for s in sources]
-    # spawn: safe whatever threads the caller runs (Dagster, the loader's prefetch thread).
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # fork starts workers in milliseconds and works from any __main__ (stdin scripts too);
+    # the workers only parse text, never touching locks the parent's threads may hold.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
         return list(pool.map(extract_prose, sources, chunksize=max(1, len(sources) // (workers * 8))))

@@ -17,6 +17,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -229,3 +230,17 @@ def _verify_file(key: str, path: Path, size: int, sha256: str) -> None:
     digest = sha256_file(path)
     if digest != sha256:
         raise CorruptShardError(key, f"sha256 {digest[:16]}..., manifest says {sha256[:16]}...")
+
+
+@dataclass(frozen=True)
+class MixRef:
+    """Where a published mix lives: what the `data_mix` asset hands to downstream assets."""
+
+    store_uri: str
+    key: str
+    endpoint_url: str | None = None
+
+    def open(self) -> Mix:
+        from fm_pipeline.storage import open_store
+
+        return open_mix(open_store(self.store_uri, endpoint_url=self.endpoint_url), self.key)

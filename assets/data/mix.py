@@ -1,0 +1,110 @@
+"""The data mix as four Dagster assets, one per pipeline stage (group "data").
+
+    clean_documents -> tokenizer -> token_shards -> data_mix
+
+Each asset is a thin call into `fm_pipeline.data.pipeline`; the heavy artifacts live in the
+object store under `data/<mix_key>/`, the assets record metadata about them. `data_mix`
+outputs a `MixRef` (store URI + mix key) that downstream assets take as an input:
+
+    @asset
+    def training_plan(data_mix: MixRef): mix = data_mix.open()
+"""
+
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, Output, asset
+
+from fm_pipeline.data import pipeline
+from fm_pipeline.data.manifest import mix_key
+from fm_pipeline.data.mix import MixRef
+from fm_pipeline.data.progress import ProgressSink
+from fm_pipeline.resources.job_spec import JobSpecResource
+from fm_pipeline.resources.store import ObjectStoreResource
+
+GROUP = "data"
+
+
+class LogProgress(ProgressSink):
+    """Pipeline progress as run log lines (the UI shows them under each step)."""
+
+    def __init__(self, context: AssetExecutionContext):
+        self._log = context.log
+
+    def start(self, task: str, *, total=None, unit: str = "") -> None:
+        self._log.info(f"{task}: started" + (f" ({total:,} {unit})" if total else ""))
+
+    def finish(self, task: str, summary: str = "") -> None:
+        self._log.info(f"{task}: {summary or 'done'}")
+
+
+@asset(group_name=GROUP, kinds={"python"})
+def clean_documents(context: AssetExecutionContext, job_spec: JobSpecResource,
+                    store: ObjectStoreResource) -> MaterializeResult:
+    """Sources read, UTF-8 normalised (NFC), length-filtered and exactly deduplicated."""
+    job = job_spec.load()
+    receipt = pipeline.clean_stage(job, store.open(), progress=LogProgress(context))
+    return MaterializeResult(metadata={
+        "mix_key": receipt.mix_key,
+        "documents_kept": sum(c.kept for c in receipt.sources.values()),
+        "documents_dropped": sum(c.dropped_total for c in receipt.sources.values()),
+        "dropped_by_reason": MetadataValue.json({n: c.dropped for n, c in receipt.sources.items()}),
+        "dropped_examples": MetadataValue.json(receipt.examples),
+        "dedup_ratio": round(receipt.dedup_ratio(), 6),
+        "per_source": MetadataValue.md(_table(
+            ["source", "read", "kept", "held out", "chars kept", "dropped"],
+            [[n, c.read, c.kept, c.heldout, c.chars_kept, c.dropped or "-"]
+             for n, c in receipt.sources.items()])),
+    })
+
+
+@asset(group_name=GROUP, deps=[clean_documents], kinds={"python"})
+def tokenizer(context: AssetExecutionContext, job_spec: JobSpecResource,
+              store: ObjectStoreResource) -> MaterializeResult:
+    """Byte-level BPE trained on the clean corpus; saved as data/<mix_key>/tokenizer.json."""
+    job = job_spec.load()
+    target = store.open()
+    entry = pipeline.tokenizer_stage(job, target, progress=LogProgress(context))
+    return MaterializeResult(metadata={
+        "mix_key": mix_key(job), "vocab_size": entry.vocab_size, "eos_id": entry.eos_id,
+        "sha256": entry.sha256, "uri": MetadataValue.path(target.uri_of(entry.key)),
+    })
+
+
+@asset(group_name=GROUP, deps=[tokenizer], kinds={"python"})
+def token_shards(context: AssetExecutionContext, job_spec: JobSpecResource,
+                 store: ObjectStoreResource) -> MaterializeResult:
+    """Fixed-size shards of token ids (uint16 when the vocabulary fits), each with SHA-256."""
+    job = job_spec.load()
+    receipt = pipeline.shards_stage(job, store.open(), progress=LogProgress(context))
+    return MaterializeResult(metadata={
+        "mix_key": receipt.mix_key, "dtype": receipt.dtype, "shard_tokens": receipt.capacity,
+        "shards": sum(len(v) for v in receipt.shards.values()),
+        "tokens_per_source": MetadataValue.json({
+            s: {"train": receipt.tokens(s, "train"), "heldout": receipt.tokens(s, "heldout")}
+            for s in receipt.shards}),
+        "tokens": sum(e.tokens for v in receipt.shards.values() for e in v),
+    })
+
+
+@asset(group_name=GROUP, deps=[token_shards], kinds={"python"})
+def data_mix(context: AssetExecutionContext, job_spec: JobSpecResource,
+             store: ObjectStoreResource) -> Output[MixRef]:
+    """The published mix: manifest (written last) + the pre-shuffled global sample index."""
+    job = job_spec.load()
+    target = store.open()
+    manifest = pipeline.publish_stage(job, target, progress=LogProgress(context))
+    ref = MixRef(store_uri=target.uri, key=manifest.key, endpoint_url=store.endpoint_url)
+    return Output(ref, metadata={
+        "mix_key": manifest.key, "manifest": MetadataValue.path(target.uri_of(f"data/{manifest.key}/manifest.json")),
+        "samples": manifest.sample_index.samples, "seq_len": manifest.seq_len,
+        "train_tokens": manifest.train_tokens,
+        "sources": MetadataValue.md(_table(
+            ["source", "weight", "train tokens", "held-out tokens", "shards", "samples", "epochs"],
+            [[s.name, s.weight, s.train_tokens, s.heldout_tokens, len(s.shards), s.samples, s.epochs]
+             for s in manifest.sources])),
+    })
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

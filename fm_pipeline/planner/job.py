@@ -12,6 +12,10 @@ best alternatives would gain. Nothing here launches anything.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from fm_pipeline.planner.cluster import cluster_from_spec
 from fm_pipeline.planner.estimate import estimate
 from fm_pipeline.planner.layout import Layout
@@ -84,3 +88,13 @@ def _headline(m: dict) -> dict:
     keys = ("step_time_s", "tokens_per_s", "mfu", "memory_gib_per_gpu", "bubble_fraction",
             "exposed_comm_fraction")
     return {k: m[k] for k in keys}
+
+
+def save_plan(plan: dict, path: str | Path) -> Path:
+    """Write the plan as JSON atomically (temp file + rename): readers never see half a plan."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(plan, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    return path

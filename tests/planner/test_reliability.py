@@ -1,0 +1,70 @@
+"""Checkpoint interval (Young/Daly), MTBF, goodput, time and cost."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fm_pipeline.planner.cluster import make_cluster
+from fm_pipeline.planner.cost import training_cost
+from fm_pipeline.planner.reliability import daly_interval, job_mtbf_s, reliability, young_interval
+
+
+def test_young_interval_is_sqrt_2_delta_m():
+    assert young_interval(60, 86400) == pytest.approx(math.sqrt(2 * 60 * 86400))
+
+
+def test_daly_matches_his_higher_order_formula_and_tends_to_young():
+    d, m = 300.0, 3600.0
+    x = d / (2 * m)
+    assert daly_interval(d, m) == pytest.approx(math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d)
+    assert daly_interval(1.0, 1e7) == pytest.approx(young_interval(1.0, 1e7), rel=1e-3)
+    assert daly_interval(5000, 2000) == 2000  # checkpointing costs more than 2 MTBFs: save once per M
+
+
+def test_job_mtbf_shrinks_with_node_count():
+    assert job_mtbf_s(nodes=1, node_failure_rate_per_day=1.0) == 86400
+    assert job_mtbf_s(nodes=2048, node_failure_rate_per_day=0.01) == pytest.approx(86400 / 20.48)
+    assert math.isinf(job_mtbf_s(nodes=8, node_failure_rate_per_day=0))
+
+
+def test_llama3_failure_rate_gives_hours_of_mtbf_and_over_90_percent_goodput():
+    # Llama 3: 419 unexpected interruptions in 54 days on 16,384 GPUs (2,048 nodes) and
+    # "higher than 90% effective training time"; Tectonic sustains 2 TB/s of writes.
+    rate = 419 / 54 / 2048
+    cluster = make_cluster("h100", node_failure_rate_per_day=rate, storage_write_gbps=2000)
+    rel = reliability(params=405e9, gpus=16384, cluster=cluster, step_time_s=6.0)
+    assert rel.job_mtbf_h == pytest.approx(54 * 24 / 419, rel=1e-6)
+    assert rel.expected_failures_per_day == pytest.approx(419 / 54)
+    assert 0.9 < rel.goodput < 0.97
+    assert rel.checkpoint_gb == pytest.approx(405e9 * 12 / 1e9)
+
+
+def test_more_failures_mean_shorter_intervals_and_less_goodput():
+    base = dict(params=70e9, gpus=1024, step_time_s=2.0)
+    calm = reliability(cluster=make_cluster("h100", node_failure_rate_per_day=0.001), **base)
+    busy = reliability(cluster=make_cluster("h100", node_failure_rate_per_day=0.01), **base)
+    assert busy.interval_s < calm.interval_s and busy.goodput < calm.goodput
+
+
+def test_sync_checkpoints_block_on_storage_and_async_ones_on_the_host_copy():
+    cluster = make_cluster("h100", storage_write_gbps=10, node_failure_rate_per_day=0.005)
+    sync = reliability(params=70e9, gpus=1024, cluster=cluster, step_time_s=2.0, async_save=False)
+    quick = reliability(params=70e9, gpus=1024, cluster=cluster, step_time_s=2.0, async_save=True)
+    assert sync.checkpoint_blocking_s == pytest.approx(70e9 * 12 / 10e9)
+    assert quick.checkpoint_blocking_s < sync.checkpoint_blocking_s / 1000
+    assert quick.interval_s >= quick.checkpoint_write_s  # a save must land before the next starts
+    assert quick.goodput > sync.goodput
+
+
+def test_cost_is_gpu_hours_times_price_plus_checkpoint_storage():
+    cluster = make_cluster("h100", dollars_per_gpu_hour=2.0, node_failure_rate_per_day=0.0)
+    rel = reliability(params=8e9, gpus=64, cluster=cluster, step_time_s=1.0)
+    cost = training_cost(training_tokens=1e12, tokens_per_step=2**20, step_time_s=1.0, gpus=64,
+                         cluster=cluster, reliability=rel)
+    steps = math.ceil(1e12 / 2**20)
+    assert cost.steps == steps
+    assert cost.gpu_hours == pytest.approx(64 * steps / 3600 / rel.goodput)
+    assert cost.dollars == pytest.approx(cost.gpu_hours * 2.0 + cost.checkpoint_storage_dollars)
+    assert cost.dollars_per_million_tokens == pytest.approx(cost.dollars / 1e6)

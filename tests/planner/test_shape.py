@@ -1,0 +1,69 @@
+"""Parameter counts and FLOPs per token against the closed forms in the literature."""
+
+from __future__ import annotations
+
+import pytest
+
+from fm_pipeline.model import count_params, flops_per_token, get_model_config, model_names
+from fm_pipeline.planner.errors import PlanInputError
+from fm_pipeline.planner.shape import GPT_SIZES, ModelShape, default_ffn, named_shape
+
+
+def narayanan_params(l, h, V, s):
+    """Narayanan et al. 2021, eq. (2)."""
+    return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+
+
+def test_gpt3_175b_parameters_match_the_closed_form():
+    shape = named_shape("gpt3-175b")
+    p = shape.params()
+    # eq. (2) leaves out the final LayerNorm; everything else matches to the parameter.
+    assert p.total - p.final_norm == pytest.approx(narayanan_params(96, 12288, 50257, 2048), rel=1e-12)
+    assert 174.5e9 < p.total < 174.7e9  # "175B"
+
+
+def test_gpt3_flops_per_token_match_narayanan_eq_7():
+    shape = named_shape("gpt3-175b")
+    l, h, V, s = 96, 12288, 50257, 2048
+    closed = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))  # per token, no recompute
+    assert shape.model_flops_per_token() == pytest.approx(closed, rel=2e-4)
+    assert shape.model_flops_per_token() == pytest.approx(6 * shape.params().total, rel=0.05)
+
+
+@pytest.mark.parametrize("name", [n for n in GPT_SIZES if n.startswith("megatron-") and n != "megatron-22b"])
+def test_megatron_table_1_sizes_give_the_published_parameter_counts(name):
+    published = {"1.7b": 1.7, "3.6b": 3.6, "7.5b": 7.5, "18.4b": 18.4, "39.1b": 39.1,
+                 "76.1b": 76.1, "145.6b": 145.6, "175b": 174.6, "310.1b": 310.1,
+                 "529.6b": 529.6, "1t": 1008.0}[name.removeprefix("megatron-")]
+    assert named_shape(name).params().total / 1e9 == pytest.approx(published, abs=0.06)
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_llama_shapes_count_exactly_what_the_trainer_builds(name):
+    cfg = get_model_config(name)
+    shape = named_shape(name, seq_len=cfg.max_seq_len)
+    assert shape.params().total == count_params(cfg).total
+    assert shape.model_flops_per_token() == flops_per_token(cfg, cfg.max_seq_len)
+
+
+def test_llama3_405b_budget_matches_the_papers_training_flops():
+    # Llama 3 paper: 405B parameters, 15.6T tokens, 3.8e25 FLOPs (6 N D).
+    shape = named_shape("llama3-405b", seq_len=8192)
+    assert 6 * shape.params().total * 15.6e12 == pytest.approx(3.8e25, rel=0.01)
+    # Attention over 8K tokens adds 12 L h s per token, about 8% on top of 6 N.
+    assert 1.07 < shape.model_flops_per_token() / (6 * shape.params().total) < 1.09
+
+
+def test_default_ffn_follows_llama_and_gpt_rules():
+    assert default_ffn(4096, "swiglu") == 11008  # Llama 2 7B
+    assert default_ffn(12288, "gelu") == 4 * 12288
+
+
+def test_bad_shapes_name_the_field():
+    with pytest.raises(PlanInputError, match="kv_heads") as e:
+        ModelShape(layers=2, hidden=64, heads=8, kv_heads=3, ffn=128, vocab=100, seq_len=16)
+    assert e.value.flag == "--kv-heads"
+    with pytest.raises(PlanInputError, match="heads"):
+        ModelShape(layers=2, hidden=100, heads=8, kv_heads=8, ffn=128, vocab=100, seq_len=16)
+    with pytest.raises(PlanInputError, match="model: unknown model 'gpt-9'"):
+        named_shape("gpt-9")

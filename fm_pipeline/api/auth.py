@@ -124,11 +124,13 @@ def redact(text: str) -> str:
 
 
 class RedactSecrets(logging.Filter):
-    """A logging filter that masks tokens in every record's formatted message."""
+    """A logging filter that masks tokens in every record's message and arguments."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        clean = redact(message)
-        if clean != message:
-            record.msg, record.args = clean, None
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):  # formatters (uvicorn's access log) unpack these
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: redact(v) if isinstance(v, str) else v for k, v in record.args.items()}
         return True

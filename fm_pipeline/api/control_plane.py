@@ -321,11 +321,18 @@ class ControlPlane:
             "runs": len(runs),
         }
 
-    def _checkpoint_location(self, job_id: str, wanted: str) -> str:
+    def _checkpoint_location(self, job_id: str, wanted: str) -> str | None:
         committed = [c for c in progress.checkpoints(job_id, self._object_store()) if c.committed]
         for c in committed:
             if wanted in (c.location, f"step-{c.step:08d}", str(c.step)):
-                return c.location
+                if getattr(self.orchestrator, "supports_resume_from", True):
+                    return c.location
+                if c.step != committed[0].step:
+                    raise FieldError([("checkpoint", (
+                        f"this deployment restarts from the newest valid checkpoint only "
+                        f"(step-{committed[0].step:08d}); omit checkpoint or name that one"
+                    ))])
+                return None  # the newest: what the orchestrator restores anyway
         known = ", ".join(f"step-{c.step:08d}" for c in committed) or "none yet"
         raise FieldError([("checkpoint", (
             f"{wanted!r} is not a committed checkpoint of job {job_id} (committed: {known})"

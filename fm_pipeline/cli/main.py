@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from fm_pipeline.cli import ckpt as ckpt_cli
+from fm_pipeline.cli import api as api_cli
 from fm_pipeline.cli import data as data_cli
 from fm_pipeline.cli import demo as demo_cli
 from fm_pipeline.cli import k8s as k8s_cli
@@ -23,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(ckpt_cli.app, name="ckpt", help="List, validate, drill, export and retain checkpoints.")
+app.add_typer(api_cli.app, name="api", help="The training-jobs REST API and its tenants.")
 app.add_typer(data_cli.app, name="data", help="Prepare and inspect the training data mix.")
 app.add_typer(k8s_cli.app, name="k8s", help="Kubernetes JobSet manifests for a segment.")
 app.add_typer(plan_cli.app, name="plan", help="Plan layout, memory, MFU, reliability and cost.")

@@ -1,0 +1,143 @@
+"""`fm api`: the training-jobs REST control plane, its tokens, and its Kueue objects.
+
+    fm api token issue --tenant research        # prints a new token once (only its hash is kept)
+    fm api serve                                # http://127.0.0.1:8600, embedded defaults
+    fm api kueue render --tenants configs/tenants.yaml --out .fm/kueue
+
+`serve` uses configs/tenants.yaml, the FM_HOME object store and queue database, and the
+local orchestrator (torchrun segments on this machine). Logs never show tokens: every
+handler masks anything that looks like one.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import typer
+import yaml
+from rich.console import Console
+
+from fm_pipeline.cli.errors import user_errors
+
+app = typer.Typer(no_args_is_help=True)
+token_app = typer.Typer(no_args_is_help=True)
+kueue_app = typer.Typer(no_args_is_help=True)
+app.add_typer(token_app, name="token", help="Issue, list and revoke API tokens.")
+app.add_typer(kueue_app, name="kueue", help="Kueue objects for the tenants config.")
+console = Console(stderr=True)
+DEFAULT_PORT = 8600
+
+
+@app.callback()
+def api() -> None:
+    """The training-jobs REST API: tenants, fair share, priorities, preemption."""
+
+
+def _log_config() -> dict:
+    import uvicorn.config
+
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["filters"] = {"redact": {"()": "fm_pipeline.api.auth.RedactSecrets"}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact"]
+    config["loggers"]["fm_pipeline"] = {"handlers": ["default"], "level": "INFO",
+                                        "propagate": False}
+    return config
+
+
+@app.command("serve")
+@user_errors
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(DEFAULT_PORT, "--port"),
+    tenants: Path = typer.Option(None, "--tenants", help="tenants YAML (default: embedded)"),
+    max_body_bytes: int = typer.Option(64 * 1024, "--max-body-bytes", min=1024),
+    tick_s: float = typer.Option(2.0, "--tick-s", min=0.1, help="seconds between reconciles"),
+) -> None:
+    """Serve the API (OpenAPI at /openapi.json, docs at /docs)."""
+    import uvicorn
+
+    from fm_pipeline.api.app import create_app
+    from fm_pipeline.api.auth import TokenStore
+    from fm_pipeline.api.control_plane import ControlPlane
+    from fm_pipeline.api.local_orchestrator import LocalOrchestrator
+    from fm_pipeline.api.store import JobStore
+    from fm_pipeline.scheduling import load_tenants
+
+    config = load_tenants(tenants)
+    tokens = TokenStore()
+    plane = ControlPlane(tenants=config, orchestrator=LocalOrchestrator(), store=JobStore())
+    issued = tokens.entries()
+    console.print(
+        f"fm-pipeline control plane on [bold]http://{host}:{port}[/] "
+        f"(tenants {', '.join(config.tenant_names)}; pool {config.pool['gpu']} GPUs; "
+        f"{len(issued)} API token(s))", highlight=False)
+    if not issued:
+        console.print("no API tokens yet: `fm api token issue --tenant NAME` (or --admin)")
+    uvicorn.run(create_app(plane, tokens, max_body_bytes=max_body_bytes, tick_s=tick_s),
+                host=host, port=port, log_config=_log_config())
+
+
+@token_app.command("issue")
+@user_errors
+def issue(
+    tenant: str = typer.Option(None, "--tenant", help="the tenant the token acts for"),
+    admin: bool = typer.Option(False, "--admin", help="a token that acts on every job"),
+    tenants: Path = typer.Option(None, "--tenants", help="tenants YAML (default: embedded)"),
+) -> None:
+    """Print a new token (shown once: only its SHA-256 is stored)."""
+    from fm_pipeline.api.auth import TokenStore
+    from fm_pipeline.scheduling import load_tenants
+
+    if admin == (tenant is not None):
+        raise ValueError("give exactly one of --tenant NAME or --admin")
+    if tenant is not None and tenant not in load_tenants(tenants).tenant_names:
+        raise ValueError(f"unknown tenant {tenant!r}; tenants: "
+                         f"{', '.join(load_tenants(tenants).tenant_names)}")
+    token_id, token = TokenStore().issue(tenant=tenant)
+    console.print(f"token {token_id} for {'admin' if admin else 'tenant ' + tenant} "
+                  "(shown once; keep it secret):", highlight=False)
+    print(token)
+
+
+@token_app.command("list")
+def list_tokens() -> None:
+    """Token ids and their tenants (never the tokens or hashes)."""
+    from fm_pipeline.api.auth import TokenStore
+
+    for entry in TokenStore().entries():
+        print(f"{entry['id']}\t{entry['tenant'] or '(admin)'}")
+
+
+@token_app.command("revoke")
+@user_errors
+def revoke(token_id: str = typer.Argument(..., help="the id from `fm api token list`")) -> None:
+    from fm_pipeline.api.auth import TokenStore
+
+    if not TokenStore().revoke(token_id):
+        raise ValueError(f"no token {token_id}")
+    console.print(f"revoked {token_id}")
+
+
+@kueue_app.command("render")
+@user_errors
+def kueue_render(
+    tenants: Path = typer.Option(None, "--tenants", help="tenants YAML (default: embedded)"),
+    out: Path = typer.Option(..., "--out", help="directory for the manifests"),
+) -> None:
+    """Write Namespaces, Topology, ResourceFlavor, WorkloadPriorityClasses, Cohort,
+    ClusterQueues and LocalQueues, each validated strictly before anything is written."""
+    from fm_pipeline.scheduling import load_tenants
+    from fm_pipeline.scheduling.kueue import render_kueue
+
+    objs = render_kueue(load_tenants(tenants))
+    out.mkdir(parents=True, exist_ok=True)
+    for i, obj in enumerate(objs):
+        path = out / f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
+    console.print(f"wrote {len(objs)} objects to {out} (apply with `kubectl apply -f {out}`)")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,148 @@
+"""Failure modes of a training cluster and their published rates.
+
+    from fm_pipeline.sim.failures import llama3_failure_modes
+    modes = llama3_failure_modes()            # 18 root causes of Llama 3 405B's interruptions
+    sum(m.expected_count(n_gpus=16384, gpus_per_node=8, hours=54 * 24) for m in modes)  # 419
+
+A mode's rate is per *unit* and hour: per GPU (HBM, SRAM, the GPU itself), per node (NIC,
+PSU, SSD, CPU, host maintenance; the fabric's switches and cables grow with the node
+count too), or per job (software bugs do not multiply with the GPU count). So the same
+modes scale to any job size.
+
+Source of the default rates: Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4,
+Table 5: root causes of the 419 unexpected interruptions of Llama 3 405B pre-training in
+a 54-day snapshot on 16,384 H100 GPUs (2,048 nodes of 8), plus 47 planned interruptions
+(automated maintenance). The counts are divided by the exposure (units x 54 days).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+UNITS = ("gpu", "node", "job")
+CATEGORIES = ("gpu", "host", "network", "software", "unknown", "maintenance")
+
+
+@dataclass(frozen=True)
+class FailureMode:
+    """One root cause: how often it strikes, how long until it is noticed, what it breaks.
+
+    `replace_node`: the node is taken out for repair and a spare (or a cold replacement)
+    must join before the job restarts. `planned`: announced in advance, so the job saves a
+    checkpoint first and loses no work (e.g. a scheduled firmware roll-out).
+    """
+
+    name: str
+    category: str
+    unit: str  # gpu | node | job
+    rate_per_unit_hour: float
+    detect_s: float = 60.0
+    replace_node: bool = True
+    planned: bool = False
+
+    def __post_init__(self) -> None:
+        if self.unit not in UNITS:
+            raise ValueError(f"failure mode {self.name!r}: unit must be one of {UNITS}")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"failure mode {self.name!r}: category must be one of {CATEGORIES}")
+        if self.rate_per_unit_hour < 0 or self.detect_s < 0:
+            raise ValueError(f"failure mode {self.name!r}: rate and detect_s must be >= 0")
+
+    def units(self, *, n_gpus: int, gpus_per_node: int) -> int:
+        if self.unit == "gpu":
+            return n_gpus
+        if self.unit == "node":
+            return -(-n_gpus // gpus_per_node)
+        return 1
+
+    def rate_per_hour(self, *, n_gpus: int, gpus_per_node: int) -> float:
+        """Arrivals per hour for a job of this size (a superposition of its units)."""
+        return self.rate_per_unit_hour * self.units(n_gpus=n_gpus, gpus_per_node=gpus_per_node)
+
+    def expected_count(self, *, n_gpus: int, gpus_per_node: int, hours: float) -> float:
+        return self.rate_per_hour(n_gpus=n_gpus, gpus_per_node=gpus_per_node) * hours
+
+    def scaled(self, factor: float) -> "FailureMode":
+        return replace(self, rate_per_unit_hour=self.rate_per_unit_hour * factor)
+
+
+# Llama 3 405B, Table 5: (component, category in the paper, count of 419, unit we scale
+# it by, needs a node swap). Categories are the paper's, mapped to ours.
+LLAMA3_TABLE5: tuple[tuple[str, str, int, str, bool], ...] = (
+    ("faulty_gpu", "gpu", 148, "gpu", True),
+    ("gpu_hbm3_memory", "gpu", 72, "gpu", True),
+    ("software_bug", "software", 54, "job", False),
+    ("network_switch_cable", "network", 35, "node", False),
+    ("host_maintenance", "maintenance", 32, "node", True),  # "unplanned maintenance"
+    ("gpu_sram_memory", "gpu", 19, "gpu", True),
+    ("gpu_system_processor", "gpu", 17, "gpu", True),
+    ("nic", "host", 7, "node", True),
+    ("nccl_watchdog_timeout", "unknown", 7, "node", False),
+    ("silent_data_corruption", "gpu", 6, "gpu", True),
+    ("gpu_thermal_interface_sensor", "gpu", 6, "gpu", True),
+    ("ssd", "host", 3, "node", True),
+    ("power_supply", "host", 3, "node", True),
+    ("server_chassis", "host", 2, "node", True),
+    ("io_expansion_board", "host", 2, "node", True),
+    ("dependency", "software", 2, "job", False),
+    ("cpu", "host", 2, "node", True),
+    ("system_memory", "host", 2, "node", True),
+)
+LLAMA3_PLANNED = 47
+LLAMA3_GPUS = 16_384
+LLAMA3_GPUS_PER_NODE = 8
+LLAMA3_DAYS = 54
+
+# How long until each kind of fault is noticed. A crash (Xid error, ECC, process exit) is
+# seen by the elastic agent within about a minute; a hang only when the collective
+# watchdog fires (torch's NCCL default is 10 minutes; large runs lower it).
+CRASH_DETECT_S = 60.0
+HANG_DETECT_S = 600.0
+_HANGS = {"network_switch_cable", "nccl_watchdog_timeout", "silent_data_corruption"}
+
+
+def llama3_failure_modes(*, hang_detect_s: float = HANG_DETECT_S,
+                         crash_detect_s: float = CRASH_DETECT_S,
+                         include_planned: bool = True) -> list[FailureMode]:
+    """The 18 root causes of Table 5 (and the planned interruptions) as per-unit rates."""
+    hours = LLAMA3_DAYS * 24
+    units = {"gpu": LLAMA3_GPUS, "node": LLAMA3_GPUS // LLAMA3_GPUS_PER_NODE, "job": 1}
+    modes = [
+        FailureMode(
+            name=name,
+            category=category,
+            unit=unit,
+            rate_per_unit_hour=count / (units[unit] * hours),
+            detect_s=hang_detect_s if name in _HANGS else crash_detect_s,
+            replace_node=swap,
+        )
+        for name, category, count, unit, swap in LLAMA3_TABLE5
+    ]
+    if include_planned:
+        modes.append(
+            FailureMode(
+                name="planned_maintenance",
+                category="maintenance",
+                unit="job",
+                rate_per_unit_hour=LLAMA3_PLANNED / hours,
+                detect_s=0.0,
+                replace_node=False,
+                planned=True,
+            )
+        )
+    return modes
+
+
+def single_mode(rate_per_gpu_hour: float, *, detect_s: float = CRASH_DETECT_S,
+                replace_node: bool = True) -> list[FailureMode]:
+    """One GPU failure mode at a given rate: for what-if sweeps and tests."""
+    return [FailureMode("gpu_failure", "gpu", "gpu", rate_per_gpu_hour, detect_s, replace_node)]
+
+
+def total_rate_per_hour(modes: list[FailureMode], *, n_gpus: int, gpus_per_node: int,
+                        unplanned_only: bool = False) -> float:
+    return sum(
+        m.rate_per_hour(n_gpus=n_gpus, gpus_per_node=gpus_per_node)
+        for m in modes
+        if not (unplanned_only and m.planned)
+    )

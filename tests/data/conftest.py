@@ -27,3 +27,23 @@ def text_dir(tmp_path):
     for i, doc in enumerate(docs):
         (root / f"doc{i}.txt").write_text(doc, encoding="utf-8")
     return root
+
+
+def make_job(sources: list[dict], *, seq_len: int = 16, vocab_size: int = 320, **data):
+    """A small job around `sources` (dicts of SourceSpec fields)."""
+    from fm_pipeline.data.testing import small_job
+
+    overrides = {"data.sources": sources, "training.seq_len": seq_len, "model.vocab_size": vocab_size,
+                 "data.min_chars": data.pop("min_chars", 8), "data.shard_tokens": data.pop("shard_tokens", 256)}
+    overrides.update({f"data.{k}": v for k, v in data.items()})
+    return small_job(**overrides)
+
+
+def copy_mix(mix, tmp_path):
+    """A private copy of a published mix (for tests that damage it)."""
+    from fm_pipeline.data import open_mix
+
+    store = open_store(tmp_path / "copy")
+    for info in mix.store.list(f"data/{mix.key}/"):
+        store.put_bytes(mix.store.get_bytes(info.key), info.key)
+    return open_mix(store, mix.key)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fm_pipeline.data import CorruptShardError, DataError, MixLoader, open_mix
-from fm_pipeline.storage import open_store
+from fm_pipeline.data import CorruptShardError, DataError, MixLoader
+from tests.data.conftest import copy_mix
 
 GBS, SEQ = 8, 32
 
@@ -107,10 +107,8 @@ def test_heldout_batches_are_fixed_and_per_source(small_mix):
 
 
 def test_corrupted_shard_surfaces_from_the_prefetch_thread(small_mix, tmp_path):
-    store = open_store(tmp_path / "store")
-    for info in small_mix.store.list(f"data/{small_mix.key}/"):
-        store.put_bytes(small_mix.store.get_bytes(info.key), info.key)
-    mix = open_mix(store, small_mix.key)
+    mix = copy_mix(small_mix, tmp_path)
+    store = mix.store
     victim = mix.manifest.sources[0].shards[0]
     data = bytearray(store.get_bytes(victim.key))
     data[10] ^= 0xFF

@@ -35,7 +35,7 @@ from fm_pipeline.sim.results import SimResult
 _EPS = 1e-9
 
 
-class _CountingEnvironment(simpy.Environment):
+class CountingEnvironment(simpy.Environment):
     """A SimPy environment that counts the events it processes (for the benchmark)."""
 
     events_processed = 0
@@ -69,7 +69,7 @@ class _Straggler:
 class _JobSim:
     def __init__(self, cfg: SimConfig):
         self.cfg = cfg
-        self.env = _CountingEnvironment()
+        self.env = CountingEnvironment()
         seeds = np.random.SeedSequence(cfg.seed).spawn(4)
         # Separate streams: changing the checkpoint policy or the straggler model keeps
         # the same failure arrivals (common random numbers make sweeps smooth).

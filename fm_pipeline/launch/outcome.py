@@ -179,9 +179,15 @@ _NO_TRACEBACK = "To enable traceback see"
 def parse_torchrun_summary(text: str, *, source: str) -> FailureEvidence | None:
     """The "Root Cause (first observed failure)" block torchrun prints when a worker fails."""
     blocks = _ROOT_CAUSE.findall(text)
-    if not blocks:
-        return None
-    block = blocks[-1]  # with --max-restarts, the last attempt decides
+    if blocks:
+        block = blocks[-1]  # with --max-restarts, the last attempt decides
+    else:
+        # A log tail (a termination message) may have lost the header: the root cause is
+        # printed last, so its fields are the last of their kind.
+        starts = [m.start() for m in _SUMMARY_RANK.finditer(text)]
+        if not starts or not _SUMMARY_CODE.search(text, starts[-1]):
+            return None
+        block = text[starts[-1]:].split("\n====")[0]
     rank = _SUMMARY_RANK.search(block)
     code = _SUMMARY_CODE.search(block)
     trace = _SUMMARY_TRACE.search(block)

@@ -108,10 +108,10 @@ def test_prestop_touches_the_preemption_flag_within_the_grace_period(two_nodes):
     container = _container(rendered)
     pod_spec = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     hook = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
-    assert 'touch "$FM_PREEMPT_FLAG"' in hook
+    assert 'touch "$FM_PREEMPT_FILE"' in hook
     grace = two_nodes.training.preemption_grace_s
     assert pod_spec["terminationGracePeriodSeconds"] > grace
-    assert _env(container)["FM_PREEMPT_FLAG"].startswith("/var/lib/fm/")
+    assert _env(container)["FM_PREEMPT_FILE"].startswith("/var/lib/fm/")
 
 
 def test_gpu_jobs_request_gpus_and_placement_reaches_kueue_and_jobset():

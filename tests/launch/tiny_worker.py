@@ -43,7 +43,7 @@ def crash_with_traceback(args) -> None:
 
 
 def wait_for_preemption(args) -> None:
-    flag = os.environ["FM_PREEMPT_FLAG"]
+    flag = os.environ["FM_PREEMPT_FILE"]
     stop = {"signal": None}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(signal="SIGTERM"))
     print(f"rank {RANK} ready", flush=True)

@@ -1,0 +1,387 @@
+"""Submit a rendered segment to Kubernetes, follow it to the end, delete it.
+
+    client = JobSetClient.from_kubeconfig()                 # or JobSetClient.in_cluster()
+    client.submit(rendered)                                  # JobSet, then ConfigMap + Service
+    followed = client.follow(rendered.name, rendered.namespace,
+                             on_leader_pod=lambda pod: print_logs(client, pod, ns))
+    result = segment_result(followed, launch)                # SegmentResult, as locally
+    client.delete(rendered.name, rendered.namespace)
+
+`follow` polls the JobSet, and each time a new node-rank-0 pod (the leader: global rank 0,
+the one that speaks Dagster Pipes) is running it calls `on_leader_pod` with its name; that
+call reads the pod's logs until the pod ends. A JobSet restart brings a new leader pod, so
+the reader re-attaches. Terminated containers' exit codes and termination messages are
+collected on the way: they are the failure evidence once the JobSet is over.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from fm_pipeline.launch.jobset import JOBSET_API, JOBSET_NAME_LABEL, RenderedSegment
+from fm_pipeline.launch.outcome import (
+    FailureEvidence,
+    Outcome,
+    SegmentResult,
+    outcome_of,
+    parse_error_record,
+    parse_torchrun_summary,
+)
+from fm_pipeline.launch.spec import SegmentLaunch
+
+log = logging.getLogger(__name__)
+GROUP, VERSION = JOBSET_API.split("/")
+PLURAL = "jobsets"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+
+class JobSetExists(ValueError):
+    """A JobSet of that name is already there (a segment is running, or was not deleted)."""
+
+
+class SegmentTimeout(TimeoutError):
+    pass
+
+
+@dataclass
+class JobSetStatus:
+    name: str
+    phase: str  # Pending, Suspended (queued by Kueue), Running, Completed, Failed, Deleted
+    restarts: int = 0
+    message: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Completed", "Failed", "Deleted")
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    pod: str
+    container_exit_code: int  # torchrun's: 1 for any worker failure, 137 if killed
+    evidence: FailureEvidence  # the worker's code and reason, when the message has them
+    restart_attempt: int = 0
+    finished_at: str = ""  # RFC 3339; the first pod to fail in an attempt is the cause
+
+    def order(self) -> tuple:
+        # Latest attempt last; within it the first to finish, then one whose message named
+        # the failing rank (torchrun's summary or a worker record) over a bare exit code.
+        return (-self.restart_attempt, self.finished_at, self.evidence.rank is None, self.pod)
+
+
+@dataclass
+class FollowResult:
+    status: JobSetStatus
+    duration_s: float
+    leader_pods: list[str] = field(default_factory=list)
+    failures: list[PodFailure] = field(default_factory=list)
+
+    def root_failure(self) -> PodFailure | None:
+        """The first pod to fail in the latest restart attempt."""
+        return min(self.failures, key=PodFailure.order) if self.failures else None
+
+
+def jobset_status(obj: dict | None, name: str) -> JobSetStatus:
+    if obj is None:
+        return JobSetStatus(name, "Deleted", message="the JobSet no longer exists")
+    status = obj.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []
+                  if c.get("status") == "True"}
+    restarts = int(status.get("restarts") or 0)
+    terminal = status.get("terminalState")
+    for phase in ("Completed", "Failed"):
+        if terminal == phase or phase in conditions:
+            message = (conditions.get(phase) or {}).get("message", "")
+            return JobSetStatus(name, phase, restarts, message)
+    if "Suspended" in conditions or (obj.get("spec") or {}).get("suspend"):
+        return JobSetStatus(name, "Suspended", restarts, "queued (suspended, e.g. by Kueue)")
+    active = sum(int(r.get("active") or 0) + int(r.get("ready") or 0)
+                 for r in status.get("replicatedJobsStatus") or [])
+    return JobSetStatus(name, "Running" if active else "Pending", restarts)
+
+
+class JobSetClient:
+    def __init__(self, api_client):
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_kubeconfig(cls, config_file: str | None = None, context: str | None = None):
+        from kubernetes import config
+
+        return cls(config.new_client_from_config(config_file=config_file, context=context))
+
+    @classmethod
+    def in_cluster(cls):
+        from kubernetes import client, config
+
+        config.load_incluster_config()
+        return cls(client.ApiClient())
+
+    # -- submit / delete --------------------------------------------------------------------
+
+    def submit(self, rendered: RenderedSegment) -> dict:
+        """Create the JobSet, then its ConfigMap and Service owned by it (deleted with it).
+        Nothing is left behind if any create fails."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns = rendered.namespace
+        try:
+            jobset = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, rendered.jobset, field_validation="Strict")
+        except ApiException as e:
+            if e.status == 409:
+                raise JobSetExists(
+                    f"JobSet {rendered.name!r} already exists in namespace {ns!r}: delete it "
+                    "(or wait for it) before launching this segment again") from None
+            raise
+        owner = {"apiVersion": JOBSET_API, "kind": "JobSet", "name": rendered.name,
+                 "uid": jobset["metadata"]["uid"], "controller": False,
+                 "blockOwnerDeletion": False}
+        try:
+            for obj in (rendered.config_map, rendered.service):
+                body = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}}
+                create = (self.core.create_namespaced_config_map if obj["kind"] == "ConfigMap"
+                          else self.core.create_namespaced_service)
+                create(ns, body, field_validation="Strict")
+        except BaseException:
+            self.delete(rendered.name, ns)
+            raise
+        return jobset
+
+    def delete(self, name: str, namespace: str) -> bool:
+        """Delete the JobSet (foreground: its Jobs and pods first) and its ConfigMap/Service.
+        Returns False if there was no JobSet."""
+        from kubernetes.client import V1DeleteOptions
+        from kubernetes.client.exceptions import ApiException
+
+        existed = True
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name,
+                body=V1DeleteOptions(propagation_policy="Foreground"))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            existed = False
+        # Owner references make these go too; deleting them here does not depend on the GC.
+        for delete, obj_name in ((self.core.delete_namespaced_config_map, f"{name}-job"),
+                                 (self.core.delete_namespaced_service, name)):
+            try:
+                delete(obj_name, namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        return existed
+
+    # -- observe ----------------------------------------------------------------------------
+
+    def get(self, name: str, namespace: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def status(self, name: str, namespace: str) -> JobSetStatus:
+        return jobset_status(self.get(name, namespace), name)
+
+    def pods(self, name: str, namespace: str, *, node_rank: int | None = None) -> list:
+        selector = f"{JOBSET_NAME_LABEL}={name}"
+        if node_rank is not None:
+            selector += f",{COMPLETION_INDEX_LABEL}={node_rank}"
+        return self.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+    def leader_pod(self, name: str, namespace: str):
+        """Node rank 0 of the newest restart attempt (None before the pods exist)."""
+        pods = [p for p in self.pods(name, namespace, node_rank=0)
+                if p.metadata.deletion_timestamp is None]
+        if not pods:
+            return None
+        return max(pods, key=lambda p: (int((p.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, 0)),
+                                        p.metadata.creation_timestamp or 0))
+
+    def log_lines(self, pod: str, namespace: str, *, follow: bool = True) -> Iterator[str]:
+        """The pod's log, line by line, following it until the container ends."""
+        response = self.core.read_namespaced_pod_log(pod, namespace, follow=follow,
+                                                     _preload_content=False)
+        pending = b""
+        try:
+            for chunk in response.stream(amt=4096, decode_content=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", errors="replace")
+            if pending:
+                yield pending.decode("utf-8", errors="replace")
+        finally:
+            response.release_conn()
+
+    def follow(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        on_leader_pod: Callable[[str], None] | None = None,
+        on_status: Callable[[JobSetStatus], None] | None = None,
+        poll_s: float = 5.0,
+        timeout_s: float | None = None,
+    ) -> FollowResult:
+        """Block until the JobSet completes, fails or disappears (see the module docstring)."""
+        started = time.monotonic()
+        attached: list[str] = []
+        watch = PodFailureWatch(self, name, namespace)
+        watch.start()
+        last_phase = None
+        try:
+            while True:
+                status = self.status(name, namespace)
+                if on_status and (status.phase, status.restarts) != last_phase:
+                    on_status(status)
+                    last_phase = (status.phase, status.restarts)
+                if status.terminal:
+                    break
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    raise SegmentTimeout(f"JobSet {name} still {status.phase} after {timeout_s:g} s")
+                leader = self.leader_pod(name, namespace) if on_leader_pod else None
+                phase = leader.status.phase if leader is not None and leader.status else None
+                if leader is not None and leader.metadata.name not in attached and phase in (
+                        "Running", "Succeeded", "Failed"):
+                    attached.append(leader.metadata.name)
+                    on_leader_pod(leader.metadata.name)  # returns when the pod's log ends
+                    continue
+                time.sleep(poll_s)
+        finally:
+            watch.stop()
+        for pod in self.pods(name, namespace):  # anything the watch has not delivered yet
+            watch.record(pod)
+        return FollowResult(status=status, duration_s=time.monotonic() - started,
+                            leader_pods=attached, failures=watch.failures())
+
+
+class PodFailureWatch:
+    """Watches the JobSet's pods and keeps every container that ended non-zero.
+
+    A watch, not polling: on a failure the JobSet controller deletes all pods to restart,
+    and the cause (exit code, termination message) goes with them unless it was seen.
+    """
+
+    # Each watch request ends after this long; stop() lets the current one finish, so
+    # events already on their way (the last pods' failures) are not dropped.
+    WINDOW_S = 2
+
+    def __init__(self, client: JobSetClient, name: str, namespace: str):
+        self.client = client
+        self.namespace = namespace
+        self.selector = f"{JOBSET_NAME_LABEL}={name}"
+        self._failures: dict[tuple[str, str], PodFailure] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=self.WINDOW_S + 1)
+
+    def failures(self) -> list[PodFailure]:
+        with self._lock:
+            return list(self._failures.values())
+
+    def record(self, pod) -> None:
+        statuses = (pod.status.container_statuses or []) if pod.status else []
+        for cs in statuses:
+            terminated = cs.state.terminated if cs.state else None
+            key = (pod.metadata.name, cs.name)
+            if terminated is None or terminated.exit_code == 0:
+                continue
+            with self._lock:
+                if key in self._failures:
+                    continue
+                labels = pod.metadata.labels or {}
+                finished = terminated.finished_at
+                self._failures[key] = PodFailure(
+                    pod=pod.metadata.name, container_exit_code=terminated.exit_code,
+                    evidence=container_failure(pod.metadata.name, terminated.exit_code,
+                                               terminated.message or "", terminated.reason),
+                    restart_attempt=int(labels.get(RESTART_ATTEMPT_LABEL, 0)),
+                    finished_at=finished.isoformat() if finished else "")
+
+    def _run(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        resource_version = None
+        while not self._stopped.is_set():
+            kwargs = {"label_selector": self.selector, "timeout_seconds": self.WINDOW_S}
+            if resource_version:
+                kwargs["resource_version"] = resource_version
+            try:
+                for event in watch.Watch().stream(self.client.core.list_namespaced_pod,
+                                                  self.namespace, **kwargs):
+                    pod = event["object"]
+                    resource_version = pod.metadata.resource_version or resource_version
+                    self.record(pod)
+            except ApiException as e:
+                if e.status == 410:  # too old: start again from the current state
+                    resource_version = None
+                    continue
+                log.warning("pod watch for %s: %s", self.selector, e)
+                self._stopped.wait(1.0)
+            except Exception as e:  # connection dropped: the next window reconnects
+                log.warning("pod watch for %s: %s", self.selector, e)
+                self._stopped.wait(1.0)
+
+
+def container_failure(pod: str, exit_code: int, message: str,
+                      reason: str | None = None) -> FailureEvidence:
+    """A terminated container: torchrun's exit code, and the worker's, if its message says."""
+    source = f"pod {pod} termination message"
+    evidence = (parse_error_record(message, source=source)
+                or parse_torchrun_summary(message, source=source))
+    if evidence is None:
+        last = message.strip().splitlines()[-1] if message.strip() else (reason or "no message")
+        evidence = FailureEvidence(source, reason=last)
+    if evidence.exit_code is None:
+        # Only torchrun's own code is known; 137 = SIGKILL (e.g. OOMKilled, node lost).
+        evidence = FailureEvidence(evidence.source, exit_code=exit_code,
+                                   reason=evidence.reason or reason, rank=evidence.rank,
+                                   traceback=evidence.traceback)
+    return evidence
+
+
+def segment_result(followed: FollowResult, launch: SegmentLaunch) -> SegmentResult:
+    """The same SegmentResult the local launcher gives, from what `follow` saw."""
+    status = followed.status
+    common = dict(job=launch.job.name, end_step=launch.end_step,
+                  duration_s=round(followed.duration_s, 3))
+    if status.phase == "Completed":
+        return SegmentResult(outcome=Outcome.SUCCEEDED, exit_code=0, torchrun_exit_code=0,
+                             reason=f"reached end step after {status.restarts} JobSet restart(s)",
+                             **common)
+    if not followed.failures:
+        return SegmentResult(outcome=Outcome.FAILED, exit_code=1, torchrun_exit_code=1,
+                             reason=f"JobSet {status.phase.lower()}: {status.message or 'no pod failure recorded'}",
+                             evidence="JobSet status", **common)
+    last = followed.root_failure()
+    root = last.evidence
+    reason = root.reason or f"JobSet {status.phase.lower()}"
+    if status.restarts:
+        reason += f" (after {status.restarts} JobSet restart(s))"
+    return SegmentResult(outcome=outcome_of(root.exit_code), exit_code=root.exit_code,
+                         reason=reason, torchrun_exit_code=last.container_exit_code,
+                         failed_rank=root.rank, traceback=root.traceback,
+                         evidence=root.source, **common)

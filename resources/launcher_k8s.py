@@ -1,0 +1,110 @@
+"""KubernetesLauncher: training segments as JobSets, with rank 0's Pipes messages from pod logs.
+
+    launcher = KubernetesLauncher(store_uri="s3://bucket/fm", kubeconfig_file="~/.kube/config")
+    run = launcher.launch_segment(context, job=job, end_step=20, placement=plan_placement)
+
+Same call and results as LocalLauncher. It opens a Pipes session whose context travels in
+the pods' env (PipesEnvContextInjector) and whose messages rank 0 writes to stderr, renders
+and submits the segment (fm_pipeline.launch.jobset, k8s_client), and follows it: each
+leader pod's log is read by dagster-k8s's PipesK8sPodLogsMessageReader, re-attaching to the
+new leader after a JobSet restart. A cancelled run (or a timeout) deletes the JobSet; a
+finished one is deleted unless `delete_on_completion` is off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import (
+    ConfigurableResource,
+    PipesClientCompletedInvocation,
+    PipesEnvContextInjector,
+    open_pipes_session,
+)
+from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
+from pydantic import Field
+
+from fm_pipeline.config import JobSpec
+from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
+from fm_pipeline.launch.k8s_client import JobSetClient, segment_result
+from fm_pipeline.launch.pod import Placement
+from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
+from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
+
+
+class KubernetesLauncher(ConfigurableResource):
+    """Runs each segment as a JobSet (one Indexed Job, a pod per node), queued by Kueue."""
+
+    store_uri: str = Field(description="object store every pod shares: s3://bucket/prefix")
+    kubeconfig_file: str | None = Field(default=None, description="default: ~/.kube/config")
+    kube_context: str | None = None
+    in_cluster: bool = Field(default=False, description="use the pod's service account")
+    namespace: str | None = Field(default=None, description="default: job.cluster.namespace")
+    image: str | None = Field(default=None, description="default: job.cluster.image")
+    s3_endpoint_url: str | None = None
+    credentials_secret: str | None = Field(default=None, description="Secret with AWS_* keys")
+    service_account: str | None = None
+    max_restarts: int = Field(default=3, ge=0, description="JobSet restarts beyond node loss")
+    trainer_module: str = TRAINER_MODULE
+    poll_interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float | None = Field(default=None, description="delete the JobSet after this")
+    delete_on_completion: bool = True
+
+    def jobset_client(self) -> JobSetClient:
+        if self.in_cluster:
+            return JobSetClient.in_cluster()
+        return JobSetClient.from_kubeconfig(self.kubeconfig_file, self.kube_context)
+
+    def launch_segment(
+        self,
+        context,
+        *,
+        job: JobSpec,
+        end_step: int,
+        overrides: Sequence[str] = (),
+        extras: Mapping[str, Any] | None = None,
+        placement: Placement | None = None,
+    ) -> SegmentRun:
+        """Train `job` up to `end_step` on the cluster; raises dagster.Failure (metadata:
+        outcome, exit_code, failed_rank, reason) unless the JobSet completed."""
+        launch = SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
+                               overrides=tuple(overrides))
+        client = self.jobset_client()
+        reader = PipesK8sPodLogsMessageReader()
+        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),
+                                message_reader=reader, extras=dict(extras or {})) as session:
+            rendered = render_segment(launch, KubernetesTarget(
+                store_uri=self.store_uri, s3_endpoint_url=self.s3_endpoint_url,
+                credentials_secret=self.credentials_secret, image=self.image,
+                namespace=self.namespace, max_restarts=self.max_restarts,
+                service_account=self.service_account, placement=placement or Placement(),
+                extra_env=session.get_bootstrap_env_vars(),
+            ))
+            name, ns = rendered.name, rendered.namespace
+            client.submit(rendered)
+            context.log.info(f"submitted JobSet {ns}/{name} ({job.parallelism.nnodes} nodes)")
+
+            def read_leader(pod: str) -> None:
+                context.log.info(f"reading rank 0 from pod {pod}")
+                reader.consume_pod_logs(context=context, core_api=client.core, pod_name=pod,
+                                        namespace=ns)
+
+            try:
+                followed = client.follow(
+                    name, ns, on_leader_pod=read_leader, poll_s=self.poll_interval_s,
+                    timeout_s=self.timeout_s,
+                    on_status=lambda s: context.log.info(
+                        f"JobSet {name}: {s.phase}, {s.restarts} restart(s) {s.message}"),
+                )
+            except BaseException:
+                # Cancelled run, timeout, lost API server: nothing may keep running unowned.
+                client.delete(name, ns)
+                raise
+            if self.delete_on_completion:
+                client.delete(name, ns)
+        result = segment_result(followed, launch)
+        context.log.info(f"segment {job.name} -> step {end_step}: {result.outcome.value}")
+        if not result.ok:
+            raise segment_failure(result)
+        return SegmentRun(result=result, pipes=PipesClientCompletedInvocation(session))

@@ -1,0 +1,310 @@
+"""A TEST DOUBLE of the kube-apiserver: only the endpoints JobSetClient calls, on 127.0.0.1.
+
+No kube-apiserver can be installed here (no PyPI/npm/Debian package ships one), so the
+client is tested against this: real HTTP, the kubernetes python client's real requests,
+JSON shaped like the API server's. It has no controllers: the test plays the JobSet
+controller and the kubelet (creating pods, writing their logs, terminating them).
+
+Endpoints: JobSet create/get/delete; ConfigMap and Service create/delete; pod list and
+watch by label selector; pod log (with follow: the response stays open until the pod
+terminates).
+Every request is recorded in `requests` as (method, path, query).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+from tests.conftest import free_port
+
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubeApiDouble:
+    def __init__(self):
+        self.lock = threading.Condition()
+        self.jobsets: dict[tuple[str, str], dict] = {}
+        self.core: dict[tuple[str, str, str], dict] = {}  # (kind plural, ns, name)
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.pod_events: list[dict] = []  # watch events; resourceVersion = index + 1
+        self.logs: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self.requests: list[tuple[str, str, dict]] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> KubeApiDouble:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            for pod in self.pods.values():  # release followers still streaming
+                pod["status"]["phase"] = pod["status"].get("phase") or "Failed"
+            self.lock.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- the test plays the JobSet controller and the kubelet ------------------------------
+
+    def _pod_event(self, kind: str, pod: dict) -> None:
+        pod["metadata"]["resourceVersion"] = str(len(self.pod_events) + 1)
+        self.pod_events.append({"type": kind, "object": json.loads(json.dumps(pod))})
+        self.lock.notify_all()
+
+    def wait_for_log_reader(self, ns: str, pod: str, timeout_s: float = 30) -> None:
+        """Until a client has asked for this pod's log (a follower is attached)."""
+        path = f"/api/v1/namespaces/{ns}/pods/{pod}/log"
+        self.wait_until(lambda: any(p == path for _, p, _ in self.requests),
+                        f"a reader of {pod}'s log", timeout_s)
+
+    def wait_until(self, predicate, what: str, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while not predicate():
+                if not self.lock.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"never happened: {what}")
+
+    def wait_for_jobset(self, ns: str, name: str, timeout_s: float = 30) -> dict:
+        self.wait_until(lambda: (ns, name) in self.jobsets, f"JobSet {ns}/{name}", timeout_s)
+        return self.jobsets[(ns, name)]
+
+    def wait_for_segment(self, ns: str, name: str, timeout_s: float = 30):
+        """The JobSet and the ConfigMap and Service the client creates after it."""
+        self.wait_until(lambda: ("services", ns, name) in self.core,
+                        f"Service {ns}/{name}", timeout_s)
+        return (self.jobsets[(ns, name)], self.core[("configmaps", ns, f"{name}-job")],
+                self.core[("services", ns, name)])
+
+    def set_jobset_status(self, ns: str, name: str, **status) -> None:
+        with self.lock:
+            self.jobsets[(ns, name)]["status"] = status
+            self.lock.notify_all()
+
+    def add_pod(self, ns: str, name: str, *, labels: dict[str, str], phase: str = "Running") -> None:
+        with self.lock:
+            self.pods[(ns, name)] = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "labels": labels,
+                             "uid": str(uuid.uuid4()), "creationTimestamp": _now()},
+                "status": {"phase": phase, "containerStatuses": [{
+                    "name": "trainer", "image": "fm-pipeline:test", "imageID": "",
+                    "ready": phase == "Running", "restartCount": 0,
+                    "state": {"running": {"startedAt": _now()}}}]},
+            }
+            self.logs.setdefault((ns, name), [])
+            self._pod_event("ADDED", self.pods[(ns, name)])
+
+    def log(self, ns: str, pod: str, text: str) -> None:
+        with self.lock:
+            for line in text.splitlines():
+                self.logs[(ns, pod)].append((_now(), line))
+            self.lock.notify_all()
+
+    def terminate_pod(self, ns: str, pod: str, *, exit_code: int, message: str = "") -> None:
+        with self.lock:
+            status = self.pods[(ns, pod)]["status"]
+            status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+            status["containerStatuses"][0]["ready"] = False
+            status["containerStatuses"][0]["state"] = {"terminated": {
+                "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                "message": message, "startedAt": _now(), "finishedAt": _now()}}
+            self._pod_event("MODIFIED", self.pods[(ns, pod)])
+
+    def delete_pod(self, ns: str, pod: str) -> None:
+        with self.lock:
+            gone = self.pods.pop((ns, pod), None)
+            if gone:
+                self._pod_event("DELETED", gone)
+
+    # -- request handling -------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict, body: dict | None):
+        with self.lock:
+            self.requests.append((method, path, query))
+            self.lock.notify_all()
+            if path.startswith(JOBSETS):
+                ns, _, rest = path[len(JOBSETS):].partition("/jobsets")
+                return self._jobsets(method, ns, rest.strip("/"), body)
+            parts = path.strip("/").split("/")  # api v1 namespaces NS KIND [NAME [log]]
+            if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
+                return 404, _status(404, f"no such endpoint {path}")
+            ns, kind, name = parts[3], parts[4], "/".join(parts[5:])
+            if kind in ("configmaps", "services"):
+                return self._core(method, kind, ns, name, body)
+            if kind == "pods" and method == "GET" and not name:
+                selector = _selector(query)
+                items = [p for (pns, _), p in self.pods.items() if pns == ns and all(
+                    p["metadata"]["labels"].get(k) == v for k, v in selector.items())]
+                return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                             "items": items}
+            return 404, _status(404, f"no such endpoint {method} {path}")
+
+    def _jobsets(self, method: str, ns: str, name: str, body: dict | None):
+        if method == "POST" and not name:
+            key = (ns, body["metadata"]["name"])
+            if key in self.jobsets:
+                return 409, _status(409, f'jobsets.jobset.x-k8s.io "{key[1]}" already exists')
+            obj = json.loads(json.dumps(body))
+            obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+            self.jobsets[key] = obj
+            self.lock.notify_all()
+            return 201, obj
+        if (ns, name) not in self.jobsets:
+            return 404, _status(404, f'jobsets.jobset.x-k8s.io "{name}" not found')
+        if method == "GET":
+            return 200, self.jobsets[(ns, name)]
+        if method == "DELETE":
+            obj = self.jobsets.pop((ns, name))
+            for key in [k for k, p in self.pods.items() if k[0] == ns and p["metadata"]["labels"]
+                        .get("jobset.sigs.k8s.io/jobset-name") == name]:
+                self._pod_event("DELETED", self.pods.pop(key))  # foreground: pods go too
+            self.lock.notify_all()
+            return 200, obj
+        return 405, _status(405, method)
+
+    def _core(self, method: str, kind: str, ns: str, name: str, body: dict | None):
+        if method == "POST" and not name:
+            key = (kind, ns, body["metadata"]["name"])
+            if key in self.core:
+                return 409, _status(409, f"{kind} {key[2]} already exists")
+            self.core[key] = body
+            self.lock.notify_all()
+            return 201, body
+        if method == "DELETE" and (kind, ns, name) in self.core:
+            return 200, self.core.pop((kind, ns, name))
+        return 404, _status(404, f"{kind} {name} not found")
+
+    def stream_watch(self, ns: str, query: dict, write) -> None:
+        """Pod events after ?resourceVersion, as JSON lines, for ?timeoutSeconds."""
+        selector = _selector(query)
+        sent = int(query.get("resourceVersion", ["0"])[0] or 0)
+        deadline = time.monotonic() + float(query.get("timeoutSeconds", ["5"])[0])
+        while time.monotonic() < deadline:
+            with self.lock:
+                events = self.pod_events[sent:]
+                if not events:
+                    self.lock.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+                    continue
+            sent += len(events)
+            for event in events:
+                meta = event["object"]["metadata"]
+                if meta["namespace"] == ns and all(
+                        meta["labels"].get(k) == v for k, v in selector.items()):
+                    write((json.dumps(event) + "\n").encode())
+
+    def stream_log(self, ns: str, pod: str, query: dict, write) -> None:
+        follow = _flag(query, "follow")
+        stamps = _flag(query, "timestamps")
+        sent = 0
+        while True:
+            with self.lock:
+                lines = list(self.logs.get((ns, pod), []))[sent:]
+                pod_obj = self.pods.get((ns, pod))
+                done = pod_obj is None or pod_obj["status"]["phase"] in ("Succeeded", "Failed")
+                if not lines and follow and not done:
+                    self.lock.wait(timeout=1.0)
+                    continue
+            for stamp, line in lines:
+                write(((f"{stamp} " if stamps else "") + line + "\n").encode())
+            sent += len(lines)
+            if not follow or (done and not lines):
+                return
+
+
+def _flag(query: dict, name: str) -> bool:
+    return query.get(name, [""])[0].lower() in ("true", "1")  # the python client sends True
+
+
+def _selector(query: dict) -> dict[str, str]:
+    return dict(kv.split("=") for kv in query.get("labelSelector", [""])[0].split(",") if kv)
+
+
+def _status(code: int, message: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message,
+            "code": code}
+
+
+def _handler(api: KubeApiDouble):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # chunked streams, as the API server sends them
+
+        def log_message(self, *args):  # quiet
+            pass
+
+        def _stream(self, content_type: str, produce) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+
+            def chunk(data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            try:
+                produce(chunk)
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away (a cancelled follower)
+            self.close_connection = True
+
+        def _dispatch(self, method: str):
+            url = urlparse(self.path)
+            query = parse_qs(url.query)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            parts = url.path.strip("/").split("/")
+            if method == "GET" and len(parts) == 5 and parts[4] == "pods" and _flag(query, "watch"):
+                with api.lock:
+                    api.requests.append((method, url.path, query))
+                self._stream("application/json",
+                             lambda chunk: api.stream_watch(parts[3], query, chunk))
+                return
+            if method == "GET" and len(parts) == 7 and parts[4] == "pods" and parts[6] == "log":
+                with api.lock:
+                    api.requests.append((method, url.path, query))
+                    api.lock.notify_all()
+                with api.lock:
+                    known = (parts[3], parts[5]) in api.pods
+                if not known:
+                    return self._reply(404, _status(404, f"pod {parts[5]} not found"))
+                self._stream("text/plain",
+                             lambda chunk: api.stream_log(parts[3], parts[5], query, chunk))
+                return
+            code, payload = api.handle(method, url.path, query, body)
+            self._reply(code, payload)
+
+        def _reply(self, code: int, payload: dict):
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+            self.close_connection = True
+
+        def do_GET(self):
+            self._dispatch("GET")
+
+        def do_POST(self):
+            self._dispatch("POST")
+
+        def do_DELETE(self):
+            self._dispatch("DELETE")
+
+    return Handler

@@ -1,0 +1,174 @@
+"""JobSetClient against a kube-apiserver TEST DOUBLE on 127.0.0.1 (see kube_api_double.py):
+submit, follow through a JobSet restart (re-attaching to the new leader pod), the real
+failure reason from termination messages, delete on cancel."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from kubernetes import client as k8s
+
+from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
+from fm_pipeline.launch.k8s_client import JobSetClient, JobSetExists, segment_result
+from fm_pipeline.launch.outcome import Outcome
+from fm_pipeline.launch.spec import SegmentLaunch
+from tests.launch.conftest import tiny_job
+from tests.launch.kube_api_double import KubeApiDouble
+
+NS = "training"
+
+# What a failed pod's termination message holds (FallbackToLogsOnError: the log tail):
+# torchrun's summary, here cut so that its header is gone.
+SUMMARY_TAIL = """\
+  File "/usr/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+[0]:
+  time      : 2026-11-29_14:34:54
+  host      : tiny-20-node-0-1
+  rank      : 1 (local_rank: 0)
+  exitcode  : 75 (pid: 8036)
+  error_file: /var/lib/fm/torchrun/x/attempt_0/0/error.json
+  traceback : preempted (signal SIGTERM) at step 17; checkpoint step-00000017
+============================================================
+"""
+
+
+@pytest.fixture
+def api():
+    with KubeApiDouble() as server:
+        yield server
+
+
+@pytest.fixture
+def jobsets(api) -> JobSetClient:
+    return JobSetClient(k8s.ApiClient(k8s.Configuration(host=api.url)))
+
+
+@pytest.fixture
+def rendered():
+    job = tiny_job(nnodes=2, nproc=1, cluster={"namespace": NS})
+    return render_segment(SegmentLaunch(job, end_step=20),
+                          KubernetesTarget(store_uri="s3://fm-bucket/fm"))
+
+
+def _pod_labels(name: str, node: int, attempt: int) -> dict:
+    return {"jobset.sigs.k8s.io/jobset-name": name,
+            "batch.kubernetes.io/job-completion-index": str(node),
+            "jobset.sigs.k8s.io/restart-attempt": str(attempt)}
+
+
+def _start_pods(api, name: str, attempt: int) -> list[str]:
+    pods = [f"{name}-node-0-{node}-a{attempt}" for node in range(2)]
+    for node, pod in enumerate(pods):
+        api.add_pod(NS, pod, labels=_pod_labels(name, node, attempt))
+    api.set_jobset_status(NS, name, restarts=attempt,
+                          replicatedJobsStatus=[{"name": "node", "active": 1, "ready": 1}])
+    return pods
+
+
+def test_submit_creates_owned_objects_with_strict_field_validation(api, jobsets, rendered):
+    jobset = jobsets.submit(rendered)
+    assert (NS, rendered.name) in api.jobsets
+    for kind, name in (("configmaps", f"{rendered.name}-job"), ("services", rendered.name)):
+        owner = api.core[(kind, NS, name)]["metadata"]["ownerReferences"][0]
+        assert owner["uid"] == jobset["metadata"]["uid"] and owner["kind"] == "JobSet"
+    creates = [q for method, _, q in api.requests if method == "POST"]
+    assert len(creates) == 3 and all(q["fieldValidation"] == ["Strict"] for q in creates)
+    with pytest.raises(JobSetExists, match="already exists in namespace 'training'"):
+        jobsets.submit(rendered)
+    assert jobsets.status(rendered.name, NS).phase == "Pending"
+    assert jobsets.delete(rendered.name, NS) is True
+    assert not api.jobsets and not api.core
+    assert jobsets.status(rendered.name, NS).phase == "Deleted"
+
+
+def test_follow_reattaches_to_the_new_leader_after_a_restart(api, jobsets, rendered):
+    name = rendered.name
+
+    def controller():  # plays the JobSet controller and the kubelet
+        api.wait_for_jobset(NS, name)
+        first = _start_pods(api, name, attempt=0)
+        api.wait_for_log_reader(NS, first[0])
+        api.log(NS, first[0], "step 1 loss 10.4\nstep 2 loss 9.8")
+        api.terminate_pod(NS, first[1], exit_code=1, message=SUMMARY_TAIL)
+        api.terminate_pod(NS, first[0], exit_code=1, message="node 0 stopped by torchrun")
+        for pod in first:
+            api.delete_pod(NS, pod)
+        second = _start_pods(api, name, attempt=1)
+        api.wait_for_log_reader(NS, second[0])
+        api.log(NS, second[0], "resumed from step-00000017\nstep 20 loss 7.1")
+        for pod in second:
+            api.terminate_pod(NS, pod, exit_code=0)
+        api.set_jobset_status(NS, name, restarts=1, terminalState="Completed",
+                              conditions=[{"type": "Completed", "status": "True"}])
+
+    seen: dict[str, list[str]] = {}
+
+    def read_leader(pod: str):
+        seen[pod] = list(jobsets.log_lines(pod, NS))
+
+    jobsets.submit(rendered)
+    thread = threading.Thread(target=controller, daemon=True)
+    thread.start()
+    followed = jobsets.follow(name, NS, on_leader_pod=read_leader, poll_s=0.05, timeout_s=60)
+    thread.join(timeout=10)
+    assert followed.status.phase == "Completed" and followed.status.restarts == 1
+    assert followed.leader_pods == [f"{name}-node-0-0-a0", f"{name}-node-0-0-a1"]
+    assert seen[f"{name}-node-0-0-a0"] == ["step 1 loss 10.4", "step 2 loss 9.8"]
+    assert seen[f"{name}-node-0-0-a1"] == ["resumed from step-00000017", "step 20 loss 7.1"]
+    # The restart's cause outlived its deleted pods: the worker's own code and reason,
+    # not torchrun's 1.
+    cause = next(f for f in followed.failures if f.pod.endswith("-1-a0"))
+    assert cause.container_exit_code == 1 and cause.evidence.exit_code == 75
+    assert cause.evidence.rank == 1 and "preempted" in cause.evidence.reason
+    result = segment_result(followed, SegmentLaunch(tiny_job(nnodes=2, nproc=1), end_step=20))
+    assert result.outcome is Outcome.SUCCEEDED and "1 JobSet restart" in result.reason
+
+
+def test_a_failed_jobset_reports_the_workers_code_and_reason(api, jobsets, rendered):
+    name = rendered.name
+
+    def controller():
+        api.wait_for_jobset(NS, name)
+        pods = _start_pods(api, name, attempt=0)
+        api.terminate_pod(NS, pods[0], exit_code=1, message=SUMMARY_TAIL.replace(
+            "exitcode  : 75", "exitcode  : 2").replace(
+            "preempted (signal SIGTERM) at step 17; checkpoint step-00000017",
+            "JobSpecError: data mix 3f2a not found in s3://fm-bucket/fm"))
+        api.terminate_pod(NS, pods[1], exit_code=137, message="")
+        api.set_jobset_status(NS, name, restarts=0, terminalState="Failed", conditions=[
+            {"type": "Failed", "status": "True", "message": "jobset failed"}])
+
+    jobsets.submit(rendered)
+    threading.Thread(target=controller, daemon=True).start()
+    followed = jobsets.follow(name, NS, poll_s=0.05, timeout_s=60)
+    by_pod = {f.pod: f for f in followed.failures}
+    assert by_pod[f"{name}-node-0-1-a0"].evidence.exit_code == 137  # killed: only k8s knows
+    # The first pod to fail is the cause; the other node's death came after.
+    result = segment_result(followed, SegmentLaunch(tiny_job(nnodes=2, nproc=1), end_step=20))
+    assert result.outcome is Outcome.BAD_CONFIG and result.exit_code == 2
+    assert result.torchrun_exit_code == 1 and result.failed_rank == 1
+    assert "data mix 3f2a not found" in result.reason
+
+
+def test_cancelling_while_following_deletes_the_jobset(api, jobsets, rendered):
+    name = rendered.name
+
+    def controller():
+        api.wait_for_jobset(NS, name)
+        _start_pods(api, name, attempt=0)
+
+    def cancelled(pod: str):
+        raise KeyboardInterrupt  # what a cancelled run looks like to the follower
+
+    jobsets.submit(rendered)
+    threading.Thread(target=controller, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            jobsets.follow(name, NS, on_leader_pod=cancelled, poll_s=0.05, timeout_s=60)
+        finally:
+            jobsets.delete(name, NS)
+    assert (NS, name) not in api.jobsets and not api.pods and not api.core
+    deletes = [path for method, path, _ in api.requests if method == "DELETE"]
+    assert any(path.endswith(f"/jobsets/{name}") for path in deletes)

@@ -1,0 +1,137 @@
+"""The launcher resources inside a Dagster asset: Pipes results from rank 0, real failure
+reasons as dagster.Failure metadata; locally with torchrun, on Kubernetes against the
+kube-apiserver TEST DOUBLE (kube_api_double.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import pytest
+import yaml
+from dagster import asset, materialize
+
+from fm_pipeline.launch.jobset import RenderedSegment
+from fm_pipeline.launch.pod_local import pod_process
+from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
+from fm_pipeline.resources.launcher_local import LocalLauncher
+from tests.conftest import REPO, free_port
+from tests.launch.conftest import TINY_WORKER, tiny_job
+from tests.launch.kube_api_double import KubeApiDouble
+
+NS = "training"
+JOB = tiny_job(nnodes=1, nproc=2, cluster={"namespace": NS})
+
+
+@asset(required_resource_keys={"launcher"})
+def segment(context):
+    run = context.resources.launcher.launch_segment(context, job=JOB, end_step=5)
+    return run.materialize_result()
+
+
+def _failure_metadata(result) -> dict:
+    (event,) = result.get_step_failure_events()
+    data = event.step_failure_data.user_failure_data
+    return {k: v.value for k, v in data.metadata.items()}, data.description
+
+
+@pytest.mark.slow
+def test_local_launcher_returns_what_rank_0_reported_through_pipes(monkeypatch):
+    monkeypatch.setenv("FM_TINY_WORKER", "pipes")
+    result = materialize([segment], resources={
+        "launcher": LocalLauncher(trainer_module=TINY_WORKER, echo_output=False)})
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("segment")
+    metadata = {k: v.value for k, v in mat.metadata.items()}
+    assert metadata["end_step"] == 5  # sent by rank 0 over Pipes
+    assert metadata["outcome"] == "succeeded"  # added by the launcher
+
+
+@pytest.mark.slow
+def test_local_launcher_failure_carries_the_real_exit_code(monkeypatch):
+    monkeypatch.setenv("FM_TINY_WORKER", "bad_config")
+    result = materialize([segment], raise_on_error=False, resources={
+        "launcher": LocalLauncher(trainer_module=TINY_WORKER, echo_output=False)})
+    assert not result.success
+    metadata, description = _failure_metadata(result)
+    assert metadata["outcome"] == "bad_config" and metadata["exit_code"] == 2
+    assert "seq_len 4096" in description and "exit code 2" in description
+
+
+@pytest.fixture
+def api():
+    with KubeApiDouble() as server:
+        yield server
+
+
+def _kubeconfig(tmp_path, api) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "double", "cluster": {"server": api.url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "double", "user": "u"}}],
+    }))
+    return str(path)
+
+
+def _run_pod_like_the_kubelet(api, name: str, *, behaviour: str, tmp_path) -> None:
+    """Play JobSet controller + kubelet for a 1-node JobSet: run the submitted pod's exact
+    command and env (torchrun and all) here, serve its output as the pod log, and end the
+    pod as the kubelet would (FallbackToLogsOnError: the log tail is the message)."""
+    jobset, config_map, service = api.wait_for_segment(NS, name)
+    rendered = RenderedSegment(name=name, namespace=NS, jobset=jobset, config_map=config_map,
+                               service=service)
+    node = pod_process(rendered, node_rank=0, root=tmp_path / "pods",
+                       hosts={rendered.leader_host: "127.0.0.1"},
+                       env_overrides={"PET_MASTER_PORT": str(free_port())})
+    pod = f"{name}-node-0-0-x1"
+    api.add_pod(NS, pod, labels={"jobset.sigs.k8s.io/jobset-name": name,
+                                 "batch.kubernetes.io/job-completion-index": "0"})
+    api.wait_for_log_reader(NS, pod)
+    out = subprocess.run(node.argv, env={**node.env, "FM_TINY_WORKER": behaviour}, cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=120)
+    api.log(NS, pod, out.stdout)
+    api.terminate_pod(NS, pod, exit_code=out.returncode,
+                      message=out.stdout[-2048:] if out.returncode else "")
+    phase = "Completed" if out.returncode == 0 else "Failed"
+    api.set_jobset_status(NS, name, terminalState=phase,
+                          conditions=[{"type": phase, "status": "True"}])
+
+
+def _k8s_launcher(tmp_path, api) -> KubernetesLauncher:
+    return KubernetesLauncher(store_uri="s3://fm-bucket/fm", kubeconfig_file=_kubeconfig(tmp_path, api),
+                              trainer_module=TINY_WORKER, poll_interval_s=0.05, timeout_s=120)
+
+
+@pytest.mark.slow
+def test_kubernetes_launcher_reads_pipes_messages_from_the_leader_pod_log(api, tmp_path):
+    kubelet = threading.Thread(target=_run_pod_like_the_kubelet, daemon=True,
+                               kwargs=dict(api=api, name="tiny-5", behaviour="pipes",
+                                           tmp_path=tmp_path))
+    kubelet.start()
+    result = materialize([segment], resources={"launcher": _k8s_launcher(tmp_path, api)})
+    kubelet.join(timeout=30)
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("segment")
+    assert mat.metadata["end_step"].value == 5  # rank 0's Pipes message, from the pod log
+    assert mat.metadata["outcome"].value == "succeeded"
+    assert not api.jobsets and not api.core  # deleted once complete
+
+
+@pytest.mark.slow
+def test_kubernetes_launcher_failure_names_the_workers_reason(api, tmp_path):
+    kubelet = threading.Thread(target=_run_pod_like_the_kubelet, daemon=True,
+                               kwargs=dict(api=api, name="tiny-5", behaviour="bad_config",
+                                           tmp_path=tmp_path))
+    kubelet.start()
+    result = materialize([segment], raise_on_error=False,
+                         resources={"launcher": _k8s_launcher(tmp_path, api)})
+    kubelet.join(timeout=30)
+    metadata, description = _failure_metadata(result)
+    # torchrun's container exit code is 1; the worker's 2 and its reason come from the
+    # termination message (torchrun's summary in the log tail).
+    assert metadata["outcome"] == "bad_config" and metadata["exit_code"] == 2
+    assert "seq_len 4096" in description
+    assert not api.jobsets

@@ -2,6 +2,7 @@
 
     python -m fm_pipeline.planner.calibration            # markdown table
     python -m fm_pipeline.planner.calibration --json
+    python -m fm_pipeline.planner.calibration --plot docs/img/planner-calibration.png
 
 For each run, the published degrees and settings are pinned and the planner's search fills
 in what the paper does not say (micro-batch size, interleaving, recomputation, sharding),
@@ -14,6 +15,7 @@ import argparse
 import json
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.literature import PUBLISHED_RUNS, PublishedRun
@@ -95,11 +97,42 @@ def markdown(rows: list[CalibrationRow]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[CalibrationRow], out: Path) -> Path:
+    """Predicted over published step time against GPU count, one point per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    ax.axhspan(1 / 1.15, 1.15, color="g", alpha=0.1, label="within 15%")
+    ax.axhline(1.0, color="k", lw=0.8)
+    for source, marker in (("nar21", "o"), ("kor22", "s"), ("mtnlg22", "^"), ("llama3", "*")):
+        pts = [(r.run.gpus, 1 / (1 + r.error)) for r in rows
+               if r.error is not None and r.run.key.startswith(source)]
+        ax.scatter(*zip(*pts), marker=marker, s=60 if marker == "*" else 30, label=source, alpha=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("predicted / published step time")
+    ax.set_ylim(0.5, 1.3)
+    ax.set_title("Planner vs published runs (one set of constants, no per-row tuning)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, help="also write a PNG of predicted / published")
     args = parser.parse_args()
     rows = calibrate()
+    if args.plot:
+        plot(rows, args.plot)
     if args.json:
         print(json.dumps({"rows": [{"key": r.run.key, "published": r.run.value, "predicted": r.predicted,
                                     "error": r.error, "layout": r.layout} for r in rows],

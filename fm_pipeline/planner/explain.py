@@ -70,5 +70,6 @@ def reasons_for(shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Ev
         out.append(f"{sharding} over {shard} ranks; "
                    + (_versus(ev, i, c.sharding != c.sharding[i]) or "the only sharding that fits")
                    .replace("alternative", "other sharding"))
-    out.append(f"dp={int(c.dp[i])} with {int(ev.microbatches[i])} micro-batches of {mb} per step")
+    m = int(ev.microbatches[i])
+    out.append(f"dp={int(c.dp[i])} with {m} micro-batch{'es' if m != 1 else ''} of {mb} per step")
     return out

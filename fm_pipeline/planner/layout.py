@@ -61,7 +61,9 @@ class Layout:
         parts.append(f"mb={self.micro_batch}")
         if self.virtual_stages > 1:
             parts.append(f"v={self.virtual_stages}")
-        parts += [f"recompute={self.recompute}", self.sharding]
+        hybrid = self.sharding != "ddp" and self.shard_group < self.dp
+        parts += [f"recompute={self.recompute}",
+                  f"{self.sharding}/{self.shard_group}" if hybrid else self.sharding]
         return " ".join(parts)
 
 

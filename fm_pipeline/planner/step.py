@@ -174,7 +174,7 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
              m * (2 * ag_weights + rs_grads) + across_replicas],
             default=rs_grads + across_replicas + ag_weights,
         )
-    dp_s = np.where(group > c.tp * c.cp * c.pp, dp_s, 0.0)  # no data parallelism at all
+    dp_s = np.where(c.dp * c.cp > 1, dp_s, 0.0)  # one replica of the weights: nothing to reduce
 
     optimizer_params = np.where(c.sharding == DDP, params, params / shard_size)
     hbm = acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY

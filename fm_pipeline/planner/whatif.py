@@ -80,6 +80,20 @@ class WhatIf:
     def to_dict(self) -> dict:
         return {"scenarios": self.rows(), "breaks_first": self.breaks_first, "growth": self.growth}
 
+    def markdown(self) -> str:
+        lines = ["| scenario | GPUs | layout | step s | MFU | bubble | exposed comm | goodput | "
+                 "days | $M | note |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for r in self.rows():
+            if r["layout"] is None:
+                lines.append(f"| {r['scenario']} | {r['gpus']} | - | | | | | | | | {r['note']} |")
+                continue
+            lines.append(
+                f"| {r['scenario']} | {r['gpus']} | {r['layout']} | {r['step_time_s']:.2f} | "
+                f"{r['mfu']:.1%} | {r['bubble_fraction']:.1%} | {r['exposed_comm_fraction']:.1%} | "
+                f"{r['goodput']:.1%} | {r['time_to_train_days']:.1f} | {r['dollars'] / 1e6:.1f} | "
+                f"{r['note']} |")
+        return "\n".join(lines) + f"\n\nWhat breaks first: {self.breaks_first}"
+
 
 def _best(shape, cluster, gpus, batch, precision) -> tuple[Layout | None, str]:
     result = search(shape, cluster, gpus=gpus, global_batch_tokens=batch, top=1, precision=precision)

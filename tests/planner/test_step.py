@@ -94,3 +94,8 @@ def test_slower_fabric_exposes_more_data_parallel_communication():
     slow = run(lay, cluster=make_cluster("h100", inter_node_gbps=5))
     assert slow.dp_comm_s[0] > fast.dp_comm_s[0]
     assert slow.mfu[0] < fast.mfu[0]
+
+
+def test_context_parallel_ranks_reduce_their_gradients_even_without_dp():
+    ev = run(Layout(tp=8, cp=2, dp=1), Layout(tp=8, cp=1, dp=1), batch_tokens=16 * 4096)
+    assert ev.dp_comm_s[0] > 0 and ev.dp_comm_s[1] == 0

@@ -1,0 +1,83 @@
+"""The data assets through Dagster: definitions load, a materialization records metadata
+and passing checks, and a failing blocking check stops everything downstream."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from dagster import DagsterInstance, materialize
+
+from fm_pipeline.assets.data import DATA_ASSETS, DATA_CHECKS
+from fm_pipeline.data import MixRef, mix_key
+from fm_pipeline.data import pipeline
+from fm_pipeline.data.corpus import ShardsReceipt, read_receipt, write_receipt
+from fm_pipeline.data.manifest import ShardEntry, manifest_key, shards_receipt_key
+from fm_pipeline.data.testing import SMALL_JOB, small_job
+from fm_pipeline.resources.job_spec import JobSpecResource
+from fm_pipeline.resources.store import ObjectStoreResource
+from fm_pipeline.storage import open_store
+
+
+@pytest.fixture
+def job_yaml(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(SMALL_JOB))
+    return path
+
+
+def run_data_assets(job_yaml, store_dir):
+    return materialize(
+        [*DATA_ASSETS, *DATA_CHECKS],
+        instance=DagsterInstance.ephemeral(),
+        resources={"job_spec": JobSpecResource(path=str(job_yaml)),
+                   "store": ObjectStoreResource(uri=str(store_dir))},
+        raise_on_error=False,
+    )
+
+
+def test_definitions_load_with_the_data_job():
+    from fm_pipeline.definitions import defs
+
+    job = defs.resolve_job_def("data_mix_job")
+    assert {"clean_documents", "tokenizer", "token_shards", "data_mix"} <= set(job.graph.node_names())
+    graph = defs.resolve_asset_graph()
+    checks = {k.name for k in graph.asset_check_keys}
+    assert {"token_ids_below_vocab", "no_empty_shards", "weights_sum_to_one",
+            "source_counts_match_manifest", "dedup_ratio"} <= checks
+
+
+def test_materialization_publishes_the_mix_with_metadata_and_checks(job_yaml, tmp_path):
+    result = run_data_assets(job_yaml, tmp_path / "store")
+    assert result.success
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert len(evaluations) == 6 and all(e.passed for e in evaluations.values())
+    ref = result.output_for_node("data_mix")
+    assert isinstance(ref, MixRef) and ref.key == mix_key(small_job())
+    assert ref.open().samples(0, 2).shape == (2, 33)
+    clean_meta = result.asset_materializations_for_node("clean_documents")[0].metadata
+    assert clean_meta["dropped_by_reason"].value == {"code": {}, "prose": {"empty": 1}}
+    mix_meta = result.asset_materializations_for_node("data_mix")[0].metadata
+    assert mix_meta["samples"].value == len(ref.open())
+
+
+def test_failing_blocking_check_stops_downstream(job_yaml, tmp_path):
+    store_dir = tmp_path / "store"
+    store, job = open_store(store_dir), small_job()
+    for stage in (pipeline.clean_stage, pipeline.tokenizer_stage, pipeline.shards_stage):
+        stage(job, store)
+    # A shard stage that (wrongly) recorded an empty shard: token_shards re-uses its receipt.
+    key = mix_key(job)
+    receipt = read_receipt(store, shards_receipt_key(key), ShardsReceipt)
+    empty = ShardEntry(key=f"data/{key}/shards/prose/train-00099.bin", split="train", tokens=0,
+                       bytes=0, sha256="e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+    store.put_bytes(b"", empty.key)
+    write_receipt(store, shards_receipt_key(key),
+                  receipt.model_copy(update={"shards": {**receipt.shards, "prose": [*receipt.shards["prose"], empty]}}))
+
+    result = run_data_assets(job_yaml, store_dir)
+    assert not result.success
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert evaluations["no_empty_shards"].passed is False
+    assert "1 empty" in evaluations["no_empty_shards"].description
+    assert not result.asset_materializations_for_node("data_mix")  # skipped
+    assert not store.exists(manifest_key(key))  # nothing published

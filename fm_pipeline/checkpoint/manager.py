@@ -8,12 +8,14 @@
             manager.save(step, tokens_seen=..., probe=Probe(batch, loss), final=step == end)
     result = manager.close()                         # waits for the last save and its upload
 
-A save blocks the loop only while the state is copied to host memory (staging); writing,
-fsync, hashing, the manifest, upload and retention then run in one background thread that
-talks to the other ranks over its own gloo group (the default group keeps serving training;
-sharing it would interleave collectives). At most one save is in flight: a second one waits
-(`on_busy="wait"`, default) or is skipped with a logged reason (`"skip"`); final saves always
-wait. All ranks call `save`, `restore_latest` and `close` at the same step.
+An async save blocks the loop only while the state is copied to host memory (staging, see
+staging.py: by default the copy overlaps the next forward/backward and the optimizer step
+waits for it); writing, fsync, hashing, the manifest, upload and retention then run in one
+background thread that talks to the other ranks over its own gloo group (the default group
+keeps serving training; sharing it would interleave collectives). At most one save is in
+flight: a second one waits (`on_busy="wait"`, default) or is skipped with a logged reason
+(`"skip"`); final saves always wait. All ranks call `save`, `restore_latest` and `close` at
+the same step.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from fm_pipeline.checkpoint.commit import (
     SaveContext,
     build_manifest,
     commit_local,
-    hash_files,
+    fsync_and_hash,
     own_files,
     parallelism_info,
     write_probe,
@@ -67,8 +69,10 @@ class SaveResult:
     path: str
     committed: bool
     error: str | None = None
-    blocked_s: float = 0.0
+    blocked_s: float = 0.0  # in save(), plus staging_wait_s once harvested
     waited_s: float = 0.0
+    staging_wait_s: float = 0.0  # optimizer steps waiting for an overlapped host copy
+    stage_s: float = 0.0
     write_s: float = 0.0
     checksum_s: float = 0.0
     commit_s: float = 0.0
@@ -82,7 +86,7 @@ class CheckpointManager:
     def __init__(self, job, app_state: dict, *, mesh=None, mix_key: str | None = None,
                  root: str | Path | None = None, store: ObjectStore | None = None,
                  upload: bool | None = None, async_save: bool | None = None,
-                 on_busy: str = "wait"):
+                 on_busy: str = "wait", staging: str = "overlap"):
         if on_busy not in ("wait", "skip"):
             raise ValueError(f"on_busy must be 'wait' or 'skip', got {on_busy!r}")
         missing = {"model"} - app_state.keys()
@@ -107,9 +111,12 @@ class CheckpointManager:
         self._group = dist.new_group(backend="gloo") if comm.initialized() else None
         self._stager = None
         if self.async_save:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            from fm_pipeline.checkpoint.state import OptimizerState
+            from fm_pipeline.checkpoint.staging import HostStager
 
-            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+            optim = app_state.get("optimizer")
+            optimizers = optim.optimizers if isinstance(optim, OptimizerState) else []
+            self._stager = HostStager(mode=staging, optimizers=optimizers)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt")
         self._inflight: Future | None = None
         self.results: list[SaveResult] = []
@@ -145,10 +152,11 @@ class CheckpointManager:
         ctx = self._context(step, tokens_seen, probe, t0,
                             waited_s=events["previous_done"] - t0)
         if self.async_save:
-            state = self._stager.stage(state)
-            events["staged"] = time.perf_counter()
-            ctx = replace(ctx, blocked_s=events["staged"] - t0)
-            self._inflight = self._executor.submit(self._persist, state, directory, ctx, events)
+            staged = self._stager.stage(state)
+            del state
+            events["returned"] = time.perf_counter()
+            ctx = replace(ctx, blocked_s=events["returned"] - t0)
+            self._inflight = self._executor.submit(self._persist, staged, directory, ctx, events)
             return self._inflight
         result = self._persist(state, directory, ctx, events)
         result.blocked_s = time.perf_counter() - t0
@@ -184,28 +192,34 @@ class CheckpointManager:
             started_at=t0, waited_s=waited_s, blocked_s=None, async_save=self.async_save,
         )
 
-    def _persist(self, state: dict, directory: Path, ctx: SaveContext,
+    def _persist(self, state: dict | Future, directory: Path, ctx: SaveContext,
                  events: dict) -> SaveResult:
-        """Write, hash, commit, upload, retain. Runs on every rank (background thread when
-        async); every rank reaches every collective even when its own work failed."""
-        entries, error, write_s, checksum_s = [], None, 0.0, 0.0
+        """Write, fsync + hash, commit, upload, retain. Runs on every rank (background thread
+        when async); every rank reaches every collective even when its own work failed."""
+        entries, error, stage_s, write_s, checksum_s = [], None, 0.0, 0.0, 0.0
         try:
-            t = time.perf_counter()
-            events["write_started"] = t
+            if isinstance(state, Future):
+                state = state.result()
+            t = events["write_started"] = time.perf_counter()
+            stage_s = t - events.get("returned", t)
+            # Written to the page cache first; fsync then overlaps hashing (disk vs CPU).
             with comm.quiet_single_process():
                 dcp.save(state, process_group=self._group, no_dist=not comm.initialized(),
-                         storage_writer=dcp.FileSystemWriter(str(directory), sync_files=True))
+                         storage_writer=dcp.FileSystemWriter(str(directory), sync_files=False))
             events["write_finished"] = time.perf_counter()
             write_s = events["write_finished"] - t
-            entries = hash_files(directory, own_files(directory, self.rank))
-            checksum_s = time.perf_counter() - events["write_finished"]
+            entries = fsync_and_hash(directory, own_files(directory, self.rank))
+            events["durable"] = time.perf_counter()
+            checksum_s = events["durable"] - events["write_finished"]
         except Exception as e:  # any failure must still reach the gather below
             error = f"rank {self.rank}: {type(e).__name__}: {e}"
             log.exception("checkpoint step %d: write failed on rank %d", ctx.step, self.rank)
-        del state  # release the staged copy's references before the slow tail
-        gathered = comm.gather_to_rank0((entries, write_s, checksum_s, error), self._group)
+        state = None  # release the staged copy's references before the slow tail
+        gathered = comm.gather_to_rank0((entries, write_s, checksum_s, error, stage_s),
+                                        self._group)
         result = None
         if self.rank == 0:
+            ctx = replace(ctx, stage_s=max(g[4] for g in gathered))
             result = self._commit(directory, ctx, gathered)
         result = comm.broadcast_from_rank0(result, self._group)
         result.events = {**events, "committed": time.perf_counter()}
@@ -222,7 +236,7 @@ class CheckpointManager:
         checksum_s = max(g[2] for g in gathered)
         result = SaveResult(step=ctx.step, path=str(directory), committed=False,
                             blocked_s=ctx.blocked_s or 0.0, waited_s=ctx.waited_s,
-                            write_s=write_s, checksum_s=checksum_s)
+                            stage_s=ctx.stage_s, write_s=write_s, checksum_s=checksum_s)
         if not errors:
             try:
                 entries = [e for g in gathered for e in g[0]]
@@ -286,6 +300,9 @@ class CheckpointManager:
         return reports
 
     def _finish(self, result: SaveResult) -> SaveResult:
+        if self._stager is not None:
+            result.staging_wait_s = self._stager.take_wait_s()
+            result.blocked_s += result.staging_wait_s
         self.results.append(result)
         if not result.committed:
             raise CheckpointSaveError(f"checkpoint at step {result.step} did not commit: "

@@ -84,8 +84,10 @@ class Timings(_Strict):
     blocked_s: float = Field(ge=0, description="training loop blocked in save(), all told")
     waited_s: float = Field(ge=0, description="part of blocked_s spent waiting for the "
                                               "previous save to finish")
-    write_s: float = Field(ge=0, description="DCP write incl. fsync, all ranks")
-    checksum_s: float = Field(ge=0, description="slowest rank's SHA-256 of its files")
+    stage_s: float = Field(ge=0, description="host copy finishing after save() returned")
+    write_s: float = Field(ge=0, description="DCP write to the page cache, slowest rank")
+    checksum_s: float = Field(ge=0, description="fsync and SHA-256 of a rank's files, "
+                                                "overlapped, slowest rank")
     commit_s: float = Field(ge=0, description="save() call to manifest written")
     async_save: bool
 

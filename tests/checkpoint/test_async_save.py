@@ -48,7 +48,7 @@ def test_async_save_returns_after_staging_and_saves_the_step_state(gated_writes)
 
     assert result.committed
     ev = result.events
-    assert ev["staged"] < ev["write_started"] < ev["write_finished"] < ev["committed"]
+    assert ev["returned"] < ev["write_started"] < ev["write_finished"] < ev["committed"]
     saved = load_full_state(result.path, keys={"model"})["model"]
     assert all(torch.equal(saved[k], at_save[k]) for k in at_save)
     live = trainer.model.state_dict()

@@ -21,7 +21,12 @@ from fm_pipeline.checkpoint.layout import CheckpointRef, list_local, list_store,
 from fm_pipeline.checkpoint.manager import CheckpointManager, CheckpointSaveError, SaveResult
 from fm_pipeline.checkpoint.manifest import Manifest, ManifestError
 from fm_pipeline.checkpoint.marks import read_marks, write_mark
-from fm_pipeline.checkpoint.restore import RestoreResult, restore, restore_latest
+from fm_pipeline.checkpoint.restore import (
+    NoRestorableCheckpoint,
+    RestoreResult,
+    restore,
+    restore_latest,
+)
 from fm_pipeline.checkpoint.retention import RetentionReport, apply_retention
 from fm_pipeline.checkpoint.state import LRSchedulerState, ModelState, OptimizerState
 from fm_pipeline.checkpoint.tiering import (
@@ -42,6 +47,7 @@ from fm_pipeline.checkpoint.validate import (
 __all__ = [
     "CheckpointInvalid", "CheckpointManager", "CheckpointRef", "CheckpointSaveError",
     "Discovery", "LRSchedulerState", "Manifest", "ManifestError", "ModelState",
+    "NoRestorableCheckpoint",
     "OptimizerState", "Probe", "Problem", "RestoreResult", "RetentionReport", "SaveResult",
     "UploadReport", "apply_retention", "download_checkpoint", "export_torch_save",
     "latest_valid", "list_local", "list_store", "load_full_state", "local_root",

@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
 from fm_pipeline.checkpoint import comm
-from fm_pipeline.checkpoint.layout import CheckpointRef, local_root, step_dir_name, store_root
+from fm_pipeline.checkpoint.layout import (
+    MANIFEST,
+    CheckpointRef,
+    local_root,
+    step_dir_name,
+    store_root,
+)
 from fm_pipeline.checkpoint.manifest import Manifest, sha256_of
 from fm_pipeline.checkpoint.tiering import download_checkpoint
 from fm_pipeline.checkpoint.validate import (
@@ -81,8 +88,8 @@ def localize(ref: CheckpointRef, *, cache_root: Path | None = None) -> tuple[Che
     return CheckpointRef.local(dest), time.perf_counter() - t0
 
 
-def verify_checksums(ref: CheckpointRef, manifest: Manifest) -> list[Problem]:
-    """Every file's size and SHA-256, the files split across ranks. Collective."""
+def verify_my_share(ref: CheckpointRef, manifest: Manifest) -> list[Problem]:
+    """Size and SHA-256 of this rank's share of the files (rank r takes every r-th)."""
     mine = sorted(manifest.files, key=lambda f: f.path)[comm.rank()::comm.world_size()]
     problems = []
     for entry in mine:
@@ -94,29 +101,40 @@ def verify_checksums(ref: CheckpointRef, manifest: Manifest) -> list[Problem]:
                                                 f"manifest says {entry.size} (truncated?)"))
         elif sha256_of(path) != entry.sha256:
             problems.append(Problem(entry.path, "SHA-256 mismatch (corrupted)"))
-    return [p for ps in comm.all_gather(problems) for p in ps]
+    return problems
 
 
 def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = True,
             cache_root: Path | None = None) -> RestoreResult:
     """Load `ref` into the Stateful parts of `app_state` (all ranks). Raises CheckpointInvalid
-    (naming files/fields) when the checkpoint is corrupt or belongs to another model."""
+    (naming files/fields) when the checkpoint is corrupt or belongs to another model; the
+    state may then be partly overwritten and must not be used."""
     local, download_s = localize(ref, cache_root=cache_root)
     manifest = read_manifest(local)
-    t0 = time.perf_counter()
-    problems = verify_checksums(local, manifest) if verify else []
-    problems += model_problems(manifest, job)
-    if problems:
+    if problems := model_problems(manifest, job):
         raise CheckpointInvalid(ref, problems)
-    verify_s = time.perf_counter() - t0
     absent = sorted(set(app_state) - set(manifest.state_keys))
     if absent:
         raise ValueError(f"checkpoint {ref.location} has no state for {absent}; it holds "
                          f"{manifest.state_keys}")
     t0 = time.perf_counter()
-    with comm.quiet_single_process():
-        dcp.load(app_state, checkpoint_id=str(local.dir), no_dist=not comm.initialized())
-    load_s = time.perf_counter() - t0
+    # Checksums are verified while DCP loads (the second read of each byte hits the page
+    # cache); the verdict is collected before anything is returned.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt-verify") as pool:
+        verified = pool.submit(_timed, verify_my_share, local, manifest) if verify else None
+        load_error = None
+        try:
+            with comm.quiet_single_process():
+                dcp.load(app_state, checkpoint_id=str(local.dir), no_dist=not comm.initialized())
+        except Exception as e:  # a corrupt file can break unpickling: report the cause
+            load_error = e
+        load_s = time.perf_counter() - t0
+        mine, verify_s = verified.result() if verified else ([], 0.0)
+    problems = [p for ps in comm.all_gather(mine) for p in ps]
+    if problems:
+        raise CheckpointInvalid(ref, problems)
+    if load_error is not None:
+        raise load_error
     result = RestoreResult(
         step=manifest.step, tokens_seen=manifest.tokens_seen, source=ref.location,
         local_path=str(local.dir), manifest=manifest, data_cursor=manifest.data.cursor,
@@ -127,11 +145,22 @@ def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = Tru
     return result
 
 
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+class NoRestorableCheckpoint(ValueError):
+    """Committed checkpoints exist but none restores: starting from scratch would be wrong."""
+
+
 def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
                    root: Path | None = None, verify: bool = True) -> RestoreResult | None:
     """Newest checkpoint of `job` that restores, local tier first at equal steps; corrupt or
-    unreachable ones are skipped with the reason. None if the job has no usable checkpoint."""
-    listed, skipped = None, []
+    unreachable ones are skipped with the reason. None if the job has no committed checkpoint
+    (a fresh start); NoRestorableCheckpoint if it has some and none restores."""
+    listed, skipped, committed = None, [], False
     if comm.rank() == 0:
         listed = []
         try:
@@ -141,11 +170,12 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
             cands = candidates(job.name, root=root)
         for ref in cands:
             problems = validate(ref, job, checksums=False)
+            committed |= ref.has(MANIFEST)
             if problems:
                 skipped.append(f"{ref.location}: " + "; ".join(map(str, problems)))
             else:
                 listed.append((ref.step, "local" if ref.is_local else "store"))
-    listed, skipped = comm.broadcast_from_rank0((listed, skipped))
+    listed, skipped, committed = comm.broadcast_from_rank0((listed, skipped, committed))
     for step, tier in listed:
         if tier == "local":
             ref = CheckpointRef.local(Path(root or local_root(job.name)) / step_dir_name(step))
@@ -161,4 +191,8 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
         return result
     for line in skipped:
         log.warning("skipped checkpoint %s", line)
+    if committed:
+        raise NoRestorableCheckpoint(
+            f"job {job.name!r} has committed checkpoints but none restores (the model state "
+            "may be partly overwritten):\n" + "\n".join(f"  - {line}" for line in skipped))
     return None

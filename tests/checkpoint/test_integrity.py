@@ -24,6 +24,7 @@ from fm_pipeline.checkpoint import (
     restore_latest,
     validate,
 )
+from fm_pipeline.checkpoint.restore import NoRestorableCheckpoint
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import REPO
 
@@ -135,3 +136,18 @@ def test_another_models_checkpoint_is_refused_naming_the_field(run_root, pristin
     result = restore(trainer.app_state, ref, job=tiny_job())
     assert result.step == 2
     assert all(torch.equal(v, pristine[1][k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_resume_refuses_to_start_over_when_no_committed_checkpoint_restores(run_root):
+    for step in (1, 2):
+        _flip_byte(run_root / f"step-0000000{step}" / "__0_0.distcp")
+    trainer = Trainer(TinyLM())
+    with pytest.raises(NoRestorableCheckpoint, match="none restores") as err:
+        restore_latest(trainer.app_state, tiny_job())
+    assert str(err.value).count("SHA-256 mismatch") == 2
+
+
+def test_resume_with_only_an_incomplete_save_is_a_fresh_start(run_root):
+    for step in (1, 2):
+        (run_root / f"step-0000000{step}" / "manifest.json").unlink()
+    assert restore_latest(Trainer(TinyLM()).app_state, tiny_job()) is None

@@ -72,14 +72,38 @@ class ClusterConfig:
         return replace(self, **changes)
 
 
+def cpu_per_rank(ranks_per_node: int) -> Accelerator:
+    """The CPU entry as one of `ranks_per_node` torchrun workers sees it: launchers give each
+    worker cores // ranks threads, and the trainer measures its peak with that many."""
+    import os
+
+    import torch
+
+    from fm_pipeline.planner.hardware import measured_cpu
+
+    threads = max(1, (os.cpu_count() or 1) // ranks_per_node)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return measured_cpu()
+    finally:
+        torch.set_num_threads(before)
+
+
 def make_cluster(gpu_type: str, **overrides) -> ClusterConfig:
     """A cluster of `gpu_type`; any field left out (or None) takes the catalog's value."""
-    try:
-        acc = get_accelerator(gpu_type)
-    except ValueError as e:
-        raise PlanInputError("gpu_type", str(e)) from None
     fields = {k: v for k, v in overrides.items() if v is not None}
     fields.setdefault("gpus_per_node", 8)
+    try:
+        if gpu_type.lower() == "cpu":
+            require_positive("gpus_per_node", fields["gpus_per_node"], integer=True)
+            acc = cpu_per_rank(fields["gpus_per_node"])
+        else:
+            acc = get_accelerator(gpu_type)
+    except ValueError as e:
+        if isinstance(e, PlanInputError):
+            raise
+        raise PlanInputError("gpu_type", str(e)) from None
     fields.setdefault("intra_node_gbps", acc.intra_node_gbps)
     fields.setdefault("inter_node_gbps", acc.inter_node_gbps)
     fields.setdefault("dollars_per_gpu_hour", acc.dollars_per_hour)

@@ -43,6 +43,8 @@ class KubernetesLauncher(ConfigurableResource):
     namespace: str | None = Field(default=None, description="default: job.cluster.namespace")
     image: str | None = Field(default=None, description="default: job.cluster.image")
     s3_endpoint_url: str | None = None
+    shared_volume_claim: str | None = Field(
+        default=None, description="ReadWriteMany PVC for the local checkpoint tier (nnodes > 1)")
     credentials_secret: str | None = Field(default=None, description="Secret with AWS_* keys")
     service_account: str | None = None
     max_restarts: int = Field(default=3, ge=0, description="JobSet restarts beyond node loss")
@@ -76,6 +78,7 @@ class KubernetesLauncher(ConfigurableResource):
                                 message_reader=reader, extras=dict(extras or {})) as session:
             rendered = render_segment(launch, KubernetesTarget(
                 store_uri=self.store_uri, s3_endpoint_url=self.s3_endpoint_url,
+                shared_volume_claim=self.shared_volume_claim,
                 credentials_secret=self.credentials_secret, image=self.image,
                 namespace=self.namespace, max_restarts=self.max_restarts,
                 service_account=self.service_account, placement=placement or Placement(),

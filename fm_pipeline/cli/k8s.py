@@ -36,6 +36,9 @@ def render(
     store_uri: str = typer.Option("", "--store-uri",
                                   help="shared object store s3://bucket/prefix (default $FM_STORE_URI)"),
     s3_endpoint: str = typer.Option("", "--s3-endpoint", help="S3 endpoint URL for the pods"),
+    shared_volume_claim: str = typer.Option(
+        "", "--shared-volume-claim",
+        help="ReadWriteMany PVC for the local checkpoint tier (needed with nnodes > 1)"),
     credentials_secret: str = typer.Option("", "--credentials-secret",
                                            help="Secret with AWS_* keys for the pods"),
     image: str = typer.Option("", "--image", help="container image (default: cluster.image)"),
@@ -68,6 +71,7 @@ def render(
     target = KubernetesTarget(
         store_uri=store_uri or os.environ.get("FM_STORE_URI", ""),
         s3_endpoint_url=s3_endpoint or None,
+        shared_volume_claim=shared_volume_claim or None,
         credentials_secret=credentials_secret or None,
         image=image or None,
         namespace=namespace or None,

@@ -48,12 +48,16 @@ class KubernetesTarget:
     """Where and how the segment's pods run; the job spec's `cluster` section fills the gaps.
 
     store_uri: the object store every node shares for data and checkpoints (s3://...).
+    shared_volume_claim: a ReadWriteMany PersistentVolumeClaim mounted at FM_HOME/runs, the
+        local checkpoint tier. Multi-node jobs need it: rank 0 commits a checkpoint only
+        after seeing every rank's files there (fm_pipeline.checkpoint.commit).
     credentials_secret: a Secret whose keys (AWS_ACCESS_KEY_ID, ...) become pod env.
     extra_env: added to every pod (the Dagster Pipes bootstrap variables, for one).
     """
 
     store_uri: str
     s3_endpoint_url: str | None = None
+    shared_volume_claim: str | None = None
     credentials_secret: str | None = None
     image: str | None = None
     namespace: str | None = None
@@ -108,6 +112,12 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
     name = target.name or launch.rdzv_id
     namespace = target.namespace or job.cluster.namespace
     nnodes = job.parallelism.nnodes
+    if nnodes > 1 and not target.shared_volume_claim:
+        raise ValueError(
+            f"a {nnodes}-node job needs shared_volume_claim (a ReadWriteMany volume for the "
+            "local checkpoint tier): rank 0 commits a checkpoint only after checking every "
+            "rank's files, which pods on different nodes cannot see on their own disks"
+        )
     last_host = f"{name}-{REPLICATED_JOB}-0-{nnodes - 1}"
     if len(last_host) > MAX_HOSTNAME:
         raise ValueError(
@@ -135,6 +145,7 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
     template = pod_template(
         launch, container=container, config_map=config_map_name,
         placement=target.placement, labels=dict(labels), service_account=target.service_account,
+        shared_volume_claim=target.shared_volume_claim,
     )
     config_map = {
         "apiVersion": "v1", "kind": "ConfigMap",

@@ -19,6 +19,7 @@ from fm_pipeline.planner.hardware import get_accelerator
 CONTAINER = "trainer"
 SPEC_MOUNT = PurePosixPath("/etc/fm")
 STATE_MOUNT = PurePosixPath("/var/lib/fm")  # FM_HOME inside the pod (emptyDir)
+RUNS_MOUNT = STATE_MOUNT / "runs"  # runs_dir(): the local checkpoint tier (shared volume)
 RDZV_PORT = 29500
 # Seconds after the preStop wait before the kubelet's SIGKILL: torchrun forwards SIGTERM
 # and the trainer exits at its next step boundary.
@@ -133,6 +134,7 @@ def trainer_container(
 def pod_template(
     launch: SegmentLaunch, *, container: dict, config_map: str, placement: Placement,
     labels: dict[str, str], service_account: str | None = None,
+    shared_volume_claim: str | None = None,
 ) -> dict:
     grace = math.ceil(launch.job.training.preemption_grace_s)
     spec: dict = {
@@ -145,6 +147,10 @@ def pod_template(
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ],
     }
+    if shared_volume_claim:
+        spec["volumes"].append({"name": "runs", "persistentVolumeClaim": {
+            "claimName": shared_volume_claim}})
+        container["volumeMounts"].append({"name": "runs", "mountPath": str(RUNS_MOUNT)})
     if placement.node_selector:
         spec["nodeSelector"] = dict(placement.node_selector)
     affinity = placement.affinity()

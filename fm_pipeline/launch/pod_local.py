@@ -6,8 +6,8 @@
 
 Does what the kubelet and cluster DNS would: resolves the container's env (the node rank
 from the Indexed Job's completion index), expands `$(VAR)` references in the command,
-materializes the volumes (ConfigMap files, emptyDirs) under `root` and points the mount
-paths there, and resolves the leader's hostname through `hosts`. Nothing else about the
+materializes the volumes (ConfigMap files, emptyDirs per node, a PersistentVolumeClaim as
+one directory all nodes share) under `root` and points the mount paths there, and resolves the leader's hostname through `hosts`. Nothing else about the
 command changes, so running two of these exercises the exact pod command's rendezvous.
 """
 
@@ -90,6 +90,9 @@ def _materialize_volumes(pod: dict, container: dict, rendered: RenderedSegment,
         if mount["mountPath"] == "/dev/shm":
             continue  # this machine's shared memory is the real thing
         local = node_root / mount["name"]
+        if "persistentVolumeClaim" in volume:
+            # One directory per claim, seen by every node: a ReadWriteMany volume.
+            local = node_root.parent / f"pvc-{volume['persistentVolumeClaim']['claimName']}"
         local.mkdir(parents=True, exist_ok=True)
         if "configMap" in volume:
             if volume["configMap"]["name"] != rendered.config_map["metadata"]["name"]:
@@ -97,14 +100,25 @@ def _materialize_volumes(pod: dict, container: dict, rendered: RenderedSegment,
                                  f"{volume['configMap']['name']!r}")
             for key, text in rendered.config_map["data"].items():
                 (local / key).write_text(text, encoding="utf-8")
-        elif "emptyDir" not in volume:
-            raise ValueError(f"volume {mount['name']}: only configMap and emptyDir are emulated")
+        elif "emptyDir" not in volume and "persistentVolumeClaim" not in volume:
+            raise ValueError(f"volume {mount['name']}: only configMap, emptyDir and "
+                             "persistentVolumeClaim are emulated")
         mounts[mount["mountPath"]] = local
+    # A volume mounted inside another (/var/lib/fm/runs in /var/lib/fm) must be what a
+    # process finds under the outer one's path too: link it there.
+    for inner, local in mounts.items():
+        outer = max((m for m in mounts if inner.startswith(m + "/")), key=len, default=None)
+        if outer is not None:
+            link = mounts[outer] / inner[len(outer) + 1:]
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(local, target_is_directory=True)
     return mounts
 
 
 def _remap(value: str, mounts: dict[str, Path]) -> str:
-    for mount_path, local in mounts.items():
+    # Longest mount path first: /var/lib/fm/runs is its own volume inside /var/lib/fm.
+    for mount_path, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
         if value == mount_path or value.startswith(mount_path + "/"):
             return str(local) + value[len(mount_path):]
     return value

@@ -55,10 +55,11 @@ class PetRendezvous:
     rdzv_id: str
 
     def args(self) -> list[str]:
+        # No --node-rank: c10d ranks nodes itself (sorted by host name, so the pod with
+        # completion index 0 hosts global rank 0, the one that speaks Dagster Pipes).
         return [
             "--nnodes", "$(PET_NNODES)",
             "--nproc-per-node", "$(PET_NPROC_PER_NODE)",
-            "--node-rank", "$(PET_NODE_RANK)",
             "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
             "--rdzv-id", self.rdzv_id,

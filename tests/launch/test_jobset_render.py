@@ -17,6 +17,11 @@ from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import tiny_job
 
 STORE = "s3://fm-bucket/fm"
+CLAIM = "fm-runs"  # a ReadWriteMany volume: the local checkpoint tier of every node
+
+
+def _target(**settings) -> KubernetesTarget:
+    return KubernetesTarget(store_uri=STORE, shared_volume_claim=CLAIM, **settings)
 
 
 def _container(rendered) -> dict:
@@ -36,7 +41,7 @@ def two_nodes():
 
 def test_every_rendered_object_is_strictly_valid(two_nodes):
     rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
-                              KubernetesTarget(store_uri=STORE))
+                              _target())
     kinds = [o["kind"] for o in rendered.objects()]
     assert kinds == ["ConfigMap", "Service", "JobSet"]
     for obj in rendered.objects():
@@ -70,7 +75,7 @@ def _without_rendezvous_and_paths(argv: list[str]) -> list[str]:
 
 def test_the_pod_runs_the_local_command_with_only_the_rendezvous_changed(two_nodes, tmp_path):
     launch = SegmentLaunch(two_nodes, end_step=20, overrides=("training.lr=0.001",))
-    container = _container(render_segment(launch, KubernetesTarget(store_uri=STORE)))
+    container = _container(render_segment(launch, _target()))
     local_argv, _ = prepare_segment(launch, tmp_path / "seg")
     pod = container["command"]
     assert pod[0] == "torchrun"
@@ -87,7 +92,7 @@ def test_the_pod_runs_the_local_command_with_only_the_rendezvous_changed(two_nod
 
 def test_kueue_queue_priority_and_failure_policy(two_nodes):
     js = render_segment(SegmentLaunch(two_nodes, end_step=20),
-                        KubernetesTarget(store_uri=STORE, max_restarts=5)).jobset
+                        _target(max_restarts=5)).jobset
     labels = js["metadata"]["labels"]
     assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
     assert labels["kueue.x-k8s.io/priority-class"] == "fm-high"
@@ -104,7 +109,7 @@ def test_kueue_queue_priority_and_failure_policy(two_nodes):
 
 def test_prestop_touches_the_preemption_flag_within_the_grace_period(two_nodes):
     rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
-                              KubernetesTarget(store_uri=STORE))
+                              _target())
     container = _container(rendered)
     pod_spec = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     hook = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
@@ -112,6 +117,11 @@ def test_prestop_touches_the_preemption_flag_within_the_grace_period(two_nodes):
     grace = two_nodes.training.preemption_grace_s
     assert pod_spec["terminationGracePeriodSeconds"] > grace
     assert _env(container)["FM_PREEMPT_FILE"].startswith("/var/lib/fm/")
+    # Checkpoints land on the shared claim; torchrun's error files stay on the pod's disk.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/var/lib/fm/runs"] == "runs" and mounts["/var/lib/fm"] == "state"
+    claims = [v for v in pod_spec["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == [{"name": "runs", "persistentVolumeClaim": {"claimName": CLAIM}}]
 
 
 def test_gpu_jobs_request_gpus_and_placement_reaches_kueue_and_jobset():
@@ -121,7 +131,7 @@ def test_gpu_jobs_request_gpus_and_placement_reaches_kueue_and_jobset():
                           exclusive_topology="cloud.provider.com/topology-rack",
                           avoid_hosts=("gpu-node-17",))
     rendered = render_segment(SegmentLaunch(job, end_step=20),
-                              KubernetesTarget(store_uri=STORE, placement=placement))
+                              _target(placement=placement))
     container = _container(rendered)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     template = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
@@ -136,7 +146,7 @@ def test_gpu_jobs_request_gpus_and_placement_reaches_kueue_and_jobset():
 
 def test_a_broken_object_is_refused_with_the_field_named(two_nodes):
     rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
-                              KubernetesTarget(store_uri=STORE))
+                              _target())
     broken = copy.deepcopy(rendered.jobset)
     broken["spec"]["failurePolicy"]["restartStrategy"] = "Sometimes"
     with pytest.raises(ManifestInvalid, match=r"spec\.failurePolicy\.restartStrategy"):
@@ -155,12 +165,14 @@ def test_a_broken_object_is_refused_with_the_field_named(two_nodes):
 def test_render_refuses_what_pods_cannot_run(two_nodes):
     with pytest.raises(ValueError, match="shared object store"):
         KubernetesTarget(store_uri="/tmp/local-store")
+    with pytest.raises(ValueError, match="2-node job needs shared_volume_claim"):
+        render_segment(SegmentLaunch(two_nodes, end_step=20), KubernetesTarget(store_uri=STORE))
     with pytest.raises(ValueError, match=r"pod hostname .* \(max 63\)"):
         render_segment(SegmentLaunch(two_nodes, end_step=20),
-                       KubernetesTarget(store_uri=STORE, name="x" * 60))
+                       _target(name="x" * 60))
     with pytest.raises(ValueError, match="unknown accelerator 'tpu-v9'"):
         render_segment(SegmentLaunch(tiny_job(cluster={"accelerator": "tpu-v9"}), end_step=20),
-                       KubernetesTarget(store_uri=STORE))
+                       _target())
 
 
 def test_cli_writes_manifests_that_validate(tmp_path, two_nodes):
@@ -168,7 +180,8 @@ def test_cli_writes_manifests_that_validate(tmp_path, two_nodes):
     job_file.write_text(SegmentLaunch(two_nodes, end_step=20).job_yaml())
     out = tmp_path / "manifests"
     result = CliRunner().invoke(k8s_app, ["render", "--job", str(job_file), "--out", str(out),
-                                          "--store-uri", STORE, "--set", "training.steps=80"])
+                                          "--store-uri", STORE, "--shared-volume-claim", CLAIM,
+                                          "--set", "training.steps=80"])
     assert result.exit_code == 0, result.output
     files = sorted(p.name for p in out.iterdir())
     assert files == ["configmap-tiny-20-job.yaml", "jobset-tiny-20.yaml", "service-tiny-20.yaml"]

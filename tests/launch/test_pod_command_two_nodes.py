@@ -1,7 +1,8 @@
 """The JobSet's pod command, with the env a pod gets, run as 2 "nodes" on loopback.
 
-Two torchrun agents, one rank each, different node ranks, c10d rendezvous on 127.0.0.1
-from the PET_* variables, exactly the command and env in the rendered manifest.
+Two torchrun agents, one rank each, different completion indexes, c10d rendezvous on
+127.0.0.1 from the PET_* variables: exactly the command and env of the rendered manifest
+(pod_local plays the kubelet and the cluster DNS).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import subprocess
 
 import pytest
 
+from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.pod_local import expand_k8s_vars, pod_process
 from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.storage import open_store
 from tests.conftest import REPO, free_port
-from tests.launch.conftest import TINY_WORKER, tiny_job
 
 
 def test_k8s_variable_expansion_follows_the_kubelet():
@@ -46,19 +48,23 @@ def _run_nodes(rendered, tmp_path, *, timeout_s: float = 180) -> list[subprocess
 
 
 @pytest.mark.slow
-def test_two_nodes_rendezvous_from_the_pod_env_and_all_reduce(tmp_path):
-    job = tiny_job(nnodes=2, nproc=1)
-    out = tmp_path / "out"
-    out.mkdir()
-    target = KubernetesTarget(store_uri="s3://fm-bucket/fm",
-                              extra_env={"FM_TINY_WORKER": "all_reduce", "FM_TINY_OUT": str(out)})
-    rendered = render_segment(SegmentLaunch(job, end_step=5, module=TINY_WORKER), target)
+def test_two_nodes_train_and_checkpoint_with_the_pod_command(tmp_path, s3_bucket, s3_endpoint):
+    """The real trainer: 2 nodes x 1 rank train 4 steps from a data mix in S3 (a moto server
+    on loopback), commit a checkpoint on the shared claim and upload it to the store."""
+    store_uri = f"s3://{s3_bucket}/fm"
+    job = small_job(**{"name": "two", "parallelism.nnodes": 2, "parallelism.nproc_per_node": 1,
+                       "training.steps": 4, "training.segment_steps": 4,
+                       "checkpoint.every_steps": 100})
+    build_small_mix(job, store=open_store(store_uri))
+    target = KubernetesTarget(store_uri=store_uri, s3_endpoint_url=s3_endpoint,
+                              shared_volume_claim="fm-runs")
+    rendered = render_segment(SegmentLaunch(job, end_step=4), target)
     finished = _run_nodes(rendered, tmp_path)
     for node in finished:
-        assert node.returncode == 0, node.stdout[-3000:]
-    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-    assert [r["world"] for r in reports] == [2, 2]
-    assert [r["sum"] for r in reports] == [3.0, 3.0]  # 1 + 2: both nodes joined one group
-    # The job spec came through the emulated ConfigMap mount; the store through the env.
-    assert reports[0]["job"].endswith("job-spec/job.yaml") and reports[0]["end_step"] == 5
-    assert reports[1]["store"] == "s3://fm-bucket/fm"
+        assert node.returncode == 0, node.stdout[-4000:]
+    logs = "".join(node.stdout for node in finished)
+    assert "completed at step 4" in logs
+    manifest = json.loads(open_store(store_uri).get_bytes(
+        "checkpoints/two/step-00000004/manifest.json"))
+    assert manifest["step"] == 4
+    assert manifest["parallelism"]["world_size"] == 2 and manifest["parallelism"]["nnodes"] == 2

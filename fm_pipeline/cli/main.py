@@ -16,6 +16,7 @@ from fm_pipeline.cli import data as data_cli
 from fm_pipeline.cli import demo as demo_cli
 from fm_pipeline.cli import k8s as k8s_cli
 from fm_pipeline.cli import plan as plan_cli
+from fm_pipeline.cli import simulate as simulate_cli
 
 app = typer.Typer(
     name="fm",
@@ -28,6 +29,7 @@ app.add_typer(api_cli.app, name="api", help="The training-jobs REST API and its 
 app.add_typer(data_cli.app, name="data", help="Prepare and inspect the training data mix.")
 app.add_typer(k8s_cli.app, name="k8s", help="Kubernetes JobSet manifests for a segment.")
 app.add_typer(plan_cli.app, name="plan", help="Plan layout, memory, MFU, reliability and cost.")
+app.add_typer(simulate_cli.app, name="simulate", help="Simulate failures, checkpoints, stragglers and queues at cluster scale.")
 app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_cli.demo)
 
 

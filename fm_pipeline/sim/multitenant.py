@@ -132,10 +132,10 @@ def synthetic_trace(config: TenantsConfig, *, n_jobs: int = 400, seed: int = 0,
     jobs, sizes, durations, tenants, prios = [], [], [], [], []
     for i in range(n_jobs):
         k = min(int(rng.geometric(0.45)) - 1, max_exp)
-        sizes.append(min(8 * 2**k, pool))
         durations.append(float(median_duration_s * rng.lognormal(0.0, 1.0)))
         t = names[int(rng.choice(len(names), p=share))]
         tenants.append(t)
+        sizes.append(min(8 * 2**k, pool, _largest_job(config, t)))
         allowed = config.tenant(t).priorities
         weights = np.array([{"low": 0.2, "normal": 0.7, "high": 0.1, "urgent": 0.0}[p] for p in allowed])
         weights = weights / weights.sum() if weights.sum() else np.full(len(allowed), 1 / len(allowed))
@@ -147,6 +147,14 @@ def synthetic_trace(config: TenantsConfig, *, n_jobs: int = 400, seed: int = 0,
         t += float(rng.exponential(interarrival))
         jobs.append(TraceJob(f"job-{i:05d}", tenants[i], sizes[i], prios[i], t, durations[i]))
     return jobs
+
+
+def _largest_job(config: TenantsConfig, tenant: str) -> int:
+    """The most GPUs one job of the tenant may hold (quota + borrowing limit, or the pool)."""
+    spec = config.tenant(tenant)
+    if spec.borrowing_limit is None or "gpu" not in spec.borrowing_limit:
+        return config.pool["gpu"]
+    return spec.quota.get("gpu", 0) + spec.borrowing_limit["gpu"]
 
 
 @dataclass(frozen=True)

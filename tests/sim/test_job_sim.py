@@ -153,3 +153,11 @@ def test_excluding_detected_stragglers_recovers_most_of_their_cost():
 def test_bad_settings_are_refused_with_the_field_named(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_llama3_preset_reproduces_the_published_interruptions_and_effective_time():
+    # Published: 419 unexpected interruptions in 54 days, > 90% effective training time.
+    runs = [simulate_job(llama3_405b(seed=s)) for s in range(3)]
+    mean = sum(r.interruptions for r in runs) / len(runs)
+    assert abs(mean - 419) < 2 * math.sqrt(419 / len(runs)) + 0.05 * 419
+    assert all(r.ettr > 0.90 for r in runs)

@@ -1,0 +1,99 @@
+"""Reading a worker's real outcome from what torchrun and Kubernetes leave behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fm_pipeline.launch.exit_record import exit_record
+from fm_pipeline.launch.outcome import (
+    Outcome,
+    SegmentResult,
+    diagnose,
+    outcome_of,
+    parse_error_record,
+    parse_torchrun_summary,
+)
+from fm_pipeline.resources.launcher import launcher_from_env
+from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
+from fm_pipeline.resources.launcher_local import LocalLauncher
+
+SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fm_pipeline.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-29_14:40:04
+  host      : node-a
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11460) (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 11460
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_14:40:03
+  host      : node-b
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 11461) (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 11461
+============================================================
+"""
+
+
+def test_exit_codes_map_to_outcomes():
+    assert [outcome_of(c) for c in (0, 75, 2, 1, -9, 137)] == [
+        Outcome.SUCCEEDED, Outcome.PREEMPTED, Outcome.BAD_CONFIG, Outcome.FAILED,
+        Outcome.KILLED, Outcome.KILLED]
+
+
+def test_the_summary_root_cause_is_the_first_failure_not_the_first_listed():
+    evidence = parse_torchrun_summary(SUMMARY, source="log")
+    assert (evidence.rank, evidence.exit_code) == (3, -9)
+    assert evidence.reason == "Signal 9 (SIGKILL) received by PID 11461"
+
+
+def test_a_termination_message_cut_to_4_kib_keeps_code_and_reason():
+    record = exit_record(75, "preempted at step 37; checkpoint step-00000037 saved",
+                         traceback_text="x" * 5000)
+    cut = json.dumps(record)[:300]  # Kubernetes keeps the head of the message
+    evidence = parse_error_record(cut, source="message")
+    assert evidence.exit_code == 75 and evidence.reason.startswith("preempted at step 37")
+    assert len(record["message"]["extraInfo"]["py_callstack"]) == 2000
+
+
+def test_diagnose_prefers_an_exit_code_and_fills_the_reason(tmp_path):
+    worker = tmp_path / "torchrun" / "run_x" / "attempt_0" / "1"
+    worker.mkdir(parents=True)
+    (worker / "error.json").write_text(json.dumps(
+        {"message": {"message": "RuntimeError: loss is NaN at step 12",
+                     "extraInfo": {"py_callstack": "Traceback...", "timestamp": "1"}}}))
+    output = SUMMARY.replace("-9 (pid: 11461) (SIGKILL)", "1 (pid: 11461)").replace(
+        "  traceback : Signal 9 (SIGKILL) received by PID 11461",
+        "  traceback : Traceback...\n  RuntimeError: loss is NaN at step 12")
+    evidence = diagnose(log_dir=tmp_path / "torchrun", agent_error_file=None, output_text=output)
+    assert evidence.exit_code == 1 and evidence.rank == 3
+    assert evidence.reason == "RuntimeError: loss is NaN at step 12"
+
+
+def test_results_round_trip_through_json():
+    result = SegmentResult(job="j", end_step=20, outcome=Outcome.PREEMPTED, exit_code=75,
+                           reason="preempted", torchrun_exit_code=1, duration_s=3.5,
+                           failed_rank=0, error_files=("a/error.json",))
+    assert SegmentResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+
+
+def test_the_launcher_is_chosen_by_environment():
+    assert isinstance(launcher_from_env({}), LocalLauncher)
+    k8s = launcher_from_env({"FM_LAUNCHER": "kubernetes", "FM_STORE_URI": "s3://b/fm",
+                             "FM_K8S_SHARED_CLAIM": "fm-runs", "FM_K8S_MAX_RESTARTS": "5"})
+    assert isinstance(k8s, KubernetesLauncher)
+    assert (k8s.shared_volume_claim, k8s.max_restarts) == ("fm-runs", 5)
+    with pytest.raises(ValueError, match="needs FM_STORE_URI=s3://"):
+        launcher_from_env({"FM_LAUNCHER": "kubernetes"})
+    with pytest.raises(ValueError, match="expected one of local, kubernetes"):
+        launcher_from_env({"FM_LAUNCHER": "slurm"})

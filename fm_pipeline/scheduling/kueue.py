@@ -14,17 +14,15 @@ both). Jobs carry `kueue.x-k8s.io/queue-name: <local_queue_name(tenant)>` and
 
 from __future__ import annotations
 
+from fm_pipeline.launch.jobset import priority_class_name
 from fm_pipeline.launch.k8s_validate import validate_all
 from fm_pipeline.scheduling.tenants import TenantsConfig, TenantSpec, priority_values
+
+__all__ = ["job_labels", "local_queue_name", "priority_class_name", "render_kueue"]
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fm-pipeline"}
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-
-
-def priority_class_name(priority: str) -> str:
-    """The WorkloadPriorityClass a job of this priority names in its priority-class label."""
-    return f"fm-{priority}"
 
 
 def local_queue_name(tenant: str) -> str:

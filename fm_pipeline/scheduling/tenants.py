@@ -102,7 +102,10 @@ class KueueSpec(_Strict):
 
     cohort: str = "fm-pipeline"
     flavor: str = "gpu-default"
-    node_labels: dict[str, str] = Field(default_factory=dict)
+    node_labels: dict[str, str] = Field(
+        default_factory=lambda: {"nvidia.com/gpu.present": "true"},
+        description="labels of the nodes the flavor stands for (a topology needs one)",
+    )
     resource_names: dict[Resource, str] = Field(
         default_factory=lambda: {"gpu": "nvidia.com/gpu", "cpu": "cpu", "memory_gib": "memory"}
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from fm_pipeline.checkpoint.layout import local_root, step_dir_name
-from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, file_entry
+from fm_pipeline.checkpoint.manifest import Manifest, Timings, atomic_write, file_entry
 from fm_pipeline.config.paths import runs_dir
 
 
@@ -23,8 +23,9 @@ def write_checkpoint(job: str, *, step: int, tokens: int = 0, eval_loss: dict | 
                          mixed_precision="bf16"),
         model=dict(config={}, hash="abc"), data=dict(global_batch_size=16, seq_len=32),
         code=dict(package_version="0.1.0", torch_version="2.13.0"),
-        timings=dict(blocked_s=0.1, waited_s=0, write_s=1, checksum_s=0.1, commit_s=1.2,
-                     async_save=True),
+        # every timing the checkpointer records (the set grows): seconds, and async on
+        timings={name: True if field.annotation is bool else 0.1
+                 for name, field in Timings.model_fields.items()},
         job_spec={}, files=[file_entry(path, "__0_0.distcp")], total_bytes=700,
     )
     atomic_write(path / "manifest.json", manifest.to_json())

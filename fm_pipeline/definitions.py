@@ -6,9 +6,11 @@ area of the Dagster layer (fm_pipeline.assets.*) exports.
 
 from dagster import Definitions
 
-from fm_pipeline.assets.data import defs as data_defs
-from fm_pipeline.assets.plan import defs as plan_defs
+# Import each area as a module: Dagster refuses a code location with more than one
+# Definitions object at module scope (only `defs` may be one).
+from fm_pipeline.assets import data as data_area
+from fm_pipeline.assets import plan as plan_area
 
-AREAS: list[Definitions] = [data_defs, plan_defs]
+AREAS: list[Definitions] = [data_area.defs, plan_area.defs]
 
 defs = Definitions.merge(*AREAS) if AREAS else Definitions()

@@ -36,7 +36,12 @@ def run_data_assets(job_yaml, store_dir):
 
 
 def test_definitions_load_with_the_data_job():
+    import fm_pipeline.definitions as location
+    from dagster import Definitions
     from fm_pipeline.definitions import defs
+
+    # `dagster dev` refuses a module with several Definitions objects at module scope.
+    assert [v for v in vars(location).values() if isinstance(v, Definitions)] == [defs]
 
     job = defs.resolve_job_def("data_mix_job")
     assert {"clean_documents", "tokenizer", "token_shards", "data_mix"} <= set(job.graph.node_names())

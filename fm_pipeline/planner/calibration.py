@@ -50,8 +50,15 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
     shape = named_shape(run.model, seq_len=run.seq_len)
     cluster = make_cluster(run.gpu_type, inter_node_gbps=run.inter_node_gbps)
     fixed = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "cp": run.cp, **run.pinned}
-    result = search(shape, cluster, gpus=run.gpus, global_batch_tokens=run.global_batch * run.seq_len,
-                    top=1, fixed=fixed, dp_overlap=run.dp_overlap)
+    result = search(
+        shape,
+        cluster,
+        gpus=run.gpus,
+        global_batch_tokens=run.global_batch * run.seq_len,
+        top=1,
+        fixed=fixed,
+        dp_overlap=run.dp_overlap,
+    )
     if not result.plans:
         return CalibrationRow(run=run, predicted=None, layout="nothing fits", mfu=None)
     best = result.plans[0]
@@ -86,14 +93,19 @@ UNITS = {"tflops_eq3": "TFLOP/s/GPU", "iteration_s": "s/iteration", "mfu": "MFU"
 
 
 def markdown(rows: list[CalibrationRow]) -> str:
-    lines = ["| run | source | GPUs | tp/pp/dp/cp | metric | published | predicted | error | planner's choice |",
-             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| run | source | GPUs | tp/pp/dp/cp | metric | published | predicted | error "
+        "| planner's choice |",
+        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- |",
+    ]
     for r in rows:
         run = r.run
         pred = "n/a" if r.predicted is None else f"{r.predicted:.3g}"
         err = "n/a" if r.error is None else f"{r.error:+.0%}"
-        lines.append(f"| {run.key} | {run.source} | {run.gpus} | {run.tp}/{run.pp}/{run.dp}/{run.cp} | "
-                     f"{UNITS[run.metric]} | {run.value:.3g} | {pred} | {err} | {r.layout} |")
+        lines.append(
+            f"| {run.key} | {run.source} | {run.gpus} | {run.tp}/{run.pp}/{run.dp}/{run.cp} | "
+            f"{UNITS[run.metric]} | {run.value:.3g} | {pred} | {err} | {r.layout} |"
+        )
     return "\n".join(lines)
 
 
@@ -108,9 +120,14 @@ def plot(rows: list[CalibrationRow], out: Path) -> Path:
     ax.axhspan(1 / 1.15, 1.15, color="g", alpha=0.1, label="within 15%")
     ax.axhline(1.0, color="k", lw=0.8)
     for source, marker in (("nar21", "o"), ("kor22", "s"), ("mtnlg22", "^"), ("llama3", "*")):
-        pts = [(r.run.gpus, 1 / (1 + r.error)) for r in rows
-               if r.error is not None and r.run.key.startswith(source)]
-        ax.scatter(*zip(*pts), marker=marker, s=60 if marker == "*" else 30, label=source, alpha=0.8)
+        pts = [
+            (r.run.gpus, 1 / (1 + r.error))
+            for r in rows
+            if r.error is not None and r.run.key.startswith(source)
+        ]
+        gpus, ratio = zip(*pts, strict=True)
+        ax.scatter(gpus, ratio, marker=marker, s=60 if marker == "*" else 30, label=source,
+                   alpha=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("predicted / published step time")
@@ -134,9 +151,23 @@ def main() -> None:
     if args.plot:
         plot(rows, args.plot)
     if args.json:
-        print(json.dumps({"rows": [{"key": r.run.key, "published": r.run.value, "predicted": r.predicted,
-                                    "error": r.error, "layout": r.layout} for r in rows],
-                          "summary": summary(rows)}))
+        print(
+            json.dumps(
+                {
+                    "rows": [
+                        {
+                            "key": r.run.key,
+                            "published": r.run.value,
+                            "predicted": r.predicted,
+                            "error": r.error,
+                            "layout": r.layout,
+                        }
+                        for r in rows
+                    ],
+                    "summary": summary(rows),
+                }
+            )
+        )
     else:
         print(markdown(rows))
         print()

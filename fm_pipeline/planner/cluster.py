@@ -54,9 +54,15 @@ class ClusterConfig:
                 "oversubscription", f"must be >= 1 (1 = non-blocking), got {self.oversubscription}"
             )
         if self.region_gpus < 0:
-            raise PlanInputError("region_gpus", f"must be >= 0 (0: one region), got {self.region_gpus}")
-        for field in ("dollars_per_gpu_hour", "storage_dollars_per_gb_month",
-                      "node_failure_rate_per_day", "restart_overhead_s"):
+            raise PlanInputError(
+                "region_gpus", f"must be >= 0 (0: one region), got {self.region_gpus}"
+            )
+        for field in (
+            "dollars_per_gpu_hour",
+            "storage_dollars_per_gb_month",
+            "node_failure_rate_per_day",
+            "restart_overhead_s",
+        ):
             if getattr(self, field) < 0:
                 raise PlanInputError(field, f"must be >= 0, got {getattr(self, field)}")
 
@@ -68,7 +74,7 @@ class ClusterConfig:
     def restore_gbps(self) -> float:
         return self.storage_read_gbps or self.storage_write_gbps
 
-    def with_changes(self, **changes) -> "ClusterConfig":
+    def with_changes(self, **changes) -> ClusterConfig:
         return replace(self, **changes)
 
 
@@ -124,12 +130,19 @@ def cluster_from_spec(spec, *, gpus_per_node: int | None = None) -> ClusterConfi
         "storage_write_gbps": spec.storage_write_gbps,
         "node_failure_rate_per_day": spec.node_failure_rate_per_day,
     }
-    for field, spec_field in (("intra_node_gbps", "intra_node_gbps"),
-                              ("inter_node_gbps", "inter_node_gbps"),
-                              ("dollars_per_gpu_hour", "dollars_per_gpu_hour")):
+    for field, spec_field in (
+        ("intra_node_gbps", "intra_node_gbps"),
+        ("inter_node_gbps", "inter_node_gbps"),
+        ("dollars_per_gpu_hour", "dollars_per_gpu_hour"),
+    ):
         if spec_field in explicit:
             overrides[field] = getattr(spec, spec_field)
-    for field in ("nodes_per_rack", "region_gpus", "inter_region_gbps", "restart_overhead_s",
-                  "storage_dollars_per_gb_month"):
+    for field in (
+        "nodes_per_rack",
+        "region_gpus",
+        "inter_region_gbps",
+        "restart_overhead_s",
+        "storage_dollars_per_gb_month",
+    ):
         overrides[field] = getattr(spec, field)
     return make_cluster(spec.accelerator, **overrides)

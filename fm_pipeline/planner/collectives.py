@@ -65,9 +65,14 @@ def group_link(cluster: ClusterConfig, size, stride, *, span=None, per_node=None
     intra = cluster.intra_node_gbps * GB
     nic = np.select(
         [level == RACK, level == SPINE, level == REGION],
-        [cluster.inter_node_gbps * GB,
-         cluster.inter_node_gbps * GB / cluster.oversubscription,
-         np.minimum(cluster.inter_region_gbps, cluster.inter_node_gbps / cluster.oversubscription) * GB],
+        [
+            cluster.inter_node_gbps * GB,
+            cluster.inter_node_gbps * GB / cluster.oversubscription,
+            np.minimum(
+                cluster.inter_region_gbps, cluster.inter_node_gbps / cluster.oversubscription
+            )
+            * GB,
+        ],
         default=intra,
     )
     crossing = level > NODE
@@ -79,8 +84,14 @@ def group_link(cluster: ClusterConfig, size, stride, *, span=None, per_node=None
     tree = np.where(crossing, 2 * intra_hops + 2 * np.ceil(np.log2(nodes)) * alpha_far, 2 * alpha)
     p2p_bw = np.where(crossing, nic, intra) * LINK_EFFICIENCY
     p2p_alpha = np.where(crossing, alpha_far, ALPHA_INTRA_S)
-    return Link(bw=bw, alpha_s=alpha, tree_alpha_s=np.minimum(tree, 2 * alpha), level=level,
-                p2p_bw=p2p_bw, p2p_alpha_s=p2p_alpha)
+    return Link(
+        bw=bw,
+        alpha_s=alpha,
+        tree_alpha_s=np.minimum(tree, 2 * alpha),
+        level=level,
+        p2p_bw=p2p_bw,
+        p2p_alpha_s=p2p_alpha,
+    )
 
 
 def ring_pass_time(bytes_full, size, link: Link, *, calls=1) -> np.ndarray:
@@ -92,7 +103,10 @@ def ring_pass_time(bytes_full, size, link: Link, *, calls=1) -> np.ndarray:
 
 def all_reduce_time(bytes_full, size, link: Link, *, calls=1) -> np.ndarray:
     size = np.asarray(size, dtype=np.float64)
-    t = 2 * (size - 1) / np.maximum(size, 1) * np.asarray(bytes_full) / link.bw + calls * link.tree_alpha_s
+    t = (
+        2 * (size - 1) / np.maximum(size, 1) * np.asarray(bytes_full) / link.bw
+        + calls * link.tree_alpha_s
+    )
     return np.where(size > 1, t, 0.0)
 
 

@@ -41,7 +41,12 @@ def gemm_time(acc: Accelerator, peak: float, M, N, K, *, batch=1, dtype_bytes: i
     waves = np.ceil(tiles / acc.sm_count)
     rate = peak * acc.matmul_efficiency * (tiles / (waves * acc.sm_count)) * (K / (K + K_HALF))
     compute = 2 * M * N * K * batch / rate
-    memory = dtype_bytes * (M * K + K * N + M * N) * batch / (acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY)
+    memory = (
+        dtype_bytes
+        * (M * K + K * N + M * N)
+        * batch
+        / (acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY)
+    )
     return np.maximum(compute, memory)
 
 
@@ -65,11 +70,15 @@ class LayerTimes:
     head_bwd: np.ndarray
 
 
-def layer_times(shape: ModelShape, acc: Accelerator, c: Candidates, *, precision: str = "bf16") -> LayerTimes:
+def layer_times(
+    shape: ModelShape, acc: Accelerator, c: Candidates, *, precision: str = "bf16"
+) -> LayerTimes:
     dtype_bytes = 4 if precision == "fp32" else 2
     peak = acc.peak_flops(precision)
     t = c.tp.astype(np.float64)
-    M = c.micro_batch * shape.seq_len / c.cp  # tokens per micro-batch on this rank (gathered over tp)
+    M = (
+        c.micro_batch * shape.seq_len / c.cp
+    )  # tokens per micro-batch on this rank (gathered over tp)
     h, kv, f = shape.hidden, shape.kv_dim, shape.ffn
     up_width = 2 * f if shape.mlp == "swiglu" else f  # gate and up fused
 

@@ -75,31 +75,64 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
     if training_tokens is not None:
         require_positive("training_tokens", training_tokens)
     if precision not in PRECISIONS:
-        raise PlanInputError("precision", f"must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise PlanInputError(
+            "precision", f"must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        )
     check_layout(shape, layout, gpus=layout.gpus, global_batch_tokens=global_batch_tokens)
-    ev = evaluate(shape, cluster, Candidates.from_layouts([layout]),
-                  global_batch_tokens=global_batch_tokens, precision=precision, dp_overlap=dp_overlap)
+    ev = evaluate(
+        shape,
+        cluster,
+        Candidates.from_layouts([layout]),
+        global_batch_tokens=global_batch_tokens,
+        precision=precision,
+        dp_overlap=dp_overlap,
+    )
     metrics = plan_metrics(ev, 0)
     params = shape.params().total
-    rel = reliability(params=params, gpus=layout.gpus, cluster=cluster,
-                      step_time_s=metrics["step_time_s"], async_save=async_checkpoint)
+    rel = reliability(
+        params=params,
+        gpus=layout.gpus,
+        cluster=cluster,
+        step_time_s=metrics["step_time_s"],
+        async_save=async_checkpoint,
+    )
     tokens = training_tokens or CHINCHILLA_TOKENS_PER_PARAM * params
-    cost = training_cost(training_tokens=tokens, tokens_per_step=global_batch_tokens,
-                         step_time_s=metrics["step_time_s"], gpus=layout.gpus, cluster=cluster,
-                         reliability=rel, checkpoints_kept=checkpoints_kept)
+    cost = training_cost(
+        training_tokens=tokens,
+        tokens_per_step=global_batch_tokens,
+        step_time_s=metrics["step_time_s"],
+        gpus=layout.gpus,
+        cluster=cluster,
+        reliability=rel,
+        checkpoints_kept=checkpoints_kept,
+    )
     place = placement(cluster, layout)
     warnings = list(place.notes)
     if not metrics["fits"]:
-        warnings.append(f"does not fit: {metrics['memory_gib_per_gpu']:.1f} GiB needed per GPU, "
-                        f"{metrics['memory_capacity_gib']:.0f} GiB available; add pp or tp, shard "
-                        "more (zero1 -> fsdp), or recompute activations")
+        warnings.append(
+            f"does not fit: {metrics['memory_gib_per_gpu']:.1f} GiB needed per GPU, "
+            f"{metrics['memory_capacity_gib']:.0f} GiB available; add pp or tp, shard "
+            "more (zero1 -> fsdp), or recompute activations"
+        )
     chunks = layout.pp * layout.virtual_stages
     if shape.layers % chunks:
-        warnings.append(f"{shape.layers} layers do not split evenly over pp x virtual_stages = "
-                        f"{chunks} chunks; the fullest rank sets the pace")
+        warnings.append(
+            f"{shape.layers} layers do not split evenly over pp x virtual_stages = "
+            f"{chunks} chunks; the fullest rank sets the pace"
+        )
     if layout.recompute == "selective" and shape.flash_attention:
-        warnings.append("selective recomputation saves nothing with flash attention "
-                        "(no attention scores are stored); it only adds recompute time")
-    return Estimate(shape=shape, cluster=cluster, layout=layout,
-                    global_batch_tokens=global_batch_tokens, metrics=metrics, reliability=rel,
-                    cost=cost, placement=place, warnings=warnings)
+        warnings.append(
+            "selective recomputation saves nothing with flash attention "
+            "(no attention scores are stored); it only adds recompute time"
+        )
+    return Estimate(
+        shape=shape,
+        cluster=cluster,
+        layout=layout,
+        global_batch_tokens=global_batch_tokens,
+        metrics=metrics,
+        reliability=rel,
+        cost=cost,
+        placement=place,
+        warnings=warnings,
+    )

@@ -24,7 +24,9 @@ def _versus(ev: Evaluation, i: int, mask: np.ndarray) -> str | None:
     return f"{gain:.0%} faster than the best alternative"
 
 
-def reasons_for(shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Evaluation, i: int) -> list[str]:
+def reasons_for(
+    shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Evaluation, i: int
+) -> list[str]:
     tp, pp, cp = int(c.tp[i]), int(c.pp[i]), int(c.cp[i])
     v, mb = int(c.virtual_stages[i]), int(c.micro_batch[i])
     cap = ev.memory.capacity_gib
@@ -33,43 +35,70 @@ def reasons_for(shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Ev
     if tp == 1:
         out.append("tp=1: the layers fit without splitting matrices across GPUs")
     else:
-        where = ("keeps TP inside NVLink" if int(ev.tp_level[i]) == NODE
-                 else f"TP spans the {LEVEL_NAMES[int(ev.tp_level[i])]} fabric")
+        where = (
+            "keeps TP inside NVLink"
+            if int(ev.tp_level[i]) == NODE
+            else f"TP spans the {LEVEL_NAMES[int(ev.tp_level[i])]} fabric"
+        )
         smaller = _versus(ev, i, c.tp < tp)
-        out.append(f"tp={tp} {where}; " + (smaller.replace("alternative", "plan with smaller tp")
-                                             if smaller else "nothing with smaller tp fits"))
+        out.append(
+            f"tp={tp} {where}; "
+            + (
+                smaller.replace("alternative", "plan with smaller tp")
+                if smaller
+                else "nothing with smaller tp fits"
+            )
+        )
     if pp == 1:
         out.append("pp=1: no pipeline bubble")
     else:
         smaller = _versus(ev, i, c.pp < pp)
-        why = (f"pp={pp} because weights and activations do not fit in {cap:.0f} GiB below it"
-               if smaller is None else f"pp={pp}: {smaller.replace('alternative', 'plan with smaller pp')}")
+        why = (
+            f"pp={pp} because weights and activations do not fit in {cap:.0f} GiB below it"
+            if smaller is None
+            else f"pp={pp}: {smaller.replace('alternative', 'plan with smaller pp')}"
+        )
         out.append(why + f" (bubble {ev.bubble_s[i] / ev.step_time_s[i]:.0%} of the step)")
     if cp > 1:
         smaller = _versus(ev, i, c.cp < cp)
-        out.append(f"cp={cp} splits each {shape.seq_len}-token sequence over {cp} GPUs; "
-                   + (smaller.replace("alternative", "plan with smaller cp") if smaller
-                      else "nothing with smaller cp fits"))
+        out.append(
+            f"cp={cp} splits each {shape.seq_len}-token sequence over {cp} GPUs; "
+            + (
+                smaller.replace("alternative", "plan with smaller cp")
+                if smaller
+                else "nothing with smaller cp fits"
+            )
+        )
     if v > 1:
         plain = _versus(ev, i, (c.virtual_stages == 1) & (c.pp == pp) & (c.tp == tp))
-        out.append(f"{v} virtual stages per rank shrink the bubble to (p-1)/(v m)"
-                   + (f"; {plain.replace('alternative', 'non-interleaved plan')}" if plain else ""))
+        out.append(
+            f"{v} virtual stages per rank shrink the bubble to (p-1)/(v m)"
+            + (f"; {plain.replace('alternative', 'non-interleaved plan')}" if plain else "")
+        )
     recompute = RECOMPUTE[int(c.recompute[i])]
     if recompute == "none":
         out.append("no activation recomputation: activations fit")
     else:
         lighter = _versus(ev, i, c.recompute < c.recompute[i])
-        out.append(f"{recompute} recomputation because "
-                   + ("nothing lighter fits" if lighter is None
-                      else lighter.replace("alternative", "plan that recomputes less")))
+        out.append(
+            f"{recompute} recomputation because "
+            + (
+                "nothing lighter fits"
+                if lighter is None
+                else lighter.replace("alternative", "plan that recomputes less")
+            )
+        )
     sharding = SHARDING[int(c.sharding[i])]
     shard = int(c.dp_shard[i] * c.cp[i])
     if sharding == "ddp":
         out.append("plain data parallelism: optimizer state fits unsharded")
     else:
-        out.append(f"{sharding} over {shard} ranks; "
-                   + (_versus(ev, i, c.sharding != c.sharding[i]) or "the only sharding that fits")
-                   .replace("alternative", "other sharding"))
+        out.append(
+            f"{sharding} over {shard} ranks; "
+            + (
+                _versus(ev, i, c.sharding != c.sharding[i]) or "the only sharding that fits"
+            ).replace("alternative", "other sharding")
+        )
     m = int(ev.microbatches[i])
     out.append(f"dp={int(c.dp[i])} with {m} micro-batch{'es' if m != 1 else ''} of {mb} per step")
     return out

@@ -51,21 +51,34 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
     """The checked plan: predictions for the declared layout, the search's best alternatives,
     the checkpoint interval against the configured one, and the rank placement."""
     inp = job_inputs(job)
-    est = estimate(inp["shape"], inp["cluster"], inp["layout"],
-                   global_batch_tokens=inp["global_batch_tokens"],
-                   training_tokens=inp["training_tokens"], precision=inp["precision"],
-                   async_checkpoint=inp["async_checkpoint"], checkpoints_kept=inp["checkpoints_kept"])
-    found = search(inp["shape"], inp["cluster"], gpus=inp["layout"].gpus,
-                   global_batch_tokens=inp["global_batch_tokens"], top=alternatives,
-                   precision=inp["precision"])
+    est = estimate(
+        inp["shape"],
+        inp["cluster"],
+        inp["layout"],
+        global_batch_tokens=inp["global_batch_tokens"],
+        training_tokens=inp["training_tokens"],
+        precision=inp["precision"],
+        async_checkpoint=inp["async_checkpoint"],
+        checkpoints_kept=inp["checkpoints_kept"],
+    )
+    found = search(
+        inp["shape"],
+        inp["cluster"],
+        gpus=inp["layout"].gpus,
+        global_batch_tokens=inp["global_batch_tokens"],
+        top=alternatives,
+        precision=inp["precision"],
+    )
     rel = est.reliability
     return {
         "version": PLAN_VERSION,
         "job": job.name,
         "model": inp["shape"].describe(),
-        "cluster": {"accelerator": inp["cluster"].accelerator.name,
-                    "gpus_per_node": inp["cluster"].gpus_per_node,
-                    "peak_flops": inp["cluster"].accelerator.peak_flops(inp["precision"])},
+        "cluster": {
+            "accelerator": inp["cluster"].accelerator.name,
+            "gpus_per_node": inp["cluster"].gpus_per_node,
+            "peak_flops": inp["cluster"].accelerator.peak_flops(inp["precision"]),
+        },
         "precision": inp["precision"],
         "estimate": est.to_dict(),
         "checkpoint": {
@@ -75,18 +88,32 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
             "job_mtbf_h": rel.job_mtbf_h,
         },
         "alternatives": [
-            {"rank": p.rank, "layout": p.layout.describe(), **_headline(found.metrics(p.index)),
-             "reasons": p.reasons}
+            {
+                "rank": p.rank,
+                "layout": p.layout.describe(),
+                **_headline(found.metrics(p.index)),
+                "reasons": p.reasons,
+            }
             for p in found.plans
         ],
-        "search": {"evaluated": found.evaluated, "fitting": found.fitting, "seconds": found.seconds},
+        "search": {
+            "evaluated": found.evaluated,
+            "fitting": found.fitting,
+            "seconds": found.seconds,
+        },
         "rank_placement": rank_table(inp["cluster"], inp["layout"], limit=rank_rows),
     }
 
 
 def _headline(m: dict) -> dict:
-    keys = ("step_time_s", "tokens_per_s", "mfu", "memory_gib_per_gpu", "bubble_fraction",
-            "exposed_comm_fraction")
+    keys = (
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "memory_gib_per_gpu",
+        "bubble_fraction",
+        "exposed_comm_fraction",
+    )
     return {k: m[k] for k in keys}
 
 

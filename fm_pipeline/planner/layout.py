@@ -78,15 +78,22 @@ def check_layout(shape: ModelShape, layout: Layout, *, gpus: int, global_batch_t
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise PlanInputError(name, f"must be a whole number >= 1, got {value!r}")
     if layout.recompute not in RECOMPUTE:
-        raise PlanInputError("recompute", f"must be one of {', '.join(RECOMPUTE)}, got {layout.recompute!r}")
+        raise PlanInputError(
+            "recompute", f"must be one of {', '.join(RECOMPUTE)}, got {layout.recompute!r}"
+        )
     if layout.sharding not in SHARDING:
-        raise PlanInputError("sharding", f"must be one of {', '.join(SHARDING)}, got {layout.sharding!r}")
+        raise PlanInputError(
+            "sharding", f"must be one of {', '.join(SHARDING)}, got {layout.sharding!r}"
+        )
     if layout.schedule and layout.schedule not in SCHEDULES:
-        raise PlanInputError("schedule", f"must be one of {', '.join(SCHEDULES)}, got {layout.schedule!r}")
+        raise PlanInputError(
+            "schedule", f"must be one of {', '.join(SCHEDULES)}, got {layout.schedule!r}"
+        )
     if layout.gpus != gpus:
         raise PlanInputError(
-            "dp", f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} x cp {layout.cp} = "
-                  f"{layout.gpus} must equal gpus ({gpus})"
+            "dp",
+            f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} x cp {layout.cp} = "
+            f"{layout.gpus} must equal gpus ({gpus})",
         )
     for what, size in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn", shape.ffn)):
         if size % layout.tp:
@@ -94,15 +101,17 @@ def check_layout(shape: ModelShape, layout: Layout, *, gpus: int, global_batch_t
     if shape.seq_len % (layout.tp * layout.cp):
         field = "cp" if layout.cp > 1 else "tp"
         raise PlanInputError(
-            field, f"tp x cp ({layout.tp} x {layout.cp}) must divide seq_len ({shape.seq_len}): "
-                   "sequence parallelism splits the sequence over tp, context parallelism over cp"
+            field,
+            f"tp x cp ({layout.tp} x {layout.cp}) must divide seq_len ({shape.seq_len}): "
+            "sequence parallelism splits the sequence over tp, context parallelism over cp",
         )
     chunks = layout.pp * layout.virtual_stages
     if chunks > shape.layers:
         field = "virtual_stages" if layout.virtual_stages > 1 else "pp"
         raise PlanInputError(
-            field, f"pp x virtual_stages ({layout.pp} x {layout.virtual_stages}) exceeds layers "
-                   f"({shape.layers}): every pipeline chunk needs a layer"
+            field,
+            f"pp x virtual_stages ({layout.pp} x {layout.virtual_stages}) exceeds layers "
+            f"({shape.layers}): every pipeline chunk needs a layer",
         )
     if layout.virtual_stages > 1 and layout.pp == 1:
         raise PlanInputError("virtual_stages", "interleaving (virtual_stages > 1) needs pp > 1")
@@ -123,13 +132,14 @@ def check_layout(shape: ModelShape, layout: Layout, *, gpus: int, global_batch_t
     m = sequences // (layout.dp * layout.micro_batch)
     if layout.pp > 1 and m < layout.pp:
         raise PlanInputError(
-            "micro_batch", f"{m} micro-batches per step cannot fill a pipeline of pp={layout.pp} "
-                           "stages; lower micro_batch or dp, or raise the global batch"
+            "micro_batch",
+            f"{m} micro-batches per step cannot fill a pipeline of pp={layout.pp} "
+            "stages; lower micro_batch or dp, or raise the global batch",
         )
     if layout.pipeline_schedule == "Interleaved1F1B" and m % layout.pp:
         raise PlanInputError(
-            "virtual_stages", f"the interleaved schedule needs micro-batches ({m}) divisible by pp "
-                              f"({layout.pp})"
+            "virtual_stages",
+            f"the interleaved schedule needs micro-batches ({m}) divisible by pp ({layout.pp})",
         )
     return m
 
@@ -154,13 +164,16 @@ class Candidates:
         return len(self.tp)
 
     @classmethod
-    def from_layouts(cls, layouts: list[Layout]) -> "Candidates":
+    def from_layouts(cls, layouts: list[Layout]) -> Candidates:
         def col(fn):
             return np.array([fn(lay) for lay in layouts], dtype=np.int64)
 
         return cls(
-            tp=col(lambda x: x.tp), pp=col(lambda x: x.pp), dp=col(lambda x: x.dp),
-            cp=col(lambda x: x.cp), micro_batch=col(lambda x: x.micro_batch),
+            tp=col(lambda x: x.tp),
+            pp=col(lambda x: x.pp),
+            dp=col(lambda x: x.dp),
+            cp=col(lambda x: x.cp),
+            micro_batch=col(lambda x: x.micro_batch),
             virtual_stages=col(lambda x: x.virtual_stages),
             recompute=col(lambda x: RECOMPUTE.index(x.recompute)),
             sharding=col(lambda x: SHARDING.index(x.sharding)),
@@ -168,7 +181,7 @@ class Candidates:
             schedule=col(lambda x: SCHEDULES.index(x.pipeline_schedule)),
         )
 
-    def take(self, index) -> "Candidates":
+    def take(self, index) -> Candidates:
         return Candidates(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     def layout(self, i: int) -> Layout:
@@ -176,9 +189,14 @@ class Candidates:
         dp = int(self.dp[i])
         shard = int(self.dp_shard[i])
         return Layout(
-            tp=int(self.tp[i]), pp=int(self.pp[i]), dp=dp, cp=int(self.cp[i]),
-            micro_batch=int(self.micro_batch[i]), virtual_stages=int(self.virtual_stages[i]),
-            recompute=RECOMPUTE[int(self.recompute[i])], sharding=sharding,
+            tp=int(self.tp[i]),
+            pp=int(self.pp[i]),
+            dp=dp,
+            cp=int(self.cp[i]),
+            micro_batch=int(self.micro_batch[i]),
+            virtual_stages=int(self.virtual_stages[i]),
+            recompute=RECOMPUTE[int(self.recompute[i])],
+            sharding=sharding,
             dp_shard=0 if sharding == "ddp" or shard == dp else shard,
             schedule=SCHEDULES[int(self.schedule[i])],
         )

@@ -47,69 +47,70 @@ class PublishedRun:
     pinned: dict = field(default_factory=dict)  # micro_batch, virtual_stages, recompute, sharding
     dp_overlap: bool = True  # overlap of data-parallel communication with compute
     inter_node_gbps: float | None = None
-    note: str = ""
 
 
 A100_HDR = 25.0  # 200 Gb/s HDR InfiniBand per GPU on Selene / DGX A100
 MEGATRON_2021 = {"recompute": "full", "sharding": "ddp"}
 
+
+def _a100(key: str, source: str, model: str, *, gpus: int, tp: int, pp: int, batch: int,
+          metric: str, value: float, **pinned) -> PublishedRun:
+    """A Megatron run on Selene-like A100 80GB nodes (2021-2022: no overlap of DP comm)."""
+    return PublishedRun(key=key, source=source, model=f"megatron-{model}", seq_len=2048,
+                        gpu_type="a100-80gb", gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp),
+                        global_batch=batch, metric=metric, value=value, pinned=pinned,
+                        dp_overlap=False, inter_node_gbps=A100_HDR)
+
+
+# NAR21 Table 1: model, tp, pp, GPUs, batch, teraFLOP/s per GPU.
+NAR21_TABLE_1 = [
+    ("1.7b", 1, 1, 32, 512, 137), ("3.6b", 2, 1, 64, 512, 138),
+    ("7.5b", 4, 1, 128, 512, 142), ("18.4b", 8, 1, 256, 1024, 135),
+    ("39.1b", 8, 2, 512, 1536, 138), ("76.1b", 8, 4, 1024, 1792, 140),
+    ("145.6b", 8, 8, 1536, 2304, 148), ("310.1b", 8, 16, 1920, 2160, 155),
+    ("529.6b", 8, 35, 2520, 2520, 163), ("1t", 8, 64, 3072, 3072, 163),
+]
+# NAR21 Table 2, PTD-P rows (tp=8, micro-batch 1): model, pp, batch, GPUs, teraFLOP/s per GPU.
+NAR21_TABLE_2 = [
+    ("175b", 12, 1536, 384, 153), ("175b", 12, 1536, 768, 149), ("175b", 12, 1536, 1536, 141),
+    ("529.6b", 35, 2240, 560, 171), ("529.6b", 35, 2240, 1120, 167),
+    ("529.6b", 35, 2240, 2240, 159),
+]
+# KOR22 Tables 3 and 5 (tp=8, dp=1): model, pp, GPUs = batch, micro-batch, interleaving,
+# recomputation, seconds per iteration ("full" rows: full recomputation, no sequence parallel).
+KOR22_TABLE_5 = [
+    ("22b", 1, 8, 4, 1, "full", 1.42), ("22b", 1, 8, 4, 1, "selective", 1.10),
+    ("175b", 8, 64, 1, 3, "full", 18.13), ("175b", 8, 64, 1, 3, "selective", 13.75),
+    ("529.6b", 35, 280, 1, 3, "full", 49.05), ("529.6b", 35, 280, 1, 3, "selective", 37.83),
+    ("1t", 64, 512, 1, 1, "full", 94.42), ("1t", 64, 512, 1, 1, "selective", 71.49),
+]
+KOR22_BATCH = {"22b": 4, "175b": 64, "529.6b": 280, "1t": 512}
+# MTNLG22 section 2.4 (tp=8, pp=35, batch 1920): GPUs, seconds per iteration.
+MTNLG22 = [(2240, 60.1), (2800, 50.2), (3360, 44.4)]
+# LLAMA3 Table 4 (405B, tp=8, pp=16, 16M tokens per step): GPUs, cp, dp, sequence, BF16 MFU.
+LLAMA3_TABLE_4 = [(8192, 1, 64, 8192, 0.43), (16384, 1, 128, 8192, 0.41),
+                  (16384, 16, 8, 131072, 0.38)]
+
 PUBLISHED_RUNS: list[PublishedRun] = [
-    *[
-        PublishedRun(f"nar21-t1-{name}", "NAR21 Table 1", f"megatron-{name}", 2048, "a100-80gb",
-                     gpus, tp, pp, gpus // (tp * pp), batch, "tflops_eq3", tflops,
-                     pinned=dict(MEGATRON_2021), dp_overlap=False, inter_node_gbps=A100_HDR)
-        for name, tp, pp, gpus, batch, tflops in [
-            ("1.7b", 1, 1, 32, 512, 137), ("3.6b", 2, 1, 64, 512, 138),
-            ("7.5b", 4, 1, 128, 512, 142), ("18.4b", 8, 1, 256, 1024, 135),
-            ("39.1b", 8, 2, 512, 1536, 138), ("76.1b", 8, 4, 1024, 1792, 140),
-            ("145.6b", 8, 8, 1536, 2304, 148), ("310.1b", 8, 16, 1920, 2160, 155),
-            ("529.6b", 8, 35, 2520, 2520, 163), ("1t", 8, 64, 3072, 3072, 163),
-        ]
-    ],
-    *[
-        PublishedRun(f"nar21-t2-{name}-{gpus}", "NAR21 Table 2 (PTD-P)", f"megatron-{name}", 2048,
-                     "a100-80gb", gpus, 8, pp, gpus // (8 * pp), batch, "tflops_eq3", tflops,
-                     pinned={**MEGATRON_2021, "micro_batch": 1}, dp_overlap=False,
-                     inter_node_gbps=A100_HDR)
-        for name, pp, batch, gpus, tflops in [
-            ("175b", 12, 1536, 384, 153), ("175b", 12, 1536, 768, 149), ("175b", 12, 1536, 1536, 141),
-            ("529.6b", 35, 2240, 560, 171), ("529.6b", 35, 2240, 1120, 167),
-            ("529.6b", 35, 2240, 2240, 159),
-        ]
-    ],
-    *[
-        PublishedRun(f"kor22-{name}-{rec}", "KOR22 Tables 3, 5", f"megatron-{name}", 2048,
-                     "a100-80gb", gpus, 8, pp, 1, batch, "iteration_s", seconds,
-                     pinned={"micro_batch": mb, "virtual_stages": v, "recompute": rec,
-                             "sharding": "ddp"},
-                     dp_overlap=False, inter_node_gbps=A100_HDR,
-                     note="full recompute without sequence parallelism" if rec == "full" else "")
-        for name, pp, gpus, batch, mb, v, rec, seconds in [
-            ("22b", 1, 8, 4, 4, 1, "full", 1.42), ("22b", 1, 8, 4, 4, 1, "selective", 1.10),
-            ("175b", 8, 64, 64, 1, 3, "full", 18.13), ("175b", 8, 64, 64, 1, 3, "selective", 13.75),
-            ("529.6b", 35, 280, 280, 1, 3, "full", 49.05),
-            ("529.6b", 35, 280, 280, 1, 3, "selective", 37.83),
-            ("1t", 64, 512, 512, 1, 1, "full", 94.42), ("1t", 64, 512, 512, 1, 1, "selective", 71.49),
-        ]
-    ],
-    PublishedRun("kor22-529.6b-dp8", "KOR22 section 6.3", "megatron-529.6b", 2048, "a100-80gb",
-                 2240, 8, 35, 8, 2240, "iteration_s", 39.15,
-                 pinned={"micro_batch": 1, "virtual_stages": 3, "recompute": "selective",
-                         "sharding": "ddp"},
-                 dp_overlap=False, inter_node_gbps=A100_HDR),
-    *[
-        PublishedRun(f"mtnlg22-{gpus}", "MTNLG22 section 2.4", "megatron-529.6b", 2048, "a100-80gb",
-                     gpus, 8, 35, gpus // 280, 1920, "iteration_s", seconds,
-                     pinned={"micro_batch": 1, **MEGATRON_2021}, dp_overlap=False,
-                     inter_node_gbps=A100_HDR)
-        for gpus, seconds in [(2240, 60.1), (2800, 50.2), (3360, 44.4)]
-    ],
-    *[
-        PublishedRun(f"llama3-405b-{gpus}-{seq}", "LLAMA3 Table 4", "llama3-405b", seq, "h100-sxm",
-                     gpus, 8, 16, dp, 16 * 2**20 // seq, "mfu", mfu, cp=cp,
-                     pinned={"micro_batch": 1}, inter_node_gbps=50.0)
-        for gpus, cp, dp, seq, mfu in [
-            (8192, 1, 64, 8192, 0.43), (16384, 1, 128, 8192, 0.41), (16384, 16, 8, 131072, 0.38),
-        ]
-    ],
+    *[_a100(f"nar21-t1-{m}", "NAR21 Table 1", m, gpus=g, tp=tp, pp=pp, batch=b,
+            metric="tflops_eq3", value=x, **MEGATRON_2021)
+      for m, tp, pp, g, b, x in NAR21_TABLE_1],
+    *[_a100(f"nar21-t2-{m}-{g}", "NAR21 Table 2 (PTD-P)", m, gpus=g, tp=8, pp=pp, batch=b,
+            metric="tflops_eq3", value=x, micro_batch=1, **MEGATRON_2021)
+      for m, pp, b, g, x in NAR21_TABLE_2],
+    *[_a100(f"kor22-{m}-{rec}", "KOR22 Tables 3, 5", m, gpus=g, tp=8, pp=pp, batch=KOR22_BATCH[m],
+            metric="iteration_s", value=x, micro_batch=mb, virtual_stages=v, recompute=rec,
+            sharding="ddp")
+      for m, pp, g, mb, v, rec, x in KOR22_TABLE_5],
+    _a100("kor22-529.6b-dp8", "KOR22 section 6.3", "529.6b", gpus=2240, tp=8, pp=35, batch=2240,
+          metric="iteration_s", value=39.15, micro_batch=1, virtual_stages=3,
+          recompute="selective", sharding="ddp"),
+    *[_a100(f"mtnlg22-{g}", "MTNLG22 section 2.4", "529.6b", gpus=g, tp=8, pp=35, batch=1920,
+            metric="iteration_s", value=x, micro_batch=1, **MEGATRON_2021)
+      for g, x in MTNLG22],
+    *[PublishedRun(key=f"llama3-405b-{g}-{seq}", source="LLAMA3 Table 4", model="llama3-405b",
+                   seq_len=seq, gpu_type="h100-sxm", gpus=g, tp=8, pp=16, dp=dp, cp=cp,
+                   global_batch=16 * 2**20 // seq, metric="mfu", value=mfu,
+                   pinned={"micro_batch": 1}, inter_node_gbps=50.0)
+      for g, cp, dp, seq, mfu in LLAMA3_TABLE_4],
 ]

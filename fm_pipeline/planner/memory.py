@@ -49,7 +49,7 @@ class StateBytes:
     optimizer: float
 
     @classmethod
-    def for_precision(cls, precision: str) -> "StateBytes":
+    def for_precision(cls, precision: str) -> StateBytes:
         if precision == "fp32":
             return cls(weights=4, grads=4, optimizer=8)  # the fp32 weights are the master copy
         return cls(weights=2, grads=4, optimizer=12)
@@ -107,7 +107,8 @@ def stage_layers(shape: ModelShape, c: Candidates) -> np.ndarray:
 
 
 def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int,
-                   capacity_gib: float, precision: str = "bf16", on_cpu: bool = False) -> MemoryArrays:
+                   capacity_gib: float, precision: str = "bf16",
+                   on_cpu: bool = False) -> MemoryArrays:
     dtype_bytes = 4 if precision == "fp32" else 2
     state = StateBytes.for_precision(precision)
     p = shape.params()
@@ -132,13 +133,17 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
 
     acts = layer_activations(shape, c, dtype_bytes=dtype_bytes)
     everything = acts.linear + acts.core
-    stored = np.select([c.recompute == NONE, c.recompute == SELECTIVE, c.recompute == HALF],
-                       [everything, acts.linear, (everything + acts.layer_input) / 2],
-                       default=acts.layer_input)
-    recompute_working = np.select([c.recompute == SELECTIVE, c.recompute >= HALF],
-                                  [acts.core, everything], default=0.0)
-    fsdp_working = np.where(c.sharding == FSDP,
-                            2 * layer_params * (state.weights + state.grads), 0.0)
+    stored = np.select(
+        [c.recompute == NONE, c.recompute == SELECTIVE, c.recompute == HALF],
+        [everything, acts.linear, (everything + acts.layer_input) / 2],
+        default=acts.layer_input,
+    )
+    recompute_working = np.select(
+        [c.recompute == SELECTIVE, c.recompute >= HALF], [acts.core, everything], default=0.0
+    )
+    fsdp_working = np.where(
+        c.sharding == FSDP, 2 * layer_params * (state.weights + state.grads), 0.0
+    )
 
     m = global_batch_tokens // shape.seq_len // (c.dp * c.micro_batch)
     pp = c.pp.astype(np.float64)
@@ -158,12 +163,18 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
     first_total = sum(first) + working
     last_total = sum(last) + working
     use_first = first_total >= last_total
-    parts = [np.where(use_first, a, b) for a, b in zip(first, last)]
+    parts = [np.where(use_first, a, b) for a, b in zip(first, last, strict=True)]
     allocated = np.maximum(first_total, last_total)
     reserved = 0.0 if on_cpu else RUNTIME_RESERVED_GIB
     total_gib = allocated * (1 + FRAGMENTATION) / GIB + reserved
     return MemoryArrays(
-        weights=parts[0], grads=parts[1], optimizer=parts[2], activations=parts[3],
-        working=working, total_gib=total_gib, capacity_gib=capacity_gib,
-        stage_params=np.where(use_first, first_params, last_params), layers_per_rank=layers,
+        weights=parts[0],
+        grads=parts[1],
+        optimizer=parts[2],
+        activations=parts[3],
+        working=working,
+        total_gib=total_gib,
+        capacity_gib=capacity_gib,
+        stage_params=np.where(use_first, first_params, last_params),
+        layers_per_rank=layers,
     )

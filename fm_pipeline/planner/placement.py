@@ -72,12 +72,20 @@ def placement(cluster: ClusterConfig, layout: Layout) -> Placement:
                      f"({cluster.gpus_per_rack}): stage-to-stage sends cross the spine")
     crossing = [g.name for g in groups if g.size > 1 and g.reaches == LEVEL_NAMES[REGION]]
     if crossing:
-        notes.append(f"{', '.join(crossing)} collectives cross regions (region = {cluster.region_gpus} "
-                     f"GPUs, job = {gpus}): keep only data parallelism across regions, with "
-                     "hierarchical or asynchronous reduction")
-    return Placement(nodes=nodes, racks=racks, groups=groups, tp_inside_node=tp_inside,
-                     pipeline_inside_rack=pipeline_inside or pp == 1,
-                     crosses_regions=crossing, notes=notes)
+        notes.append(
+            f"{', '.join(crossing)} collectives cross regions (region = {cluster.region_gpus} "
+            f"GPUs, job = {gpus}): keep only data parallelism across regions, with "
+            "hierarchical or asynchronous reduction"
+        )
+    return Placement(
+        nodes=nodes,
+        racks=racks,
+        groups=groups,
+        tp_inside_node=tp_inside,
+        pipeline_inside_rack=pipeline_inside or pp == 1,
+        crosses_regions=crossing,
+        notes=notes,
+    )
 
 
 def rank_coordinates(layout: Layout, ranks=None) -> dict[str, np.ndarray]:
@@ -92,8 +100,15 @@ def rank_table(cluster: ClusterConfig, layout: Layout, *, limit: int = 64) -> li
     coords = rank_coordinates(layout, np.arange(min(limit, layout.gpus)))
     node = coords["rank"] // cluster.gpus_per_node
     return [
-        {"rank": int(r), "node": int(n), "rack": int(n // cluster.nodes_per_rack), "dp": int(d),
-         "pp": int(p), "cp": int(c), "tp": int(t)}
-        for r, n, d, p, c, t in zip(coords["rank"], node, coords["dp"], coords["pp"], coords["cp"],
-                                    coords["tp"])
+        {
+            "rank": int(r),
+            "node": int(n),
+            "rack": int(n // cluster.nodes_per_rack),
+            "dp": int(d),
+            "pp": int(p),
+            "cp": int(c),
+            "tp": int(t),
+        }
+        for r, n, d, p, c, t in zip(coords["rank"], node, coords["dp"], coords["pp"],
+                                    coords["cp"], coords["tp"], strict=True)
     ]

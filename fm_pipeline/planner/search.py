@@ -24,7 +24,14 @@ import numpy as np
 
 from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.errors import PlanInputError, require_positive
-from fm_pipeline.planner.layout import RECOMPUTE, SCHEDULES, SHARDING, Candidates, Layout, valid_mask
+from fm_pipeline.planner.layout import (
+    RECOMPUTE,
+    SCHEDULES,
+    SHARDING,
+    Candidates,
+    Layout,
+    valid_mask,
+)
 from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import Evaluation, evaluate
 
@@ -70,7 +77,9 @@ def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: i
     fixed = dict(fixed or {})
     unknown = set(fixed) - set(SEARCH_FIELDS)
     if unknown:
-        raise PlanInputError(sorted(unknown)[0], f"cannot be pinned; pin one of {', '.join(SEARCH_FIELDS)}")
+        raise PlanInputError(
+            sorted(unknown)[0], f"cannot be pinned; pin one of {', '.join(SEARCH_FIELDS)}"
+        )
 
     def options(name, default):
         return [fixed[name]] if name in fixed else list(default)
@@ -88,47 +97,99 @@ def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: i
                 if "dp" not in fixed or fixed["dp"] == dp:
                     triples.append((tp, cp, pp, dp))
     if not triples:
-        raise PlanInputError("gpus", f"no tp x cp x pp x dp factorization of {gpus} GPUs matches "
-                                     f"the pinned degrees {fixed}")
+        raise PlanInputError(
+            "gpus",
+            f"no tp x cp x pp x dp factorization of {gpus} GPUs matches the pinned degrees {fixed}",
+        )
     flash = shape.flash_attention
-    recompute = [RECOMPUTE.index(r) for r in options("recompute", RECOMPUTE)
-                 if not (flash and r == "selective" and "recompute" not in fixed)]
+    recompute = [
+        RECOMPUTE.index(r)
+        for r in options("recompute", RECOMPUTE)
+        if not (flash and r == "selective" and "recompute" not in fixed)
+    ]
     sharding = [SHARDING.index(s) for s in options("sharding", SHARDING)]
-    shard_groups = [0] if "sharding" in fixed and fixed["sharding"] == "ddp" else [0, *HSDP_SHARD_GROUPS]
-    grid = np.array(list(itertools.product(
-        range(len(triples)), options("micro_batch", MICRO_BATCHES),
-        options("virtual_stages", VIRTUAL_STAGES), recompute, sharding, shard_groups)), dtype=np.int64)
+    shard_groups = (
+        [0] if "sharding" in fixed and fixed["sharding"] == "ddp" else [0, *HSDP_SHARD_GROUPS]
+    )
+    grid = np.array(
+        list(
+            itertools.product(
+                range(len(triples)),
+                options("micro_batch", MICRO_BATCHES),
+                options("virtual_stages", VIRTUAL_STAGES),
+                recompute,
+                sharding,
+                shard_groups,
+            )
+        ),
+        dtype=np.int64,
+    )
     t = np.array(triples, dtype=np.int64)[grid[:, 0]]
     dp, v, s, group = t[:, 3], grid[:, 2], grid[:, 4], grid[:, 5]
     ddp = s == SHARDING.index("ddp")
     keep = (group == 0) | (~ddp & (group < dp) & (dp % np.maximum(group, 1) == 0))
     c = Candidates(
-        tp=t[:, 0], cp=t[:, 1], pp=t[:, 2], dp=dp, micro_batch=grid[:, 1], virtual_stages=v,
-        recompute=grid[:, 3], sharding=s,
+        tp=t[:, 0],
+        cp=t[:, 1],
+        pp=t[:, 2],
+        dp=dp,
+        micro_batch=grid[:, 1],
+        virtual_stages=v,
+        recompute=grid[:, 3],
+        sharding=s,
         dp_shard=np.where(ddp, 1, np.where(group == 0, dp, group)),
         schedule=np.where(v > 1, SCHEDULES.index("Interleaved1F1B"), SCHEDULES.index("1F1B")),
     ).take(keep)
     return c.take(valid_mask(shape, c, global_batch_tokens=global_batch_tokens))
 
 
-def search(shape: ModelShape, cluster: ClusterConfig, *, gpus: int, global_batch_tokens: int,
-           top: int = 5, fixed: dict | None = None, precision: str = "bf16",
-           dp_overlap: bool = True) -> SearchResult:
+def search(
+    shape: ModelShape,
+    cluster: ClusterConfig,
+    *,
+    gpus: int,
+    global_batch_tokens: int,
+    top: int = 5,
+    fixed: dict | None = None,
+    precision: str = "bf16",
+    dp_overlap: bool = True,
+) -> SearchResult:
     require_positive("gpus", gpus, integer=True)
     require_positive("global_batch_tokens", global_batch_tokens, integer=True)
     if global_batch_tokens % shape.seq_len:
-        raise PlanInputError("global_batch_tokens", f"{global_batch_tokens} is not a whole number of "
-                                                    f"sequences of {shape.seq_len} tokens")
+        raise PlanInputError(
+            "global_batch_tokens",
+            f"{global_batch_tokens} is not a whole number of sequences of {shape.seq_len} tokens",
+        )
     start = time.perf_counter()
     c = enumerate_candidates(shape, gpus=gpus, global_batch_tokens=global_batch_tokens, fixed=fixed)
-    ev = evaluate(shape, cluster, c, global_batch_tokens=global_batch_tokens, precision=precision,
-                  dp_overlap=dp_overlap)
+    ev = evaluate(
+        shape,
+        cluster,
+        c,
+        global_batch_tokens=global_batch_tokens,
+        precision=precision,
+        dp_overlap=dp_overlap,
+    )
     fits = np.flatnonzero(ev.fits)
     order = fits[np.lexsort((ev.memory.total_gib[fits], -ev.tokens_per_s[fits]))][:top]
     from fm_pipeline.planner.explain import reasons_for
 
-    plans = [RankedPlan(rank=r + 1, layout=c.layout(int(i)), index=int(i),
-                        reasons=reasons_for(shape, cluster, c, ev, int(i)))
-             for r, i in enumerate(order)]
-    return SearchResult(plans=plans, candidates=c, evaluation=ev, evaluated=len(c),
-                        fitting=len(fits), seconds=time.perf_counter() - start, gpus=gpus)
+    plans = [
+        RankedPlan(
+            rank=r + 1,
+            layout=c.layout(int(i)),
+            index=int(i),
+            reasons=reasons_for(shape, cluster, c, ev, int(i)),
+        )
+        for r, i in enumerate(order)
+    ]
+    return SearchResult(
+        plans=plans,
+        candidates=c,
+        evaluation=ev,
+        evaluated=len(c),
+        fitting=len(fits),
+        seconds=time.perf_counter() - start,
+        gpus=gpus,
+    )

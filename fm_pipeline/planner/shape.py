@@ -100,7 +100,9 @@ class ModelShape:
     def params(self) -> ParamBreakdown:
         h = self.hidden
         norm_size = h if self.norm == "rmsnorm" else 2 * h
-        biases = (2 * h + 2 * self.kv_dim + (self.mlp_matrices - 1) * self.ffn + h) if self.bias else 0
+        biases = (
+            (2 * h + 2 * self.kv_dim + (self.mlp_matrices - 1) * self.ffn + h) if self.bias else 0
+        )
         per_layer_norms = 2 * norm_size
         per_layer = self.layer_matmul_weights() + biases + per_layer_norms
         return ParamBreakdown(
@@ -141,13 +143,25 @@ def default_ffn(hidden: int, mlp: str) -> int:
     return 256 * -(-int(8 * hidden / 3) // 256)
 
 
-def gpt_shape(*, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
-              name: str = "gpt") -> ModelShape:
+def gpt_shape(
+    *, layers: int, hidden: int, heads: int, vocab: int, seq_len: int, name: str = "gpt"
+) -> ModelShape:
     """A GPT-3 / Megatron-LM style decoder as trained in 2020-2022."""
     return ModelShape(
-        layers=layers, hidden=hidden, heads=heads, kv_heads=heads, ffn=4 * hidden,
-        vocab=vocab, seq_len=seq_len, mlp="gelu", bias=True, norm="layernorm",
-        learned_positions=True, tie_embeddings=True, dropout=True, flash_attention=False,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=heads,
+        ffn=4 * hidden,
+        vocab=vocab,
+        seq_len=seq_len,
+        mlp="gelu",
+        bias=True,
+        norm="layernorm",
+        learned_positions=True,
+        tie_embeddings=True,
+        dropout=True,
+        flash_attention=False,
         name=name,
     )
 
@@ -180,8 +194,14 @@ def named_shape(name: str, *, seq_len: int | None = None) -> ModelShape:
     """A registry size (Llama-style) or a published GPT-style shape, by name."""
     if name in GPT_SIZES:
         layers, hidden, heads, vocab, default_seq = GPT_SIZES[name]
-        return gpt_shape(layers=layers, hidden=hidden, heads=heads, vocab=vocab,
-                         seq_len=seq_len or default_seq, name=name)
+        return gpt_shape(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            vocab=vocab,
+            seq_len=seq_len or default_seq,
+            name=name,
+        )
     from fm_pipeline.model.registry import get_model_config, model_names
 
     if name not in model_names():
@@ -193,7 +213,13 @@ def named_shape(name: str, *, seq_len: int | None = None) -> ModelShape:
 def shape_from_model_config(cfg, *, seq_len: int, name: str = "custom") -> ModelShape:
     """The planner's view of a `fm_pipeline.model.ModelConfig` trained at `seq_len`."""
     return ModelShape(
-        layers=cfg.n_layers, hidden=cfg.dim, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads,
-        ffn=cfg.ffn_dim, vocab=cfg.vocab_size, seq_len=seq_len,
-        tie_embeddings=cfg.tie_embeddings, name=name,
+        layers=cfg.n_layers,
+        hidden=cfg.dim,
+        heads=cfg.n_heads,
+        kv_heads=cfg.n_kv_heads,
+        ffn=cfg.ffn_dim,
+        vocab=cfg.vocab_size,
+        seq_len=seq_len,
+        tie_embeddings=cfg.tie_embeddings,
+        name=name,
     )

@@ -62,16 +62,29 @@ def estimate_view(est: Estimate) -> Group:
     run_t.add_column(style="bold")
     run_t.add_column(justify="right")
     for label, value in [
-        ("checkpoint", f"{rel['checkpoint_gb']:,.0f} GB, write {_duration(rel['checkpoint_write_s'])}, "
-                       f"blocks {_duration(rel['checkpoint_blocking_s'])}"),
+        (
+            "checkpoint",
+            f"{rel['checkpoint_gb']:,.0f} GB, write {_duration(rel['checkpoint_write_s'])}, "
+            f"blocks {_duration(rel['checkpoint_blocking_s'])}",
+        ),
         ("job MTBF", _duration(None if rel["job_mtbf_h"] is None else rel["job_mtbf_h"] * 3600)),
-        ("checkpoint every", f"{_duration(rel['interval_s'])} ({rel['interval_steps']} steps, Young/Daly)"),
+        (
+            "checkpoint every",
+            f"{_duration(rel['interval_s'])} ({rel['interval_steps']} steps, Young/Daly)",
+        ),
         ("goodput", _pct(rel["goodput"])),
-        ("time to train", f"{_duration(cost['time_to_train_days'] * 86400)} for "
-                          f"{cost['training_tokens']:.3g} tokens ({cost['steps']:,} steps)"),
+        (
+            "time to train",
+            f"{_duration(cost['time_to_train_days'] * 86400)} for "
+            f"{cost['training_tokens']:.3g} tokens ({cost['steps']:,} steps)",
+        ),
         ("GPU-hours", f"{cost['gpu_hours']:,.0f}"),
-        ("cost", f"{_money(cost['dollars'])} ({_money(cost['checkpoint_storage_dollars'])} checkpoints), "
-                 f"${cost['dollars_per_million_tokens']:.3f} per million tokens"),
+        (
+            "cost",
+            f"{_money(cost['dollars'])} "
+            f"({_money(cost['checkpoint_storage_dollars'])} checkpoints), "
+            f"${cost['dollars_per_million_tokens']:.3f} per million tokens",
+        ),
     ]:
         run_t.add_row(label, value)
 
@@ -87,15 +100,24 @@ def estimate_view(est: Estimate) -> Group:
 
 
 def search_view(result: SearchResult) -> Group:
-    t = Table(title=f"best of {result.fitting} fitting layouts ({result.evaluated} evaluated on "
-                    f"{result.gpus} GPUs in {result.seconds:.2f} s)")
+    t = Table(
+        title=f"best of {result.fitting} fitting layouts ({result.evaluated} evaluated on "
+        f"{result.gpus} GPUs in {result.seconds:.2f} s)"
+    )
     for col in ("#", "layout", "step s", "tokens/s", "MFU", "GiB/GPU", "bubble", "exposed comm"):
         t.add_column(col, justify="right" if col not in ("layout",) else "left")
     for p in result.plans:
         m = result.metrics(p.index)
-        t.add_row(str(p.rank), p.layout.describe(), f"{m['step_time_s']:.3f}",
-                  f"{m['tokens_per_s']:,.0f}", _pct(m["mfu"]), f"{m['memory_gib_per_gpu']:.1f}",
-                  _pct(m["bubble_fraction"]), _pct(m["exposed_comm_fraction"]))
+        t.add_row(
+            str(p.rank),
+            p.layout.describe(),
+            f"{m['step_time_s']:.3f}",
+            f"{m['tokens_per_s']:,.0f}",
+            _pct(m["mfu"]),
+            f"{m['memory_gib_per_gpu']:.1f}",
+            _pct(m["bubble_fraction"]),
+            _pct(m["exposed_comm_fraction"]),
+        )
     if not result.plans:
         return Group(t, "[red]no layout fits in memory[/]")
     why = "\n".join(f"  - {r}" for r in result.plans[0].reasons)
@@ -104,15 +126,47 @@ def search_view(result: SearchResult) -> Group:
 
 def whatif_view(wi: WhatIf) -> Group:
     t = Table(title="what if")
-    for col in ("scenario", "GPUs", "layout", "step s", "MFU", "bubble", "exposed comm", "goodput",
-                "days", "cost", "note"):
+    for col in (
+        "scenario",
+        "GPUs",
+        "layout",
+        "step s",
+        "MFU",
+        "bubble",
+        "exposed comm",
+        "goodput",
+        "days",
+        "cost",
+        "note",
+    ):
         t.add_column(col)
     for r in wi.rows():
         if r["layout"] is None:
-            t.add_row(r["scenario"], str(r["gpus"]), "-", "-", "-", "-", "-", "-", "-", "-",
-                      f"[red]{r['note']}[/]")
+            t.add_row(
+                r["scenario"],
+                str(r["gpus"]),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f"[red]{r['note']}[/]",
+            )
             continue
-        t.add_row(r["scenario"], str(r["gpus"]), r["layout"], f"{r['step_time_s']:.2f}",
-                  _pct(r["mfu"]), _pct(r["bubble_fraction"]), _pct(r["exposed_comm_fraction"]),
-                  _pct(r["goodput"]), f"{r['time_to_train_days']:.1f}", _money(r["dollars"]), r["note"])
+        t.add_row(
+            r["scenario"],
+            str(r["gpus"]),
+            r["layout"],
+            f"{r['step_time_s']:.2f}",
+            _pct(r["mfu"]),
+            _pct(r["bubble_fraction"]),
+            _pct(r["exposed_comm_fraction"]),
+            _pct(r["goodput"]),
+            f"{r['time_to_train_days']:.1f}",
+            _money(r["dollars"]),
+            r["note"],
+        )
     return Group(t, f"[bold]what breaks first:[/] {wi.breaks_first}")

@@ -58,13 +58,21 @@ class Scenario:
             return {"scenario": self.name, "gpus": self.gpus, "layout": None, "note": self.note}
         m = e.metrics
         return {
-            "scenario": self.name, "gpus": self.gpus, "layout": e.layout.describe(),
-            "step_time_s": m["step_time_s"], "mfu": m["mfu"], "tokens_per_s": m["tokens_per_s"],
-            "bubble_fraction": m["bubble_fraction"], "exposed_comm_fraction": m["exposed_comm_fraction"],
-            "goodput": e.reliability.goodput, "effective_mfu": m["mfu"] * e.reliability.goodput,
+            "scenario": self.name,
+            "gpus": self.gpus,
+            "layout": e.layout.describe(),
+            "step_time_s": m["step_time_s"],
+            "mfu": m["mfu"],
+            "tokens_per_s": m["tokens_per_s"],
+            "bubble_fraction": m["bubble_fraction"],
+            "exposed_comm_fraction": m["exposed_comm_fraction"],
+            "goodput": e.reliability.goodput,
+            "effective_mfu": m["mfu"] * e.reliability.goodput,
             "checkpoint_interval_s": e.reliability.interval_s,
-            "time_to_train_days": e.cost.time_to_train_days, "dollars": e.cost.dollars,
-            "crosses_regions": e.placement.crosses_regions, "note": self.note,
+            "time_to_train_days": e.cost.time_to_train_days,
+            "dollars": e.cost.dollars,
+            "crosses_regions": e.placement.crosses_regions,
+            "note": self.note,
         }
 
 
@@ -81,8 +89,11 @@ class WhatIf:
         return {"scenarios": self.rows(), "breaks_first": self.breaks_first, "growth": self.growth}
 
     def markdown(self) -> str:
-        lines = ["| scenario | GPUs | layout | step s | MFU | bubble | exposed comm | goodput | "
-                 "days | $M | note |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        lines = [
+            "| scenario | GPUs | layout | step s | MFU | bubble | exposed comm | goodput | "
+            "days | $M | note |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
         for r in self.rows():
             if r["layout"] is None:
                 lines.append(f"| {r['scenario']} | {r['gpus']} | - | | | | | | | | {r['note']} |")
@@ -91,18 +102,25 @@ class WhatIf:
                 f"| {r['scenario']} | {r['gpus']} | {r['layout']} | {r['step_time_s']:.2f} | "
                 f"{r['mfu']:.1%} | {r['bubble_fraction']:.1%} | {r['exposed_comm_fraction']:.1%} | "
                 f"{r['goodput']:.1%} | {r['time_to_train_days']:.1f} | {r['dollars'] / 1e6:.1f} | "
-                f"{r['note']} |")
+                f"{r['note']} |"
+            )
         return "\n".join(lines) + f"\n\nWhat breaks first: {self.breaks_first}"
 
 
 def _best(shape, cluster, gpus, batch, precision) -> tuple[Layout | None, str]:
-    result = search(shape, cluster, gpus=gpus, global_batch_tokens=batch, top=1, precision=precision)
+    result = search(
+        shape, cluster, gpus=gpus, global_batch_tokens=batch, top=1, precision=precision
+    )
     if result.plans:
-        return result.plans[0].layout, f"re-planned ({result.fitting} of {result.evaluated} layouts fit)"
+        return result.plans[
+            0
+        ].layout, f"re-planned ({result.fitting} of {result.evaluated} layouts fit)"
     sequences = batch // shape.seq_len
-    return None, (f"no layout fits: {result.evaluated} valid layouts, none fits in memory"
-                  if result.evaluated else
-                  f"the global batch of {sequences} sequences cannot feed {gpus} GPUs")
+    return None, (
+        f"no layout fits: {result.evaluated} valid layouts, none fits in memory"
+        if result.evaluated
+        else f"the global batch of {sequences} sequences cannot feed {gpus} GPUs"
+    )
 
 
 def breaks_first(base: Scenario, bigger: Scenario) -> tuple[str, dict[str, float]]:
@@ -114,11 +132,17 @@ def breaks_first(base: Scenario, bigger: Scenario) -> tuple[str, dict[str, float
     growth = {k: after[k] - before[k] for k in after}
     term = max(growth, key=growth.get)
     if after[term] < MIN_SHARE or growth[term] <= 0:
-        return f"nothing yet: at {bigger.gpus} GPUs no overhead grows past {MIN_SHARE:.0%} of the time", growth
-    return (f"{term}: {before[term]:.1%} -> {after[term]:.1%} of the time at {bigger.gpus} GPUs "
-            f"(MFU {base.estimate.metrics['mfu']:.1%} -> {bigger.estimate.metrics['mfu']:.1%}, "
-            f"goodput {base.estimate.reliability.goodput:.1%} -> "
-            f"{bigger.estimate.reliability.goodput:.1%})"), growth
+        return (
+            f"nothing yet: at {bigger.gpus} GPUs no overhead grows past {MIN_SHARE:.0%} "
+            "of the time",
+            growth,
+        )
+    return (
+        f"{term}: {before[term]:.1%} -> {after[term]:.1%} of the time at {bigger.gpus} GPUs "
+        f"(MFU {base.estimate.metrics['mfu']:.1%} -> {bigger.estimate.metrics['mfu']:.1%}, "
+        f"goodput {base.estimate.reliability.goodput:.1%} -> "
+        f"{bigger.estimate.reliability.goodput:.1%})"
+    ), growth
 
 
 def _scaled(shape, layout: Layout, factor: int, batch: int) -> tuple[Layout | None, str]:
@@ -131,14 +155,28 @@ def _scaled(shape, layout: Layout, factor: int, batch: int) -> tuple[Layout | No
     return bigger, f"same layout, dp x{factor}"
 
 
-def what_if(shape: ModelShape, cluster: ClusterConfig, *, gpus: int, global_batch_tokens: int,
-            training_tokens: float | None = None, layout: Layout | None = None, doublings: int = 2,
-            precision: str = "bf16") -> WhatIf:
+def what_if(
+    shape: ModelShape,
+    cluster: ClusterConfig,
+    *,
+    gpus: int,
+    global_batch_tokens: int,
+    training_tokens: float | None = None,
+    layout: Layout | None = None,
+    doublings: int = 2,
+    precision: str = "bf16",
+) -> WhatIf:
     def run(name, c: ClusterConfig, n: int, lay: Layout | None, note: str = "") -> Scenario:
         if lay is None:
             return Scenario(name=name, gpus=n, estimate=None, note=note)
-        est = estimate(shape, c, lay, global_batch_tokens=global_batch_tokens,
-                       training_tokens=training_tokens, precision=precision)
+        est = estimate(
+            shape,
+            c,
+            lay,
+            global_batch_tokens=global_batch_tokens,
+            training_tokens=training_tokens,
+            precision=precision,
+        )
         notes = [note] if note else []
         if est.placement.crosses_regions:
             notes.append(f"{'/'.join(est.placement.crosses_regions)} crosses regions")
@@ -161,13 +199,35 @@ def what_if(shape: ModelShape, cluster: ClusterConfig, *, gpus: int, global_batc
         scenarios += [scaled[-1], run(f"{2**k}x GPUs, re-planned", cluster, n, lay, why)]
     first, growth = breaks_first(base, scaled[0]) if doublings else ("", {})
     for factor in (0.5, 2.0):
-        scenarios.append(run(f"fabric x{factor:g}", cluster.with_changes(
-            inter_node_gbps=cluster.inter_node_gbps * factor), gpus, layout))
+        scenarios.append(
+            run(
+                f"fabric x{factor:g}",
+                cluster.with_changes(inter_node_gbps=cluster.inter_node_gbps * factor),
+                gpus,
+                layout,
+            )
+        )
     for factor in (0.5, 2.0):
-        scenarios.append(run(f"storage x{factor:g}", cluster.with_changes(
-            storage_write_gbps=cluster.storage_write_gbps * factor,
-            storage_read_gbps=cluster.restore_gbps * factor), gpus, layout))
+        scenarios.append(
+            run(
+                f"storage x{factor:g}",
+                cluster.with_changes(
+                    storage_write_gbps=cluster.storage_write_gbps * factor,
+                    storage_read_gbps=cluster.restore_gbps * factor,
+                ),
+                gpus,
+                layout,
+            )
+        )
     for factor in (2.0, 0.5):
-        scenarios.append(run(f"failures x{factor:g}", cluster.with_changes(
-            node_failure_rate_per_day=cluster.node_failure_rate_per_day * factor), gpus, layout))
+        scenarios.append(
+            run(
+                f"failures x{factor:g}",
+                cluster.with_changes(
+                    node_failure_rate_per_day=cluster.node_failure_rate_per_day * factor
+                ),
+                gpus,
+                layout,
+            )
+        )
     return WhatIf(scenarios=scenarios, breaks_first=first, growth=growth)

@@ -13,7 +13,9 @@ def rows():
 
 
 def test_every_published_configuration_fits_and_is_predicted(rows):
-    assert all(r.predicted is not None for r in rows), [r.run.key for r in rows if r.predicted is None]
+    assert all(r.predicted is not None for r in rows), [
+        r.run.key for r in rows if r.predicted is None
+    ]
 
 
 def test_errors_stay_within_the_documented_bounds(rows):
@@ -31,8 +33,10 @@ def test_errors_stay_within_the_documented_bounds(rows):
 def test_strong_scaling_trend_matches_the_paper(rows):
     # NAR21 Table 2: same model and batch on 2x and 4x the GPUs loses per-GPU throughput.
     for model in ("175b", "529.6b"):
-        series = sorted((r for r in rows if r.run.key.startswith(f"nar21-t2-{model}-")),
-                        key=lambda r: r.run.gpus)
+        series = sorted(
+            (r for r in rows if r.run.key.startswith(f"nar21-t2-{model}-")),
+            key=lambda r: r.run.gpus,
+        )
         published = [r.run.value for r in series]
         predicted = [r.predicted for r in series]
         assert published == sorted(published, reverse=True)

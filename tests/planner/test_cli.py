@@ -35,17 +35,39 @@ def test_estimate_json_prints_one_object_with_the_contract_keys():
 
 
 def test_estimate_without_json_prints_tables():
-    r = invoke("estimate", "--model", "llama3-8b", "--seq-len", 8192, "--global-batch-tokens",
-               8 * 8192, "--micro-batch", 1, "--gpus", 8, "--gpu-type", "a100-80gb", "--tp", 1, "--pp", 1)
+    r = invoke(
+        "estimate",
+        "--model",
+        "llama3-8b",
+        "--seq-len",
+        8192,
+        "--global-batch-tokens",
+        8 * 8192,
+        "--micro-batch",
+        1,
+        "--gpus",
+        8,
+        "--gpu-type",
+        "a100-80gb",
+        "--tp",
+        1,
+        "--pp",
+        1,
+    )
     assert r.exit_code == 0, r.output
-    assert "MFU / HFU" in r.stdout and "checkpoint every" in r.stdout and "rank placement" in r.stdout
+    assert (
+        "MFU / HFU" in r.stdout and "checkpoint every" in r.stdout and "rank placement" in r.stdout
+    )
 
 
-@pytest.mark.parametrize("args,flag", [
-    (["--tp", 3, "--pp", 1], "--tp"),
-    (["--tp", 8, "--pp", 16, "--dp", 7], "--dp"),
-    (["--tp", 8, "--pp", 16, "--gpu-type", "tpu-v9"], "--gpu-type"),
-])
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["--tp", 3, "--pp", 1], "--tp"),
+        (["--tp", 8, "--pp", 16, "--dp", 7], "--dp"),
+        (["--tp", 8, "--pp", 16, "--gpu-type", "tpu-v9"], "--gpu-type"),
+    ],
+)
 def test_invalid_estimates_exit_2_naming_the_flag(args, flag):
     base = [*LLAMA_405B, "--global-batch-tokens", 16 * 2**20, "--micro-batch", 1, "--gpus", 16384]
     if "--gpu-type" not in args:
@@ -56,15 +78,49 @@ def test_invalid_estimates_exit_2_naming_the_flag(args, flag):
 
 
 def test_missing_shape_flags_are_named():
-    r = invoke("estimate", "--hidden", 4096, "--heads", 32, "--vocab", 32000, "--seq-len", 4096,
-               "--global-batch-tokens", 4096, "--micro-batch", 1, "--gpus", 1, "--gpu-type", "h100",
-               "--tp", 1, "--pp", 1)
+    r = invoke(
+        "estimate",
+        "--hidden",
+        4096,
+        "--heads",
+        32,
+        "--vocab",
+        32000,
+        "--seq-len",
+        4096,
+        "--global-batch-tokens",
+        4096,
+        "--micro-batch",
+        1,
+        "--gpus",
+        1,
+        "--gpu-type",
+        "h100",
+        "--tp",
+        1,
+        "--pp",
+        1,
+    )
     assert r.exit_code == 2 and "error: --layers: is required (or give --model NAME)" in r.stderr
 
 
 def test_search_json_ranks_plans_with_reasons():
-    r = invoke("search", "--model", "llama3-70b", "--seq-len", 8192, "--global-batch-tokens", 4 * 2**20,
-               "--gpus", 512, "--gpu-type", "h100", "--top", 3, "--json")
+    r = invoke(
+        "search",
+        "--model",
+        "llama3-70b",
+        "--seq-len",
+        8192,
+        "--global-batch-tokens",
+        4 * 2**20,
+        "--gpus",
+        512,
+        "--gpu-type",
+        "h100",
+        "--top",
+        3,
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["evaluated"] >= out["fitting"] > 0 and len(out["plans"]) == 3
@@ -74,13 +130,35 @@ def test_search_json_ranks_plans_with_reasons():
 
 
 def test_whatif_json_reports_what_breaks_first():
-    r = invoke("whatif", "--model", "llama3-70b", "--seq-len", 8192, "--global-batch-tokens", 4 * 2**20,
-               "--gpus", 256, "--gpu-type", "h100", "--tp", 8, "--pp", 4, "--virtual-stages", 2,
-               "--doublings", 1, "--json")
+    r = invoke(
+        "whatif",
+        "--model",
+        "llama3-70b",
+        "--seq-len",
+        8192,
+        "--global-batch-tokens",
+        4 * 2**20,
+        "--gpus",
+        256,
+        "--gpu-type",
+        "h100",
+        "--tp",
+        8,
+        "--pp",
+        4,
+        "--virtual-stages",
+        2,
+        "--doublings",
+        1,
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert [s["scenario"] for s in out["scenarios"]][:3] == ["baseline", "2x GPUs, dp x2",
-                                                            "2x GPUs, re-planned"]
+    assert [s["scenario"] for s in out["scenarios"]][:3] == [
+        "baseline",
+        "2x GPUs, dp x2",
+        "2x GPUs, re-planned",
+    ]
     assert out["breaks_first"]
 
 

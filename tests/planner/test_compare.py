@@ -22,7 +22,9 @@ def test_a_run_close_to_the_plan_is_within_tolerance():
 
 
 def test_a_slow_run_points_at_what_to_look_at():
-    cmp = compare_with_measured(predicted_step_time_s=1.0, predicted_mfu=0.4, measured_step_time_s=2.0)
+    cmp = compare_with_measured(
+        predicted_step_time_s=1.0, predicted_mfu=0.4, measured_step_time_s=2.0
+    )
     assert not cmp.within_tolerance and cmp.mfu_error is None
     assert "100% slower than planned" in cmp.verdict and "stragglers" in cmp.verdict
     assert cmp.to_dict()["measured_step_time_s"] == 2.0

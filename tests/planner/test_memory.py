@@ -53,7 +53,9 @@ def test_first_pipeline_stage_holds_l_layers_of_activations_whatever_pp():
 
 def test_optimizer_sharding_divides_state_by_the_shard_group():
     shape = named_shape("llama3-8b", seq_len=4096)
-    c = Candidates.from_layouts([Layout(dp=64, sharding=s) for s in ("ddp", "zero1", "zero2", "fsdp")])
+    c = Candidates.from_layouts(
+        [Layout(dp=64, sharding=s) for s in ("ddp", "zero1", "zero2", "fsdp")]
+    )
     m = memory_per_gpu(shape, c, global_batch_tokens=64 * 4096, capacity_gib=80)
     assert m.optimizer[1] == pytest.approx(m.optimizer[0] / 64)
     assert m.grads[2] == pytest.approx(m.grads[1] / 64)
@@ -64,21 +66,34 @@ def test_optimizer_sharding_divides_state_by_the_shard_group():
 def test_llama3_405b_published_layout_fits_on_h100():
     # Llama 3 405B: tp8 pp16 dp128 on 16,384 H100 80GB, 8K sequences, micro-batch 1.
     shape = named_shape("llama3-405b", seq_len=8192)
-    est = estimate(shape, H100, Layout(tp=8, pp=16, dp=128, virtual_stages=4, recompute="full"),
-                   global_batch_tokens=BATCH_405B)
+    est = estimate(
+        shape,
+        H100,
+        Layout(tp=8, pp=16, dp=128, virtual_stages=4, recompute="full"),
+        global_batch_tokens=BATCH_405B,
+    )
     assert est.fits
     assert 20 < est.metrics["memory_gib_per_gpu"] < 80
-    without = estimate(shape, H100, Layout(tp=8, pp=16, dp=128, virtual_stages=4, recompute="none"),
-                       global_batch_tokens=BATCH_405B)
+    without = estimate(
+        shape,
+        H100,
+        Layout(tp=8, pp=16, dp=128, virtual_stages=4, recompute="none"),
+        global_batch_tokens=BATCH_405B,
+    )
     assert not without.fits  # storing every activation of 16 in-flight micro-batches does not
 
 
 def test_405b_without_model_parallelism_does_not_fit_in_80_gb():
     shape = named_shape("llama3-405b", seq_len=8192)
-    ddp = estimate(shape, H100, Layout(dp=2048, recompute="full", sharding="ddp"),
-                   global_batch_tokens=BATCH_405B)
+    ddp = estimate(
+        shape,
+        H100,
+        Layout(dp=2048, recompute="full", sharding="ddp"),
+        global_batch_tokens=BATCH_405B,
+    )
     assert ddp.metrics["memory_gib"]["weights"] > 700  # 405B x 2 bytes on every GPU
     assert not ddp.fits
-    none_fit = search(shape, H100, gpus=2048, global_batch_tokens=BATCH_405B,
-                      fixed={"tp": 1, "pp": 1, "cp": 1})
+    none_fit = search(
+        shape, H100, gpus=2048, global_batch_tokens=BATCH_405B, fixed={"tp": 1, "pp": 1, "cp": 1}
+    )
     assert none_fit.evaluated > 0 and none_fit.fitting == 0

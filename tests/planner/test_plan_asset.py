@@ -9,7 +9,6 @@ from tests.conftest import REPO
 
 def test_training_plan_materializes_from_the_job_spec(fm_home):
     from dagster import materialize
-
     from fm_pipeline.assets.plan import training_plan
     from fm_pipeline.resources.job_spec import JobSpecResource
 

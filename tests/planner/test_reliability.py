@@ -18,9 +18,13 @@ def test_young_interval_is_sqrt_2_delta_m():
 def test_daly_matches_his_higher_order_formula_and_tends_to_young():
     d, m = 300.0, 3600.0
     x = d / (2 * m)
-    assert daly_interval(d, m) == pytest.approx(math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d)
+    assert daly_interval(d, m) == pytest.approx(
+        math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d
+    )
     assert daly_interval(1.0, 1e7) == pytest.approx(young_interval(1.0, 1e7), rel=1e-3)
-    assert daly_interval(5000, 2000) == 2000  # checkpointing costs more than 2 MTBFs: save once per M
+    assert (
+        daly_interval(5000, 2000) == 2000
+    )  # checkpointing costs more than 2 MTBFs: save once per M
 
 
 def test_job_mtbf_shrinks_with_node_count():
@@ -61,8 +65,14 @@ def test_sync_checkpoints_block_on_storage_and_async_ones_on_the_host_copy():
 def test_cost_is_gpu_hours_times_price_plus_checkpoint_storage():
     cluster = make_cluster("h100", dollars_per_gpu_hour=2.0, node_failure_rate_per_day=0.0)
     rel = reliability(params=8e9, gpus=64, cluster=cluster, step_time_s=1.0)
-    cost = training_cost(training_tokens=1e12, tokens_per_step=2**20, step_time_s=1.0, gpus=64,
-                         cluster=cluster, reliability=rel)
+    cost = training_cost(
+        training_tokens=1e12,
+        tokens_per_step=2**20,
+        step_time_s=1.0,
+        gpus=64,
+        cluster=cluster,
+        reliability=rel,
+    )
     steps = math.ceil(1e12 / 2**20)
     assert cost.steps == steps
     assert cost.gpu_hours == pytest.approx(64 * steps / 3600 / rel.goodput)

@@ -9,32 +9,47 @@ from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.shape import GPT_SIZES, ModelShape, default_ffn, named_shape
 
 
-def narayanan_params(l, h, V, s):
+def narayanan_params(layers, h, V, s):
     """Narayanan et al. 2021, eq. (2)."""
-    return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    return 12 * layers * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * layers * h))
 
 
 def test_gpt3_175b_parameters_match_the_closed_form():
     shape = named_shape("gpt3-175b")
     p = shape.params()
     # eq. (2) leaves out the final LayerNorm; everything else matches to the parameter.
-    assert p.total - p.final_norm == pytest.approx(narayanan_params(96, 12288, 50257, 2048), rel=1e-12)
+    assert p.total - p.final_norm == pytest.approx(
+        narayanan_params(96, 12288, 50257, 2048), rel=1e-12
+    )
     assert 174.5e9 < p.total < 174.7e9  # "175B"
 
 
 def test_gpt3_flops_per_token_match_narayanan_eq_7():
     shape = named_shape("gpt3-175b")
-    l, h, V, s = 96, 12288, 50257, 2048
-    closed = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))  # per token, no recompute
+    layers, h, V, s = 96, 12288, 50257, 2048
+    # Per token, without recomputation:
+    closed = 72 * layers * h * h * (1 + s / (6 * h) + V / (12 * layers * h))
     assert shape.model_flops_per_token() == pytest.approx(closed, rel=2e-4)
     assert shape.model_flops_per_token() == pytest.approx(6 * shape.params().total, rel=0.05)
 
 
-@pytest.mark.parametrize("name", [n for n in GPT_SIZES if n.startswith("megatron-") and n != "megatron-22b"])
+@pytest.mark.parametrize(
+    "name", [n for n in GPT_SIZES if n.startswith("megatron-") and n != "megatron-22b"]
+)
 def test_megatron_table_1_sizes_give_the_published_parameter_counts(name):
-    published = {"1.7b": 1.7, "3.6b": 3.6, "7.5b": 7.5, "18.4b": 18.4, "39.1b": 39.1,
-                 "76.1b": 76.1, "145.6b": 145.6, "175b": 174.6, "310.1b": 310.1,
-                 "529.6b": 529.6, "1t": 1008.0}[name.removeprefix("megatron-")]
+    published = {
+        "1.7b": 1.7,
+        "3.6b": 3.6,
+        "7.5b": 7.5,
+        "18.4b": 18.4,
+        "39.1b": 39.1,
+        "76.1b": 76.1,
+        "145.6b": 145.6,
+        "175b": 174.6,
+        "310.1b": 310.1,
+        "529.6b": 529.6,
+        "1t": 1008.0,
+    }[name.removeprefix("megatron-")]
     assert named_shape(name).params().total / 1e9 == pytest.approx(published, abs=0.06)
 
 

@@ -75,15 +75,24 @@ def test_mfu_is_model_flops_over_time_and_peak_and_hfu_adds_recomputation():
     flops = SHAPE.model_flops_per_token() * 256 * 4096
     assert ev.mfu * ev.step_time_s * 128 * 989e12 == pytest.approx([flops, flops])
     assert ev.hfu[0] == pytest.approx(ev.mfu[0])
-    recompute = 2 * SHAPE.layers * SHAPE.layer_matmul_weights() + 4 * SHAPE.layers * SHAPE.hidden * 4096
+    recompute = (
+        2 * SHAPE.layers * SHAPE.layer_matmul_weights() + 4 * SHAPE.layers * SHAPE.hidden * 4096
+    )
     assert ev.hfu[1] / ev.mfu[1] == pytest.approx(1 + recompute / SHAPE.model_flops_per_token())
     assert ev.step_time_s[1] > ev.step_time_s[0]  # recomputation costs time
 
 
 def test_step_time_parts_add_up():
     ev = run(Layout(tp=4, pp=4, dp=4, cp=2, virtual_stages=2, sharding="fsdp"))
-    parts = (ev.compute_s + ev.tp_comm_s + ev.cp_comm_s + ev.pp_comm_s + ev.dp_comm_s
-             + ev.bubble_s + ev.optimizer_s)
+    parts = (
+        ev.compute_s
+        + ev.tp_comm_s
+        + ev.cp_comm_s
+        + ev.pp_comm_s
+        + ev.dp_comm_s
+        + ev.bubble_s
+        + ev.optimizer_s
+    )
     assert parts == pytest.approx(ev.step_time_s)
     assert np.all(ev.cp_comm_s > 0)
 

@@ -92,7 +92,9 @@ class LocalOrchestrator:
     def _start(self, job: JobSpec, *, resumed_from: str | None) -> str:
         with self._lock:
             current = self._active.get(job.name)
-            if current is not None and current.thread is not None and current.thread.is_alive():
+            # A recorded end is enough (its thread may still be returning): a requeued job
+            # can start again at once.
+            if current is not None and not current.info.ended:
                 raise ValueError(f"job {job.name} already has an active run {current.info.run_id}")
             info = RunInfo(run_id="run-" + secrets.token_hex(4), state="running",
                            started_at=time.time(), resumed_from=resumed_from)

@@ -10,10 +10,10 @@ orchestration layer's job.
 
 
 from dagster import AssetExecutionContext, Definitions, MetadataValue, Output, asset
-from fm_pipeline.resources.job_spec import JobSpecResource
 
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.planner.job import plan_for_job, save_plan
+from fm_pipeline.resources.job_spec import JobSpecResource
 
 GROUP = "plan"
 

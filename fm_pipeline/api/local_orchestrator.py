@@ -147,16 +147,22 @@ class LocalOrchestrator:
                 return
             active.stop_as = how
             self._flag(job_name, active)
+        # The trainer ignores a flag older than its own start (a leftover): keep touching it
+        # until the run ends, so a stop sent while torchrun starts up is not lost.
+        threading.Thread(target=self._keep_flagging, args=(job_name, active), daemon=True).start()
+
+    def _keep_flagging(self, job_name: str, active: _Active, every_s: float = 2.0) -> None:
+        while active.thread is not None and active.thread.is_alive():
+            time.sleep(every_s)
+            with self._lock:
+                if not active.info.ended:
+                    self._flag(job_name, active)
 
     def _flag(self, job_name: str, active: _Active) -> None:
-        # The launcher documents <segment>/preempt; the trainer polls <runs_dir>/PREEMPT by
-        # default. Touch both until the two agree on one file.
-        paths = [runs_dir(job_name) / "PREEMPT"]
+        """Touch the segment's preemption flag (the launcher points FM_PREEMPT_FILE at it):
+        the trainer checkpoints at the next step boundary and exits 75."""
         if active.segment_dir is not None:
-            paths.append(active.segment_dir / "preempt")
-        for path in paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch()
+            (active.segment_dir / "preempt").touch()
 
     def _committed_step(self, job_name: str) -> int:
         last = progress.last_committed(progress.checkpoints(job_name, open_store(store_uri())))

@@ -25,9 +25,9 @@ def main() -> None:
     with open(runs / "stand_in.log", "a", encoding="utf-8") as log:
         log.write(f"end_step={args.end_step}\n")
     if os.environ.get("STAND_IN_HOLD_AT") == str(args.end_step):
-        flags = [runs / "PREEMPT", args.job.parent / "preempt"]
+        flag = Path(os.environ["FM_PREEMPT_FILE"])  # set by the launcher, as for the trainer
         deadline = time.monotonic() + 60
-        while not any(f.exists() for f in flags) and time.monotonic() < deadline:
+        while not flag.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         exit_with(75, f"preempted before step {args.end_step}")
     exit_with(0, "done")

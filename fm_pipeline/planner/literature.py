@@ -21,8 +21,8 @@ Sources
   arXiv:2201.11990, section 2.4: batch 1920 on 280/350/420 DGX A100 nodes, 60.1/50.2/44.4 s
   per iteration (126/121/113 TFLOP/s per GPU), tp=8, pp=35.
 - [LLAMA3] Llama Team, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 4 (H100 80GB,
-  400 Gb/s RoCE per GPU, BF16 MFU of the 405B pre-training stages). These three rows are
-  recalled from the paper, not re-read from a full text here (see docs/calibration-planner.md).
+  400 Gb/s RoCE per GPU, BF16 MFU of the 405B pre-training stages); rows checked against
+  P. Balaji's SC'24 slide of the same table (see docs/calibration-planner.md).
 """
 
 from __future__ import annotations

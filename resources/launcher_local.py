@@ -39,7 +39,7 @@ from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
 class LocalLauncher(ConfigurableResource):
     """Runs each segment as `torchrun --standalone` with every rank of the job on this machine."""
 
-    trainer_module: str = Field(default=TRAINER_MODULE, description="python -m module torchrun runs")
+    trainer_module: str = Field(default=TRAINER_MODULE, description="module torchrun runs (-m)")
     timeout_s: float | None = Field(default=None, description="stop a segment after this long")
     echo_output: bool = Field(default=True, description="copy torchrun's output to the step log")
     max_restarts: int = Field(default=0, ge=0, description="torchrun restarts within a segment")

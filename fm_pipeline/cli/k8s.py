@@ -34,7 +34,7 @@ def render(
     out: Path = typer.Option(..., "--out", help="directory for the manifests"),
     end_step: int = typer.Option(0, "--end-step", help="segment end step (0: first segment)"),
     store_uri: str = typer.Option("", "--store-uri",
-                                  help="shared object store s3://bucket/prefix (default $FM_STORE_URI)"),
+                                  help="object store s3://bucket/prefix (default $FM_STORE_URI)"),
     s3_endpoint: str = typer.Option("", "--s3-endpoint", help="S3 endpoint URL for the pods"),
     shared_volume_claim: str = typer.Option(
         "", "--shared-volume-claim",

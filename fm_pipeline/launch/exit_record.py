@@ -34,7 +34,8 @@ def exit_record(exit_code: int, reason: str, *, traceback_text: str | None = Non
     return {"message": {"errorCode": exit_code, "message": reason, "extraInfo": extra}}
 
 
-def write_exit_record(exit_code: int, reason: str, *, traceback_text: str | None = None) -> str | None:
+def write_exit_record(exit_code: int, reason: str, *,
+                      traceback_text: str | None = None) -> str | None:
     """Write this worker's error file; returns its path, or None outside torchrun."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:

@@ -209,8 +209,13 @@ class JobSetClient:
                 if p.metadata.deletion_timestamp is None]
         if not pods:
             return None
-        return max(pods, key=lambda p: (int((p.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, 0)),
-                                        p.metadata.creation_timestamp or 0))
+
+        def newest(pod):
+            attempt = int((pod.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, 0))
+            created = pod.metadata.creation_timestamp
+            return attempt, created.timestamp() if created else 0.0
+
+        return max(pods, key=newest)
 
     def log_lines(self, pod: str, namespace: str, *, follow: bool = True) -> Iterator[str]:
         """The pod's log, line by line, following it until the container ends."""
@@ -253,7 +258,8 @@ class JobSetClient:
                 if status.terminal:
                     break
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
-                    raise SegmentTimeout(f"JobSet {name} still {status.phase} after {timeout_s:g} s")
+                    raise SegmentTimeout(
+                        f"JobSet {name} still {status.phase} after {timeout_s:g} s")
                 leader = self.leader_pod(name, namespace) if on_leader_pod else None
                 phase = leader.status.phase if leader is not None and leader.status else None
                 if leader is not None and leader.metadata.name not in attached and phase in (
@@ -374,7 +380,8 @@ def segment_result(followed: FollowResult, launch: SegmentLaunch) -> SegmentResu
                              **common)
     if not followed.failures:
         return SegmentResult(outcome=Outcome.FAILED, exit_code=1, torchrun_exit_code=1,
-                             reason=f"JobSet {status.phase.lower()}: {status.message or 'no pod failure recorded'}",
+                             reason=f"JobSet {status.phase.lower()}: "
+                                    f"{status.message or 'no pod failure recorded'}",
                              evidence="JobSet status", **common)
     last = followed.root_failure()
     root = last.evidence

@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import TextIO
 
 from fm_pipeline.config.paths import runs_dir
-from fm_pipeline.launch.outcome import Outcome, SegmentResult, diagnose, outcome_of, worker_error_files
+from fm_pipeline.launch.outcome import (
+    Outcome,
+    SegmentResult,
+    diagnose,
+    outcome_of,
+    worker_error_files,
+)
 from fm_pipeline.launch.spec import SegmentLaunch, SegmentPaths, local_paths
 
 # After SIGTERM, torchrun waits its --shutdown-timeout for the workers; then this much more.
@@ -49,7 +55,8 @@ def torchrun_executable() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
 
 
-def prepare_segment(launch: SegmentLaunch, segment_dir: Path | None = None) -> tuple[list[str], SegmentPaths]:
+def prepare_segment(launch: SegmentLaunch,
+                    segment_dir: Path | None = None) -> tuple[list[str], SegmentPaths]:
     """Create the segment directory with its job.yaml; return (argv, paths)."""
     segment_dir = segment_dir or new_segment_dir(launch)
     segment_dir.mkdir(parents=True, exist_ok=True)
@@ -66,10 +73,13 @@ def run_segment_locally(
     segment_dir: Path | None = None,
     echo: TextIO | None = sys.stdout,
     timeout_s: float | None = None,
+    preempt: threading.Event | None = None,
 ) -> SegmentResult:
     """Run the segment to completion and say what happened; never raises for a failed run
     (call `result.raise_for_outcome()` for that). `env` is added to the workers' environment
-    (e.g. Dagster Pipes bootstrap variables); `echo` receives the live output (None: quiet)."""
+    (e.g. Dagster Pipes bootstrap variables); `echo` receives the live output (None: quiet).
+    Setting `preempt` sends torchrun SIGTERM, as a preempting scheduler would: the ranks
+    checkpoint and the result says "preempted"."""
     argv, paths = prepare_segment(launch, segment_dir)
     segment_dir = paths.job_file.parent
     output_log = segment_dir / "torchrun.log"
@@ -83,10 +93,9 @@ def run_segment_locally(
         pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo), daemon=True)
         pump.start()
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
+            timed_out = _wait(proc, timeout_s=timeout_s, preempt=preempt)
+            if timed_out or proc.poll() is None:
+                stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
         except BaseException:
             stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
             raise
@@ -96,6 +105,22 @@ def run_segment_locally(
                      time.monotonic() - started, timed_out=timed_out, timeout_s=timeout_s)
     (segment_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _wait(proc: subprocess.Popen, *, timeout_s: float | None,
+          preempt: threading.Event | None) -> bool:
+    """Until torchrun exits (False), the time limit passes (True), or `preempt` is set."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        try:
+            proc.wait(timeout=0.2)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if preempt is not None and preempt.is_set():
+            return False
+        if deadline is not None and time.monotonic() > deadline:
+            return True
 
 
 def stop(proc: subprocess.Popen, *, grace_s: float) -> None:

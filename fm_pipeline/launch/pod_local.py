@@ -7,7 +7,8 @@
 Does what the kubelet and cluster DNS would: resolves the container's env (the node rank
 from the Indexed Job's completion index), expands `$(VAR)` references in the command,
 materializes the volumes (ConfigMap files, emptyDirs per node, a PersistentVolumeClaim as
-one directory all nodes share) under `root` and points the mount paths there, and resolves the leader's hostname through `hosts`. Nothing else about the
+one directory all nodes share) under `root` and points the mount paths there, and
+resolves the leader's hostname through `hosts`. Nothing else about the
 command changes, so running two of these exercises the exact pod command's rendezvous.
 """
 
@@ -65,7 +66,8 @@ def pod_process(
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = expand_k8s_vars(item["value"], env)
-        elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == COMPLETION_INDEX_FIELD:
+        elif (item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+              == COMPLETION_INDEX_FIELD):
             env[item["name"]] = str(node_rank)
         else:
             raise ValueError(f"env {item['name']}: only values and the completion index are "

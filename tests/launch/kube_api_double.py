@@ -93,7 +93,8 @@ class KubeApiDouble:
             self.jobsets[(ns, name)]["status"] = status
             self.lock.notify_all()
 
-    def add_pod(self, ns: str, name: str, *, labels: dict[str, str], phase: str = "Running") -> None:
+    def add_pod(self, ns: str, name: str, *, labels: dict[str, str],
+                phase: str = "Running") -> None:
         with self.lock:
             self.pods[(ns, name)] = {
                 "apiVersion": "v1", "kind": "Pod",

@@ -49,7 +49,8 @@ def jobsets(api) -> JobSetClient:
 def rendered():
     job = tiny_job(nnodes=2, nproc=1, cluster={"namespace": NS})
     return render_segment(SegmentLaunch(job, end_step=20),
-                          KubernetesTarget(store_uri="s3://fm-bucket/fm", shared_volume_claim="fm-runs"))
+                          KubernetesTarget(store_uri="s3://fm-bucket/fm",
+                                           shared_volume_claim="fm-runs"))
 
 
 def _pod_labels(name: str, node: int, attempt: int) -> dict:

@@ -101,7 +101,8 @@ def _run_pod_like_the_kubelet(api, name: str, *, behaviour: str, tmp_path) -> No
 
 
 def _k8s_launcher(tmp_path, api) -> KubernetesLauncher:
-    return KubernetesLauncher(store_uri="s3://fm-bucket/fm", kubeconfig_file=_kubeconfig(tmp_path, api),
+    return KubernetesLauncher(store_uri="s3://fm-bucket/fm",
+                              kubeconfig_file=_kubeconfig(tmp_path, api),
                               trainer_module=TINY_WORKER, poll_interval_s=0.05, timeout_s=120)
 
 

@@ -64,18 +64,7 @@ def test_a_worker_killed_by_a_signal_is_named_from_torchruns_summary(job2, monke
 
 def test_the_flag_file_preempts_and_is_not_a_failure(job2, monkeypatch, tmp_path):
     segment = tmp_path / "segment"
-
-    def touch_flag_when_ready():
-        log = segment / "torchrun.log"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if log.is_file() and log.read_text().count("ready") == 2:
-                (segment / "preempt").touch()
-                return
-            time.sleep(0.1)
-
-    toucher = threading.Thread(target=touch_flag_when_ready, daemon=True)
-    toucher.start()
+    _when_ready(segment, (segment / "preempt").touch)
     result = _run(job2, monkeypatch, "preempt", segment_dir=segment)
     assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75
     assert "preempted (flag file)" in result.reason
@@ -83,7 +72,32 @@ def test_the_flag_file_preempts_and_is_not_a_failure(job2, monkeypatch, tmp_path
         result.raise_for_outcome()
 
 
-def test_stopping_a_segment_sends_sigterm_so_ranks_checkpoint(job2, monkeypatch):
-    result = _run(job2, monkeypatch, "preempt", timeout_s=6)
-    assert result.outcome is Outcome.TIMED_OUT
+def _when_ready(segment: Path, action) -> threading.Thread:
+    """Run `action` once both ranks of the preempt behaviour have installed their handlers."""
+
+    def wait():
+        log = segment / "torchrun.log"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if log.is_file() and log.read_text().count("ready") == 2:
+                action()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_preempting_a_segment_sends_sigterm_so_ranks_checkpoint(job2, monkeypatch, tmp_path):
+    segment, preempt = tmp_path / "segment", threading.Event()
+    _when_ready(segment, preempt.set)
+    result = _run(job2, monkeypatch, "preempt", segment_dir=segment, preempt=preempt)
+    assert result.outcome is Outcome.PREEMPTED and result.torchrun_exit_code != 0
     assert result.exit_code == 75 and "preempted (SIGTERM)" in result.reason
+
+
+def test_a_segment_past_its_time_limit_is_stopped_and_says_so(job2, monkeypatch):
+    result = _run(job2, monkeypatch, "preempt", timeout_s=1)
+    assert result.outcome is Outcome.TIMED_OUT and result.exit_code != 0
+    assert result.reason.startswith("stopped after the 1 s time limit")

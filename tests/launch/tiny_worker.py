@@ -1,4 +1,4 @@
-"""A stand-in torchrun worker for launcher tests: `-m tests.launch.tiny_worker --job J --end-step N`.
+"""A stand-in torchrun worker: `torchrun ... -m tests.launch.tiny_worker --job J --end-step N`.
 
 It takes the trainer's arguments and does what FM_TINY_WORKER says, so each launcher path
 (crash with a traceback, deliberate exit with a code, death by a signal, preemption by

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -128,14 +129,15 @@ class RichProgress(ProgressSink):
 def print_summary(manifest, store: ObjectStore, outcomes, *, out: Console | None = None) -> None:
     """The mix at a glance: per-source documents and tokens, shards, samples, checks."""
     out = out or console
-    table = Table(title=f"data mix {manifest.key}", title_justify="left")
-    for col in ("source", "weight", "docs read", "kept", "dropped", "train tokens",
-                "held-out tokens", "shards", "samples", "epochs"):
+    table = Table(title=f"data mix {manifest.key}", title_justify="left", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True, pad_edge=False)
+    for col in ("source", "weight", "docs", "kept", "dropped", "train tok", "heldout tok",
+                "shards", "samples", "epochs"):
         table.add_column(col, justify="left" if col == "source" else "right")
     for s in manifest.sources:
         d = s.documents
         table.add_row(s.name, f"{s.weight:g}", f"{d.read:,}", f"{d.kept:,}", f"{d.dropped_total:,}",
-                      f"{s.train_tokens:,}", f"{s.heldout_tokens:,}", str(len(s.shards)),
+                      _human(s.train_tokens), _human(s.heldout_tokens), str(len(s.shards)),
                       f"{s.samples:,}", f"{s.epochs:.3f}")
     out.print(table)
     for s in manifest.sources:
@@ -157,3 +159,10 @@ def print_summary(manifest, store: ObjectStore, outcomes, *, out: Console | None
     for o in outcomes:
         mark = "[green]PASS[/]" if o.passed else ("[yellow]WARN[/]" if o.severity == "warn" else "[red]FAIL[/]")
         out.print(f"  {mark} {o.name}: {o.description}", highlight=False)
+
+
+def _human(n: int) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)

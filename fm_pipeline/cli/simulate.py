@@ -335,12 +335,18 @@ def _print_calibration(cal) -> None:
     console.print("relaunch time (without restore) that keeps ETTR above 90%: "
                   + (f"<= {crossing:.0f} s" if crossing else "none in the grid"))
     comp = Table(title="checkpoint interval: planner (Young/Daly) vs simulated optimum")
-    for col in ("costs", "planner", "simulated optimum", "ETTR at planner's", "ETTR at optimum"):
+    for col in ("costs", "planner", "best of grid", "fitted optimum", "ETTR at planner's",
+                "ETTR at best"):
         comp.add_column(col, justify="right")
     for c in cal.intervals:
         comp.add_row(c.label, _minutes(c.proposed_s), _minutes(c.optimum_s),
-                     f"{c.ettr_at_proposed:.4f}", f"{c.ettr_at_optimum:.4f}")
+                     _minutes(c.fitted_optimum_s), f"{c.ettr_at_proposed:.4f}",
+                     f"{c.ettr_at_optimum:.4f}")
     console.print(comp)
+    for c in cal.intervals:
+        console.print(f"{c.label}: ETTR by interval "
+                      + ", ".join(f"{_minutes(p.value)}: {p.ettr:.4f}" for p in c.points),
+                      highlight=False)
 
 
 def _print_replay(r) -> None:

@@ -48,6 +48,7 @@ class IntervalComparison:
     proposed_s: float  # what the planner proposes
     proposed_by: str
     optimum_s: float  # the best point of the simulated sweep
+    fitted_optimum_s: float  # vertex of a parabola through the best point and its neighbours
     ettr_at_proposed: float
     ettr_at_optimum: float
     points: list[SweepPoint] = field(repr=False)
@@ -82,7 +83,8 @@ class Calibration:
             "restart_sensitivity": [(p.value, p.ettr) for p in self.restart_sensitivity],
             "intervals": [
                 {k: getattr(c, k) for k in ("label", "proposed_s", "proposed_by", "optimum_s",
-                                           "ettr_at_proposed", "ettr_at_optimum")}
+                                           "fitted_optimum_s", "ettr_at_proposed",
+                                           "ettr_at_optimum")}
                 for c in self.intervals
             ],
         }
@@ -175,7 +177,24 @@ def _crossing(points: list[SweepPoint], ettr: float) -> float | None:
 def _comparison(label, proposed, by, points) -> IntervalComparison:
     best = max(points, key=lambda p: p.ettr)
     at = min(points, key=lambda p: abs(math.log(p.value / proposed)))
-    return IntervalComparison(label, proposed, by, best.value, at.ettr, best.ettr, points)
+    return IntervalComparison(label, proposed, by, best.value, fitted_optimum(points),
+                              at.ettr, best.ettr, points)
+
+
+def fitted_optimum(points: list[SweepPoint]) -> float:
+    """The interval at the vertex of a parabola in log(interval) through the best point
+    and its two neighbours: an optimum not locked to the grid. The best point itself if it
+    sits at an end of the grid (then the grid should be widened)."""
+    i = max(range(len(points)), key=lambda k: points[k].ettr)
+    if i == 0 or i == len(points) - 1:
+        return points[i].value
+    (x0, y0), (x1, y1), (x2, y2) = ((math.log(p.value), p.ettr) for p in points[i - 1:i + 2])
+    denom = (x0 - x1) * (x0 - x2) * (x1 - x2)
+    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / denom
+    b = (x2 * x2 * (y0 - y1) + x1 * x1 * (y2 - y0) + x0 * x0 * (y1 - y2)) / denom
+    if a >= 0:
+        return points[i].value
+    return math.exp(-b / (2 * a))
 
 
 def calibration_runs(seeds: int, sweep_seeds: int, restart_points: int = 7) -> int:

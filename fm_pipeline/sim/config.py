@@ -95,6 +95,15 @@ class StragglerModel(_With):
     detect_s: float = 300.0
     mitigation: Literal["none", "report", "exclude"] = "report"
 
+    @classmethod
+    def from_detector(cls, detector, *, step_time_s: float, gather_every_steps: int, **kw):
+        """Detection delay of the trainer's StragglerDetector: it needs `persist` slow samples,
+        one every `gather_every_steps` steps (plus up to one gather until the first)."""
+        if step_time_s <= 0 or gather_every_steps < 1:
+            raise ValueError("step_time_s must be > 0 and gather_every_steps >= 1")
+        delay = (detector.samples_to_detect() + 0.5) * gather_every_steps * step_time_s
+        return cls(detect_s=delay, **kw)
+
     def __post_init__(self) -> None:
         _check_non_negative(self, "rate_per_node_day", "excess_sigma", "detect_s")
         if self.excess_median <= 0 or self.duration_mean_s <= 0:

@@ -161,3 +161,15 @@ def test_llama3_preset_reproduces_the_published_interruptions_and_effective_time
     mean = sum(r.interruptions for r in runs) / len(runs)
     assert abs(mean - 419) < 2 * math.sqrt(419 / len(runs)) + 0.05 * 419
     assert all(r.ettr > 0.90 for r in runs)
+
+
+def test_fitted_optimum_is_not_locked_to_the_sweep_grid():
+    from fm_pipeline.sim.calibration import fitted_optimum
+    from fm_pipeline.sim.sweep import SweepPoint
+
+    def point(v):  # ETTR peaking at 500 s on a log scale
+        return SweepPoint(v, 0.9 - (math.log(v / 500)) ** 2, 0.0, 0.0, 0.0, {}, ())
+
+    assert fitted_optimum([point(v) for v in (100, 200, 400, 800, 1600)]) == pytest.approx(500)
+    # At the edge of the grid there is nothing to fit: the grid must be widened.
+    assert fitted_optimum([point(v) for v in (1000, 2000, 4000)]) == 1000

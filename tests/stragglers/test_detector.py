@@ -118,3 +118,14 @@ def test_records_from_json_lines_and_bad_input_name_the_problem():
         det.update([{**ok, "step": 2}, {**ok, "step": 2, "rank": 7}])
     with pytest.raises(ValueError, match="expected world_size 4"):
         StragglerDetector(world_size=4).update([ok, {**ok, "rank": 1}])
+
+
+def test_the_simulator_takes_its_straggler_detection_delay_from_the_detector():
+    from fm_pipeline.sim.config import StragglerModel
+
+    det = StragglerDetector(window=8, persist=6)
+    model = StragglerModel.from_detector(det, step_time_s=6.0, gather_every_steps=10,
+                                         rate_per_node_day=0.001, mitigation="exclude")
+    # 6 slow samples, one every 10 steps of 6 s, +half a gather until the first: 390 s.
+    assert model.detect_s == pytest.approx(390.0)
+    assert model.mitigation == "exclude"

@@ -3,7 +3,9 @@
 Custom resources (JobSet, Kueue, Kubeflow Trainer) are checked with jsonschema against the
 CRD schemas in ../shared/k8s-schemas (or $FM_K8S_SCHEMAS), tightened so unknown fields are
 rejected like `kubectl apply --validate=strict`. Core kinds go through kubernetes-validate
-in strict mode.
+in strict mode. Neither checks `metadata` (a CRD schema declares it only as an object), so
+names, namespaces, label and annotation keys and label values are checked here with the
+API server's rules.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import copy
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 K8S_VERSION = "1.33"
@@ -75,6 +78,82 @@ def _crd_validator(group: str, kind: str, version: str):
     return jsonschema.Draft7Validator(schema)
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# Kinds whose names become DNS labels (a Service name is a host name).
+_DNS1035_KINDS = {"Service"}
+
+
+def _is_subdomain(value: str) -> bool:
+    return len(value) <= 253 and all(_DNS_LABEL.match(part) for part in value.split("."))
+
+
+def _key_errors(key: str) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    if prefix and not _is_subdomain(prefix):
+        return f"prefix {prefix!r} must be a DNS subdomain"
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        return (f"name part {name!r} must be at most 63 characters: alphanumerics, '-', '_' "
+                "or '.', starting and ending with an alphanumeric")
+    return None
+
+
+def metadata_errors(obj: dict) -> list[str]:
+    """The API server's rules for metadata.name/namespace/labels/annotations."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return ["metadata: required"]
+    errors = []
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        errors.append("metadata.name: required")
+    elif obj.get("kind") in _DNS1035_KINDS:
+        if len(name) > 63 or not _DNS1035_LABEL.match(name):
+            errors.append(f"metadata.name: {name!r} must be a DNS-1035 label (at most 63 "
+                          "lowercase alphanumerics or '-', starting with a letter)")
+    elif not _is_subdomain(name):
+        errors.append(f"metadata.name: {name!r} must be a DNS subdomain (lowercase "
+                      "alphanumerics, '-' and '.', at most 253 characters)")
+    errors += _nested_metadata_errors(obj.get("spec"), "spec")
+    namespace = meta.get("namespace")
+    if namespace is not None and (len(namespace) > 63 or not _DNS_LABEL.match(namespace)):
+        errors.append(f"metadata.namespace: {namespace!r} must be a DNS label")
+    errors += _label_errors(meta, "metadata")
+    return errors
+
+
+def _nested_metadata_errors(node, path: str) -> list[str]:
+    """Labels and annotations of embedded templates (a JobSet's Job and pod templates)."""
+    errors = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "metadata" and isinstance(value, dict):
+                errors += _label_errors(value, f"{path}.metadata")
+            errors += _nested_metadata_errors(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            errors += _nested_metadata_errors(value, f"{path}.{i}")
+    return errors
+
+
+def _label_errors(meta: dict, path: str) -> list[str]:
+    errors = []
+    for field in ("labels", "annotations"):
+        for key, value in (meta.get(field) or {}).items():
+            problem = _key_errors(key)
+            if problem:
+                errors.append(f"{path}.{field}.{key}: key {problem}")
+            if not isinstance(value, str):
+                errors.append(f"{path}.{field}.{key}: value must be a string, got {value!r}")
+            elif field == "labels" and value and (
+                    len(value) > 63 or not _QUALIFIED_NAME.match(value)):
+                errors.append(f"{path}.labels.{key}: value {value!r} must be at most 63 "
+                              "characters: alphanumerics, '-', '_' or '.', starting and "
+                              "ending with an alphanumeric")
+    return errors
+
+
 def _ref(obj: dict) -> str:
     meta = obj.get("metadata") or {}
     return f"{obj.get('apiVersion', '?')} {obj.get('kind', '?')} {meta.get('name', '?')!r}"
@@ -102,6 +181,7 @@ def validate_object(obj: dict) -> None:
             errors = [f"{path}: {e.message}"]
         except kubernetes_validate.utils.SchemaNotFoundError as e:
             errors = [f"no schema for {api_version} {kind}: {e}"]
+    errors = metadata_errors(obj) + errors
     if errors:
         raise ManifestInvalid(_ref(obj), errors)
 

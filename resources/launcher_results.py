@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import Failure, MaterializeResult, PipesClientCompletedInvocation
+from dagster import AssetCheckResult, Failure, MaterializeResult, PipesClientCompletedInvocation
 
 from fm_pipeline.launch.outcome import Outcome, SegmentResult
 
@@ -23,20 +23,35 @@ class SegmentRun:
     result: SegmentResult
     pipes: PipesClientCompletedInvocation
 
-    def get_results(self):
-        """Pipes results (MaterializeResult / AssetCheckResult) reported by rank 0."""
-        return self.pipes.get_results()
+    def get_results(self) -> list:
+        """Rank 0's reported results (MaterializeResult / AssetCheckResult). A segment that a
+        JobSet restarted reports again from the new pod: the last report of each asset and
+        check is the one that counts."""
+        latest: dict[tuple, Any] = {}
+        for reported in self.pipes.get_results():
+            key = (type(reported).__name__, reported.asset_key,
+                   getattr(reported, "check_name", None))
+            latest.pop(key, None)
+            latest[key] = reported
+        return list(latest.values())
 
     def metadata(self) -> dict[str, Any]:
         return result_metadata(self.result)
 
     def materialize_result(self) -> MaterializeResult:
-        """Rank 0's reported materialization (or an empty one), plus the launcher's metadata."""
-        reported = self.pipes.get_materialize_result(implicit_materialization=True)
+        """Rank 0's materialization of the one asset (or an implicit one) with its checks,
+        plus the launcher's metadata (outcome, exit code, duration, segment directory)."""
+        results = self.get_results()
+        materializations = [r for r in results if isinstance(r, MaterializeResult)]
+        checks = [r for r in results if isinstance(r, AssetCheckResult)]
+        if len(materializations) > 1:
+            keys = ", ".join(str(m.asset_key) for m in materializations)
+            raise ValueError(f"rank 0 reported several assets ({keys}): use get_results()")
+        reported = materializations[0] if materializations else MaterializeResult()
         return MaterializeResult(
             asset_key=reported.asset_key,
             metadata={**(reported.metadata or {}), **self.metadata()},
-            check_results=reported.check_results,
+            check_results=[*(reported.check_results or []), *checks],
             data_version=reported.data_version,
         )
 

@@ -97,3 +97,21 @@ def test_the_launcher_is_chosen_by_environment():
         launcher_from_env({"FM_LAUNCHER": "kubernetes"})
     with pytest.raises(ValueError, match="expected one of local, kubernetes"):
         launcher_from_env({"FM_LAUNCHER": "slurm"})
+
+
+def test_after_a_restart_the_last_report_of_an_asset_counts():
+    from dagster import AssetKey, MaterializeResult
+
+    from fm_pipeline.resources.launcher_results import SegmentRun
+
+    class ReportedTwice:  # what a Pipes session holds after rank 0 reported from two pods
+        def get_results(self):
+            return [MaterializeResult(asset_key=AssetKey("segment"), metadata={"loss": 9.1}),
+                    MaterializeResult(asset_key=AssetKey("segment"), metadata={"loss": 7.3})]
+
+    result = SegmentResult(job="j", end_step=20, outcome=Outcome.SUCCEEDED, exit_code=0,
+                           reason="reached end step", torchrun_exit_code=0, duration_s=1.0)
+    run = SegmentRun(result=result, pipes=ReportedTwice())
+    assert len(run.get_results()) == 1
+    merged = run.materialize_result()
+    assert merged.metadata["loss"] == 7.3 and merged.metadata["outcome"] == "succeeded"

@@ -253,7 +253,8 @@ def tenants(
 ) -> None:
     """Replay a job trace through the fair-share/preemption policy of `fm api`."""
     from fm_pipeline.scheduling import load_tenants
-    from fm_pipeline.sim.multitenant import cluster_tenants, load_trace, replay, synthetic_trace
+    from fm_pipeline.sim.multitenant import replay
+    from fm_pipeline.sim.trace import cluster_tenants, load_trace, synthetic_trace
 
     config = load_tenants(tenants_file) if tenants_file else cluster_tenants(pool_gpus=pool_gpus)
     jobs_ = load_trace(trace) if trace else synthetic_trace(config, n_jobs=jobs, seed=seed, load=load)

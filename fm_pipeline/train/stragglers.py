@@ -12,20 +12,22 @@ orchestrator over the run's JSON lines, or in the simulator.
 
 How a rank is scored. Each gathered step is one sample. Within a sample every rank is
 compared with its peers (ranks of the same `peer_group`, e.g. the same pipeline stage)
-section by section, leave-one-out: the peers' median and their MAD (scaled to a standard
-deviation, floored at a small fraction of the step time so a very quiet cluster does not
-turn microseconds into huge z-scores). A section is *slow* in a sample when its robust
-z-score passes `z_threshold` AND its excess over the peers adds at least
-`min_step_slowdown` to the step. A rank becomes a straggler when a section is slow in at
-least `persist` of the last `window` samples (one-off spikes, e.g. GC pauses, never
-qualify), and recovers when no more than `window - persist` remain slow.
+section by section, leave-one-out: the excess over the peers' median, divided by a robust
+noise scale, the largest of the peers' MAD (as a standard deviation), the group's
+step-to-step jitter over the window (which works with two ranks, where a MAD of one peer
+means nothing) and `noise_floor` x the step time. A section is *slow* in a sample when
+this z-score passes `z_threshold` AND its excess adds at least `min_step_slowdown` to a
+healthy step. A rank becomes a straggler when a section is slow in at least `persist` of
+the last `window` samples (one-off spikes, e.g. GC pauses, never qualify), and recovers
+when no more than `window - persist` remain slow.
 
 Attribution. In synchronous training a slow rank's *compute* (or data wait) is high while
 its peers' *collective wait* is high: they sit in the all-reduce waiting for it, and the
-straggler itself waits least. So high collective wait is a symptom, not a cause: in a
-sample where some rank is slow in compute or data wait, nobody is blamed for collective
-wait. Only when no rank's own work explains it does a rank whose collective wait stands
-out from its peers get flagged in the `collective_wait` section (e.g. its link is slow).
+straggler itself waits least. So raw collective wait is a symptom, not a cause. The
+collective section is scored on the part the late arrival does not explain,
+collective_wait - (last peer's arrival - own arrival), i.e. the rank's own transfer time:
+victims of a compute straggler do not stand out there; a rank whose own collective is
+slow does.
 
 Cost. While a rank is slow by `excess` seconds per step, each of the other ranks idles
 that long in the collective: idle GPU-seconds = excess x (ranks - 1) x gpus_per_rank,
@@ -35,8 +37,8 @@ per step (a sample stands for the steps since the previous one).
 from __future__ import annotations
 
 import math
-from collections import defaultdict, deque
-from dataclasses import asdict, dataclass, field
+from collections import defaultdict
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -232,6 +234,9 @@ class StragglerDetector:
         slot = self._n_samples % self.window
         self._values[slot] = values
         self._steps[slot] = step
+        filled = min(self._n_samples + 1, self.window)
+        oldest = self._n_samples + 1 - filled
+        history = self._values[[(oldest + i) % self.window for i in range(filled)]]  # in time order
         z = np.zeros_like(values)
         frac = np.zeros_like(values)
         ratio = np.ones_like(values)
@@ -240,7 +245,7 @@ class StragglerDetector:
             cols = np.flatnonzero(groups == g)
             if len(cols) < 2:
                 continue
-            sz, sf, sr, se = self._score_group(values[:, cols], self._values[:, :, cols])
+            sz, sf, sr, se = self._score_group(values[:, cols], history[:, :, cols])
             z[:, cols], frac[:, cols], ratio[:, cols], excess[:, cols] = sz, sf, sr, se
         slow = (z >= self.z_threshold) & (frac >= self.min_step_slowdown)
         idle = np.clip(excess, 0, None) * (n - 1) * self.gpus_per_rank * steps_covered
@@ -264,12 +269,11 @@ class StragglerDetector:
             spatial = np.zeros(values.shape[0])
         # Temporal noise: step-to-step jitter of each rank around its own level, pooled
         # over the group. A persistent offset does not enter it, so two ranks suffice.
-        diffs = np.abs(np.diff(history, axis=0))  # [window-1, section, rank]; nan if unfilled
+        diffs = np.abs(np.diff(history, axis=0))  # [samples-1, section, rank]
         pooled = diffs.transpose(1, 0, 2).reshape(values.shape[0], -1)
-        filled = ~np.isnan(pooled[0])
         temporal = np.zeros(values.shape[0])
-        if filled.sum() >= 2:
-            temporal = _MAD_TO_SIGMA * np.median(pooled[:, filled], axis=1) / math.sqrt(2)
+        if pooled.shape[1] >= 2:
+            temporal = _MAD_TO_SIGMA * np.median(pooled, axis=1) / math.sqrt(2)
         # The excess over a peer median is noisier than one value (more so with few peers).
         temporal = temporal * math.sqrt(1 + math.pi / (2 * (n - 1)))
         scale = np.maximum(np.maximum(spatial, temporal), self.noise_floor * step_time)

@@ -7,13 +7,8 @@ import json
 import pytest
 
 from fm_pipeline.scheduling.tenants import parse_tenants
-from fm_pipeline.sim.multitenant import (
-    TraceJob,
-    cluster_tenants,
-    load_trace,
-    replay,
-    synthetic_trace,
-)
+from fm_pipeline.sim.multitenant import replay
+from fm_pipeline.sim.trace import TraceJob, cluster_tenants, load_trace, synthetic_trace
 
 
 def small_pool(*, grace_s: float = 120.0):

@@ -68,12 +68,13 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_and_hash(directory: Path, names: list[str]) -> list[FileEntry]:
-    """Make this rank's files durable and hash them at once: fsync waits on the disk while
-    SHA-256 reads the same bytes from the page cache (both release the GIL)."""
+def fsync_and_hash(directory: Path, names: list[str], *,
+                   algorithm: str = "crc32c") -> list[FileEntry]:
+    """Make this rank's files durable and checksum them at once: fsync waits on the disk while
+    the checksum reads the same bytes from the page cache (both release the GIL)."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt-fsync") as pool:
         synced = [pool.submit(_fsync, directory / n) for n in names]
-        entries = [file_entry(directory, n) for n in names]
+        entries = [file_entry(directory, n, algorithm) for n in names]
         for f in synced:
             f.result()
     _fsync(directory)  # the renames of .metadata and of the files themselves

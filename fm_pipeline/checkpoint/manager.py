@@ -86,7 +86,12 @@ class CheckpointManager:
     def __init__(self, job, app_state: dict, *, mesh=None, mix_key: str | None = None,
                  root: str | Path | None = None, store: ObjectStore | None = None,
                  upload: bool | None = None, async_save: bool | None = None,
-                 on_busy: str = "wait", staging: str = "overlap"):
+                 on_busy: str = "wait", staging: str = "overlap", checksum: str = "crc32c"):
+        from fm_pipeline.checkpoint.manifest import CHECKSUMS
+
+        if checksum not in CHECKSUMS:
+            raise ValueError(f"checksum must be one of {sorted(CHECKSUMS)}, got {checksum!r}")
+        self.checksum = checksum
         if on_busy not in ("wait", "skip"):
             raise ValueError(f"on_busy must be 'wait' or 'skip', got {on_busy!r}")
         missing = {"model"} - app_state.keys()
@@ -208,7 +213,8 @@ class CheckpointManager:
                          storage_writer=dcp.FileSystemWriter(str(directory), sync_files=False))
             events["write_finished"] = time.perf_counter()
             write_s = events["write_finished"] - t
-            entries = fsync_and_hash(directory, own_files(directory, self.rank))
+            entries = fsync_and_hash(directory, own_files(directory, self.rank),
+                                     algorithm=self.checksum)
             events["durable"] = time.perf_counter()
             checksum_s = events["durable"] - events["write_finished"]
         except Exception as e:  # any failure must still reach the gather below

@@ -4,7 +4,9 @@ A checkpoint exists once `manifest.json` exists: it is written last, atomically 
 fsync, rename, fsync of the directory), after every rank's files are durable. It records
 what was saved (step, tokens, state keys), how (parallelism, mesh, world size), from what
 (model config and hash, data mix and cursor, job spec, code version), how long it took, and
-every file with its size and SHA-256.
+every file with its size and checksum: CRC32C by default (hardware-accelerated, ~6 GB/s, so
+verifying never dominates a save or a restore; it catches the bit flips and truncations that
+happen to files at rest), or SHA-256 where a cryptographic digest is wanted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 FORMAT = "fm-checkpoint/1"
 
@@ -28,10 +30,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+CHECKSUMS = {"crc32c": "CRC32C", "sha256": "SHA-256"}  # algorithm -> how messages name it
+
+
 class FileEntry(_Strict):
     path: str = Field(min_length=1)
     size: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    crc32c: str | None = Field(default=None, pattern=r"^[0-9a-f]{8}$")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _has_checksum(self) -> "FileEntry":
+        if self.crc32c is None and self.sha256 is None:
+            raise ValueError(f"{self.path}: a file entry needs a crc32c or sha256 checksum")
+        return self
+
+    @property
+    def algorithm(self) -> str:
+        return "crc32c" if self.crc32c is not None else "sha256"
+
+    @property
+    def checksum(self) -> str:
+        return self.crc32c if self.crc32c is not None else self.sha256
 
 
 class MeshInfo(_Strict):
@@ -145,21 +165,45 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def sha256_of(path: str | Path, chunk: int = 8 << 20) -> str:
-    # hashlib releases the GIL on large updates, so hashing in a background thread
-    # does not stall the training loop's Python.
-    h = hashlib.sha256()
+def checksum_file(path: str | Path, algorithm: str = "crc32c", chunk: int = 8 << 20) -> str:
+    """Hex checksum of a file. Both algorithms release the GIL on large buffers, so hashing
+    in a background thread does not stall the training loop's Python."""
+    if algorithm not in CHECKSUMS:
+        raise ValueError(f"checksum must be one of {sorted(CHECKSUMS)}, got {algorithm!r}")
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(chunk)
         view = memoryview(buf)
+        if algorithm == "sha256":
+            h = hashlib.sha256()
+            while n := f.readinto(buf):
+                h.update(view[:n])
+            return h.hexdigest()
+        import crc32c
+
+        value = 0
         while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
+            value = crc32c.crc32c(view[:n], value)
+        return f"{value:08x}"
 
 
-def file_entry(directory: Path, name: str) -> FileEntry:
+def file_entry(directory: Path, name: str, algorithm: str = "crc32c") -> FileEntry:
     path = directory / name
-    return FileEntry(path=name, size=path.stat().st_size, sha256=sha256_of(path))
+    return FileEntry(path=name, size=path.stat().st_size,
+                     **{algorithm: checksum_file(path, algorithm)})
+
+
+def entry_problem(path: Path, entry: FileEntry) -> str | None:
+    """Why the file at `path` is not what `entry` describes, or None if it is."""
+    if not path.is_file():
+        return f"missing (the manifest lists {entry.size} bytes)"
+    size = path.stat().st_size
+    if size != entry.size:
+        return f"size {size} bytes, the manifest says {entry.size} (truncated or overwritten)"
+    digest = checksum_file(path, entry.algorithm)
+    if digest != entry.checksum:
+        return (f"{CHECKSUMS[entry.algorithm]} mismatch: file has {digest[:12]}, the manifest "
+                f"says {entry.checksum[:12]} (corrupted)")
+    return None
 
 
 def _fsync_dir(path: Path) -> None:

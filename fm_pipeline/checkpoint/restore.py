@@ -27,7 +27,7 @@ from fm_pipeline.checkpoint.layout import (
     step_dir_name,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, sha256_of
+from fm_pipeline.checkpoint.manifest import Manifest, entry_problem
 from fm_pipeline.checkpoint.tiering import download_checkpoint
 from fm_pipeline.checkpoint.validate import (
     CheckpointInvalid,
@@ -89,19 +89,10 @@ def localize(ref: CheckpointRef, *, cache_root: Path | None = None) -> tuple[Che
 
 
 def verify_my_share(ref: CheckpointRef, manifest: Manifest) -> list[Problem]:
-    """Size and SHA-256 of this rank's share of the files (rank r takes every r-th)."""
+    """Size and checksum of this rank's share of the files (rank r takes every r-th)."""
     mine = sorted(manifest.files, key=lambda f: f.path)[comm.rank()::comm.world_size()]
-    problems = []
-    for entry in mine:
-        path = ref.dir / entry.path
-        if not path.is_file():
-            problems.append(Problem(entry.path, "missing"))
-        elif path.stat().st_size != entry.size:
-            problems.append(Problem(entry.path, f"size {path.stat().st_size} bytes, the "
-                                                f"manifest says {entry.size} (truncated?)"))
-        elif sha256_of(path) != entry.sha256:
-            problems.append(Problem(entry.path, "SHA-256 mismatch (corrupted)"))
-    return problems
+    found = ((e.path, entry_problem(ref.dir / e.path, e)) for e in mine)
+    return [Problem(path, msg) for path, msg in found if msg]
 
 
 def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = True,

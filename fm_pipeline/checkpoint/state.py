@@ -11,7 +11,10 @@
 Model parts keep the whole model's FQNs (a pipeline stage drops the layers it does not own,
 it does not rename the rest), so the merged state dict is the same for any pp/dp/tp split and
 DCP reshards it: a checkpoint written at pp2 loads at dp2, and back. Optimizer state is
-flattened (`state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`) for the same reason.
+flattened by FQN for the same reason (`state.<fqn>.exp_avg`); each parameter's group
+hyper-parameters are packed into one entry, `param_groups.<fqn>` = ((name, value), ...),
+instead of one per hyper-parameter: DCP pickles every non-tensor entry separately, and
+AdamW's eleven settings per parameter were most of the items in a checkpoint.
 """
 
 from __future__ import annotations
@@ -66,6 +69,30 @@ class ModelState(Stateful):
             set_model_state_dict(m, _own(state_dict, own, "model"))
 
 
+def pack_param_groups(flat: dict) -> dict:
+    """`param_groups.<fqn>.<name>` entries -> one `param_groups.<fqn>` tuple per parameter."""
+    out, groups = {}, {}
+    for key, value in flat.items():
+        if key.startswith("param_groups."):
+            fqn, _, name = key[len("param_groups."):].rpartition(".")
+            groups.setdefault(fqn, []).append((name, value))
+        else:
+            out[key] = value
+    for fqn, items in groups.items():
+        out[f"param_groups.{fqn}"] = tuple(sorted(items))
+    return out
+
+
+def unpack_param_groups(packed: dict) -> dict:
+    out = {}
+    for key, value in packed.items():
+        if key.startswith("param_groups.") and isinstance(value, tuple):
+            out.update({f"{key}.{name}": v for name, v in value})
+        else:
+            out[key] = value
+    return out
+
+
 class OptimizerState(Stateful):
     """One optimizer per model part (or one optimizer for a single part), flattened FQN keys."""
 
@@ -82,12 +109,13 @@ class OptimizerState(Stateful):
         return zip(self.model_parts, self.optimizers, strict=True)
 
     def state_dict(self) -> dict:
-        return _merge(
+        return pack_param_groups(_merge(
             [get_optimizer_state_dict(m, o, options=OPTIM_OPTIONS) for m, o in self._pairs()],
             "optimizer",
-        )
+        ))
 
     def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = unpack_param_groups(state_dict)
         for m, o in self._pairs():
             own = get_optimizer_state_dict(m, o, options=OPTIM_OPTIONS).keys()
             set_optimizer_state_dict(

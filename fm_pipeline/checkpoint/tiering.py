@@ -5,7 +5,7 @@
     ref = download_checkpoint(remote_ref, dest_dir)                # verified, manifest last
 
 A checkpoint counts as committed in the store only once every file is uploaded and verified
-(size, and the store's own SHA-256 check) and then the manifest is uploaded and read back.
+(size, and the store's own content check: S3Store sends SHA-256 per part and verifies it) and then the manifest is uploaded and read back.
 An outage at any point leaves no remote manifest, so discovery never selects the partial
 upload, and nothing local is touched. The uploader records its outcome in `marks/upload.json`.
 """
@@ -28,7 +28,7 @@ from fm_pipeline.checkpoint.layout import (
     local_root,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, sha256_of
+from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, entry_problem
 from fm_pipeline.checkpoint.marks import read_mark, write_mark
 from fm_pipeline.checkpoint.validate import CheckpointInvalid, Problem, read_manifest, validate
 from fm_pipeline.storage import ObjectStore, StoreError
@@ -190,7 +190,7 @@ def sync_to_store(job_name: str, store: ObjectStore, *, root: Path | None = None
 def download_checkpoint(remote: CheckpointRef, dest: Path) -> CheckpointRef:
     """Fetch a remote checkpoint into `dest` (a step-XXXXXXXX directory), verified.
 
-    Files go to a private temp directory, each checked against the manifest's SHA-256;
+    Files go to a private temp directory, each checked against the manifest's checksum;
     the manifest is written last, then the directory is renamed into place. A valid
     committed checkpoint already at `dest` is used as is."""
     assert remote.store is not None, "download_checkpoint takes a remote checkpoint"
@@ -209,12 +209,8 @@ def download_checkpoint(remote: CheckpointRef, dest: Path) -> CheckpointRef:
     try:
         def fetch(entry) -> Problem | None:
             path = remote.store.get_file(f"{remote.prefix}/{entry.path}", tmp / entry.path)
-            if path.stat().st_size != entry.size:
-                return Problem(entry.path, f"downloaded {path.stat().st_size} bytes, the "
-                                           f"manifest says {entry.size}")
-            if sha256_of(path) != entry.sha256:
-                return Problem(entry.path, "SHA-256 mismatch after download (corrupted)")
-            return None
+            problem = entry_problem(path, entry)
+            return Problem(entry.path, f"after download: {problem}") if problem else None
 
         with ThreadPoolExecutor(max_workers=UPLOAD_WORKERS) as pool:
             problems = [p for p in pool.map(fetch, manifest.files) if p is not None]

@@ -4,7 +4,7 @@
     found = latest_valid(job, store=store) # newest valid, with the reason each newer one was skipped
 
 Checks: manifest present and well-formed; every listed file present with its size and
-SHA-256; no unlisted files; DCP `.metadata` readable and consistent with the files; model
+checksum; no unlisted files; DCP `.metadata` readable and consistent with the files; model
 config matching the job's. On the store tier the checksums are verified by downloading
 (restore does that anyway); `checksums=False` checks everything else, cheaply.
 """
@@ -27,7 +27,7 @@ from fm_pipeline.checkpoint.layout import (
     local_root,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, ManifestError, parse_manifest, sha256_of
+from fm_pipeline.checkpoint.manifest import Manifest, ManifestError, entry_problem, parse_manifest
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -111,20 +111,17 @@ def _file_problems(ref, manifest: Manifest, present: dict[str, int], *, checksum
                                 f"{manifest.total_bytes} is not the sum of the file sizes"))
     if checksums and same_size:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            digests = pool.map(lambda n: _sha256(ref, n), same_size)
-            for name, digest in zip(same_size, digests, strict=True):
-                if digest != listed[name].sha256:
-                    problems.append(Problem(
-                        name, f"SHA-256 mismatch: file has {digest[:12]}..., the manifest "
-                              f"says {listed[name].sha256[:12]}... (corrupted)"))
+            found = pool.map(lambda n: _checksum_problem(ref, listed[n]), same_size)
+            problems += [Problem(n, msg) for n, msg in zip(same_size, found, strict=True) if msg]
     return problems
 
 
-def _sha256(ref: CheckpointRef, name: str) -> str:
+def _checksum_problem(ref: CheckpointRef, entry) -> str | None:
     if ref.dir is not None:
-        return sha256_of(ref.dir / name)
+        return entry_problem(ref.dir / entry.path, entry)
     with tempfile.TemporaryDirectory(prefix="fm-ckpt-verify-") as tmp:
-        return sha256_of(ref.store.get_file(f"{ref.prefix}/{name}", Path(tmp) / "f"))
+        path = ref.store.get_file(f"{ref.prefix}/{entry.path}", Path(tmp) / "f")
+        return entry_problem(path, entry)
 
 
 def read_dcp_metadata(ref: CheckpointRef):

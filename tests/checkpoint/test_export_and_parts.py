@@ -16,7 +16,7 @@ from fm_pipeline.checkpoint import (
     latest_valid,
     restore_latest,
 )
-from fm_pipeline.checkpoint.state import OPTIM_OPTIONS
+from fm_pipeline.checkpoint.state import OPTIM_OPTIONS, unpack_param_groups
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 
 
@@ -69,7 +69,7 @@ def test_pipeline_stage_parts_save_and_load_into_an_unsplit_model():
                    tiny_job())
     restored = whole.state_dict()
     assert all(torch.equal(restored[k], v) for k, v in merged.items())
-    saved_opt = app_state["optimizer"].state_dict()
+    saved_opt = unpack_param_groups(app_state["optimizer"].state_dict())
     loaded_opt = get_optimizer_state_dict(whole, whole_opt, options=OPTIM_OPTIONS)
     assert loaded_opt.keys() == saved_opt.keys()
     assert all(torch.equal(loaded_opt[k], v) if isinstance(v, torch.Tensor)

@@ -88,7 +88,7 @@ def _truncate(path):
 
 TAMPERING = {
     "flip_byte": (lambda d: _flip_byte(d / "__0_0.distcp"),
-                  "__0_0.distcp: SHA-256 mismatch"),
+                  "__0_0.distcp: CRC32C mismatch"),
     "truncate": (lambda d: _truncate(d / "__0_0.distcp"),
                  "__0_0.distcp: size"),
     "remove": (lambda d: (d / "__0_0.distcp").unlink(),
@@ -120,7 +120,7 @@ def test_restore_falls_back_to_the_previous_checkpoint_when_the_newest_is_corrup
     trainer = Trainer(TinyLM())
     result = restore_latest(trainer.app_state, tiny_job())
     assert result.step == 1 and trainer.cursor.samples_consumed == 4
-    assert "SHA-256 mismatch" in result.skipped[0]
+    assert "CRC32C mismatch" in result.skipped[0]
 
 
 def test_another_models_checkpoint_is_refused_naming_the_field(run_root, pristine):
@@ -144,10 +144,27 @@ def test_resume_refuses_to_start_over_when_no_committed_checkpoint_restores(run_
     trainer = Trainer(TinyLM())
     with pytest.raises(NoRestorableCheckpoint, match="none restores") as err:
         restore_latest(trainer.app_state, tiny_job())
-    assert str(err.value).count("SHA-256 mismatch") == 2
+    assert str(err.value).count("CRC32C mismatch") == 2
 
 
 def test_resume_with_only_an_incomplete_save_is_a_fresh_start(run_root):
     for step in (1, 2):
         (run_root / f"step-0000000{step}" / "manifest.json").unlink()
     assert restore_latest(Trainer(TinyLM()).app_state, tiny_job()) is None
+
+
+def test_sha256_manifests_are_verified_the_same_way(tmp_path):
+    trainer = Trainer(TinyLM())
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False,
+                                checksum="sha256")
+    trainer.step(1)
+    ref = CheckpointRef.local(manager.save(1, tokens_seen=32).result().path)
+    manager.close()
+    from fm_pipeline.checkpoint import read_manifest
+
+    entries = read_manifest(ref).files
+    assert all(e.sha256 and e.crc32c is None for e in entries)
+    assert validate(ref) == []
+    _flip_byte(ref.dir / "__0_0.distcp")
+    assert [p.where for p in validate(ref)] == ["__0_0.distcp"]
+    assert "SHA-256 mismatch" in validate(ref)[0].message

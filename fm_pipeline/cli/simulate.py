@@ -205,8 +205,7 @@ def calibrate(
     sweep_seeds: int = typer.Option(4, "--sweep-seeds", help="seeds per point of the sweeps"),
     plot: Path | None = PLOT, as_json: bool = JSON,
 ) -> None:
-    """Reproduce Llama 3 405B's interruptions and effective training time from its
-    published failure statistics; compare the planner's interval with the simulated optimum."""
+    """Reproduce Llama 3 405B's published interruptions and ETTR; planner vs simulated interval."""
     from fm_pipeline.sim.calibration import calibrate_llama3, calibration_runs
 
     if seeds < 1 or sweep_seeds < 1:

@@ -5,7 +5,7 @@ training run on thousands of GPUs, without the GPUs.
     result = simulate_job(llama3_405b(seed=0))
     print(result.ettr, result.interruptions, result.lost_gpu_hours)
 
-    fm simulate job --preset llama3-405b --plot out/     # the same from the shell
+    fm simulate job --plot out/          # the same (Llama 3 405B preset) from the shell
 
 See docs/simulation.md for the model and docs/calibration-simulation.md for how it
 reproduces Llama 3 405B's published interruption count and effective training time.

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from fm_pipeline.config import parse_job
+from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.launch.local import run_segment_locally
 from fm_pipeline.launch.outcome import Outcome, SegmentFailed, SegmentPreempted
 from fm_pipeline.launch.spec import SegmentLaunch
@@ -101,3 +102,31 @@ def test_a_segment_past_its_time_limit_is_stopped_and_says_so(job2, monkeypatch)
     result = _run(job2, monkeypatch, "preempt", timeout_s=1)
     assert result.outcome is Outcome.TIMED_OUT and result.exit_code != 0
     assert result.reason.startswith("stopped after the 1 s time limit")
+
+
+def test_the_real_trainer_preempted_by_the_flag_file_checkpoints_and_says_so(tmp_path,
+                                                                           fm_home):
+    """The launcher's flag file and the trainer's preemption agree: exit 75, a checkpoint."""
+    job = small_job(**{"name": "real", "parallelism.nproc_per_node": 2, "training.steps": 40,
+                       "training.segment_steps": 40, "checkpoint.every_steps": 100,
+                       "checkpoint.upload": False})
+    build_small_mix(job)
+    segment = tmp_path / "segment"
+
+    def touch_after_step_2():
+        log = segment / "torchrun.log"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if log.is_file() and "step 2:" in log.read_text():
+                (segment / "preempt").touch()
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=touch_after_step_2, daemon=True).start()
+    result = run_segment_locally(SegmentLaunch(job, end_step=40), segment_dir=segment,
+                                 echo=None, timeout_s=300)
+    assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75, result.reason
+    assert "preempted" in result.reason
+    committed = sorted((fm_home / "runs" / "real" / "checkpoints").glob("step-*/manifest.json"))
+    assert committed, "no checkpoint committed before the preempted exit"
+    assert 2 <= int(committed[-1].parent.name.removeprefix("step-")) < 40

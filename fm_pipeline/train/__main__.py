@@ -51,8 +51,19 @@ def parse_overrides(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise JobSpecError("--set", [(pair, "expected DOTTED.KEY=VALUE")])
-        overrides[key] = yaml.safe_load(value) if value else value
+        overrides[key] = _scalar(value)
     return overrides
+
+
+def _scalar(text: str):
+    """YAML scalar semantics, plus numbers YAML 1.1 leaves as strings ("1e-3")."""
+    value = yaml.safe_load(text) if text else text
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def load_job_for_world(path: Path, overrides: dict, *, world_size: int, local_world_size: int):

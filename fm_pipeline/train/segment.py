@@ -93,10 +93,10 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
             topology = _manifest_topology(found.manifest) if found.found else None
     box = [topology]
     dist.broadcast_object_list(box, src=0)
-    trainer.state.expect_rng_from(box[0])
-    if ref is not None:
-        return restore_checkpoint(trainer.app_state, ref, job=job)
-    return manager.restore_latest()
+    with trainer.state.restoring_from(box[0]):
+        if ref is not None:
+            return restore_checkpoint(trainer.app_state, ref, job=job)
+        return manager.restore_latest()
 
 
 class RankTimingWindow:

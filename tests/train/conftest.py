@@ -13,7 +13,7 @@ import pytest
 from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.storage import open_store
 from fm_pipeline.train.metrics import read_records
-from tests.train.launch import BASE, run_segments, write_job
+from tests.train.launch import BASE, failure, run_segments, write_job
 
 # name -> overrides; all at 4 ranks (gbs 8, micro-batch 2).
 LAYOUTS = {
@@ -67,5 +67,5 @@ def layouts_run(workspace) -> Workspace:
     paths = [write_job(workspace.jobs, name, nproc=4, **overrides)
              for name, overrides in LAYOUTS.items()]
     out = run_segments(workspace.home, paths, nproc=4)
-    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.returncode == 0, failure(out)
     return workspace

@@ -20,7 +20,7 @@ BASE = {
     "training.seq_len": 32, "training.global_batch_size": 8, "training.micro_batch_size": 2,
     "training.lr": 1e-2, "training.min_lr": 1e-3, "training.warmup_steps": 1,
     "training.steps": 8, "training.segment_steps": 8, "training.rank_timings_every": 2,
-    "checkpoint.every_steps": 100, "checkpoint.upload": False,
+    "checkpoint.every_steps": 100, "checkpoint.keep_last": 10, "checkpoint.upload": False,
 }
 
 
@@ -43,6 +43,13 @@ def env_for(fm_home: Path, **extra: str) -> dict[str, str]:
 def torchrun_cmd(nproc: int, *target: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", *target]
+
+
+def failure(out: subprocess.CompletedProcess) -> str:
+    """The worker's own error lines first (torchrun's summary hides them), then the tail."""
+    lines = (out.stdout + out.stderr).splitlines()
+    errors = [ln for ln in lines if "Error" in ln or ln.startswith("error")][:20]
+    return "\n".join(errors) + "\n...\n" + out.stderr[-3000:]
 
 
 def train(fm_home: Path, job: Path, *args: str, nproc: int | None = None, timeout: float = 300,

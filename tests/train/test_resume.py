@@ -1,0 +1,110 @@
+"""Resume: the same topology continues bitwise; another topology continues the same sample
+stream and loss trajectory (within floating-point tolerance) from the checkpoint.
+
+All runs continue the 4-rank fsdp4 reference run of the layouts launch (checkpoints at
+steps 2, 4, 6, 8), with the same global batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fm_pipeline.checkpoint import load_full_state, read_manifest, CheckpointRef
+from tests.train.conftest import LAYOUTS
+from tests.train.launch import failure, train, write_job
+
+REFERENCE = "fsdp4"
+LOSS_TOLERANCE = 1e-4  # fp32 reductions in another order (observed: ~2e-7)
+
+pytestmark = pytest.mark.slow
+
+
+def _losses(ws, job: str) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in ws.metrics(job)}
+
+
+def _resume(ws, name: str, *, nproc: int | None, source: str, from_step: int, end_step: int,
+            env=None, **layout):
+    job = write_job(ws.jobs, name, nproc=nproc or 1, **layout)
+    out = train(ws.home, job, "--resume-from", str(ws.checkpoint(source, from_step)),
+                "--end-step", str(end_step), nproc=nproc, env=env)
+    assert out.returncode == 0, failure(out)
+    return out
+
+
+def _assert_continues(ws, name: str, *, source: str, from_step: int, end_step: int):
+    (segment,) = ws.segments(name)
+    assert segment["start_step"] == from_step and segment["end_step"] == end_step
+    assert segment["restored_from"] == str(ws.checkpoint(source, from_step))
+    assert segment["resharded"] is True
+    reference, resumed = _losses(ws, REFERENCE), _losses(ws, name)
+    assert sorted(resumed) == list(range(from_step + 1, end_step + 1))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(reference[step], abs=LOSS_TOLERANCE), (step, resumed)
+    # The data cursor went on from the checkpoint's: same global samples, same global batch.
+    manifest = read_manifest(CheckpointRef.local(ws.checkpoint(name, end_step)))
+    assert manifest.data.cursor["samples_consumed"] == end_step * 8
+    assert manifest.tokens_seen == end_step * 8 * 32
+
+
+def test_same_topology_resume_is_bitwise_identical(layouts_run):
+    ws = layouts_run
+    job = write_job(ws.jobs, "exact", nproc=4, **LAYOUTS[REFERENCE])
+    first = train(ws.home, job, "--end-step", "3", nproc=4)
+    assert first.returncode == 0, failure(first)
+    second = train(ws.home, job, nproc=4)  # new processes, newest checkpoint (step 3)
+    assert second.returncode == 0, failure(second)
+    assert [s["start_step"] for s in ws.segments("exact")] == [0, 3]
+    assert ws.segments("exact")[1]["resharded"] is False
+    straight = load_full_state(ws.checkpoint(REFERENCE, 8), keys={"model", "optimizer"})
+    resumed = load_full_state(ws.checkpoint("exact", 8), keys={"model", "optimizer"})
+    flat_a, flat_b = _flatten(straight), _flatten(resumed)
+    assert flat_a.keys() == flat_b.keys()
+    assert len([k for k in flat_a if k.startswith("model.")]) == 4 * 9 + 3
+    for key, value in flat_a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, flat_b[key]), key
+        else:
+            assert value == flat_b[key], key
+    assert _losses(ws, "exact") == _losses(ws, REFERENCE)
+
+
+def _flatten(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp2_from_fsdp4(layouts_run):
+    _resume(layouts_run, "fsdp2-from-fsdp4", nproc=2, source=REFERENCE, from_step=2,
+            end_step=4, **{"parallelism.dp_shard": 2, "checkpoint.every_steps": 2})
+    return layouts_run
+
+
+def test_dp_shard_4_to_2(fsdp2_from_fsdp4):
+    _assert_continues(fsdp2_from_fsdp4, "fsdp2-from-fsdp4", source=REFERENCE, from_step=2,
+                      end_step=4)
+
+
+def test_dp_2_to_tp_2(fsdp2_from_fsdp4):
+    ws = fsdp2_from_fsdp4
+    _resume(ws, "tp2-from-fsdp2", nproc=2, source="fsdp2-from-fsdp4", from_step=4, end_step=6,
+            **{"parallelism.tp": 2, "parallelism.dp_shard": 1, "training.micro_batch_size": 4})
+    _assert_continues(ws, "tp2-from-fsdp2", source="fsdp2-from-fsdp4", from_step=4, end_step=6)
+
+
+def test_pp_2_to_dp_2(fsdp2_from_fsdp4):
+    ws = fsdp2_from_fsdp4
+    _resume(ws, "pp2-from-fsdp2", nproc=2, source="fsdp2-from-fsdp4", from_step=4, end_step=6,
+            **{"parallelism.pp": 2, "parallelism.dp_shard": 1})
+    _assert_continues(ws, "pp2-from-fsdp2", source="fsdp2-from-fsdp4", from_step=4, end_step=6)
+    _resume(ws, "fsdp2-from-pp2", nproc=2, source="pp2-from-fsdp2", from_step=6, end_step=8,
+            **{"parallelism.dp_shard": 2})
+    _assert_continues(ws, "fsdp2-from-pp2", source="pp2-from-fsdp2", from_step=6, end_step=8)

@@ -124,15 +124,40 @@ def _wait(proc: subprocess.Popen, *, timeout_s: float | None,
 
 
 def stop(proc: subprocess.Popen, *, grace_s: float) -> None:
-    """SIGTERM torchrun (it forwards to the workers, who checkpoint); SIGKILL the group later."""
+    """SIGTERM torchrun (it forwards to the workers, who checkpoint); after `grace_s`, SIGKILL
+    torchrun and every process under it (workers run in sessions of their own, so killing
+    torchrun's group alone would leave them running)."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        tree = descendants(proc.pid)
+        for pid in [proc.pid, *tree]:
+            try:
+                os.killpg(pid, signal.SIGKILL) if pid == os.getpgid(pid) else os.kill(
+                    pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _pump(stream, log, echo: TextIO | None) -> None:

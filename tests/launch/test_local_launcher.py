@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -12,7 +14,7 @@ import yaml
 
 from fm_pipeline.config import parse_job
 from fm_pipeline.data.testing import build_small_mix, small_job
-from fm_pipeline.launch.local import run_segment_locally
+from fm_pipeline.launch.local import descendants, prepare_segment, run_segment_locally, stop
 from fm_pipeline.launch.outcome import Outcome, SegmentFailed, SegmentPreempted
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import TINY_WORKER
@@ -130,3 +132,28 @@ def test_the_real_trainer_preempted_by_the_flag_file_checkpoints_and_says_so(tmp
     committed = sorted((fm_home / "runs" / "real" / "checkpoints").glob("step-*/manifest.json"))
     assert committed, "no checkpoint committed before the preempted exit"
     assert 2 <= int(committed[-1].parent.name.removeprefix("step-")) < 40
+
+
+def test_stopping_kills_workers_that_ignore_sigterm_even_if_torchrun_dies(job2, tmp_path):
+    """Workers run in sessions of their own: killing torchrun's group would orphan them."""
+    out = tmp_path / "out"
+    out.mkdir()
+    argv, paths = prepare_segment(SegmentLaunch(job2, end_step=5, module=TINY_WORKER),
+                                  tmp_path / "segment")
+    env = {**os.environ, **paths.env(), "FM_TINY_WORKER": "ignore_sigterm",
+           "FM_TINY_OUT": str(out)}
+    proc = subprocess.Popen(argv, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("pid*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = [int(p.read_text()) for p in out.glob("pid*")]
+    assert len(workers) == 2 and all(pid in descendants(proc.pid) for pid in workers)
+    stop(proc, grace_s=0.5)  # shorter than torchrun's own shutdown timeout: it gets SIGKILL
+    time.sleep(0.5)
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), f"worker {pid} lives"
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

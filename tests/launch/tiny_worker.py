@@ -95,6 +95,11 @@ def main() -> None:
         if RANK == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(30)
+    elif behaviour == "ignore_sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(os.path.join(os.environ["FM_TINY_OUT"], f"pid{RANK}"), "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(120)
     elif behaviour == "plain_exit":
         sys.exit(3 if RANK == 0 else 0)  # no record at all: only torchrun's summary knows
     elif behaviour == "all_reduce":

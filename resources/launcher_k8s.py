@@ -27,7 +27,8 @@ from pydantic import Field
 
 from fm_pipeline.config import JobSpec
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
-from fm_pipeline.launch.k8s_client import JobSetClient, segment_result
+from fm_pipeline.launch.k8s_client import JobSetClient
+from fm_pipeline.launch.k8s_follow import segment_result
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
 from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure

@@ -7,8 +7,8 @@
 
 Modules: spec (the invocation), local (run it here), outcome (real exit code and reason),
 exit_record (the trainer's side of that), pod + jobset (Kubernetes objects), k8s_validate
-(strict validation), k8s_client (submit/follow/delete), pod_local (run a rendered pod's
-command as a local "node"). Exports resolve lazily: torchrun workers import exit_record
+(strict validation), k8s_client (submit/follow/delete), k8s_follow (failure causes and the
+result), pod_local (run a rendered pod's command as a local "node"). Exports resolve lazily: torchrun workers import exit_record
 through this package and must not pay for the rest.
 """
 
@@ -24,7 +24,7 @@ _EXPORTS = {
     "Placement": "pod",
     "KubernetesTarget": "jobset", "RenderedSegment": "jobset", "render_segment": "jobset",
     "ManifestInvalid": "k8s_validate", "validate_object": "k8s_validate",
-    "JobSetClient": "k8s_client",
+    "JobSetClient": "k8s_client", "segment_result": "k8s_follow",
 }
 
 __all__ = sorted(_EXPORTS)

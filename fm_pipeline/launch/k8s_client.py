@@ -4,7 +4,7 @@
     client.submit(rendered)                                  # JobSet, then ConfigMap + Service
     followed = client.follow(rendered.name, rendered.namespace,
                              on_leader_pod=lambda pod: print_logs(client, pod, ns))
-    result = segment_result(followed, launch)                # SegmentResult, as locally
+    result = segment_result(followed, launch)                # k8s_follow: as locally
     client.delete(rendered.name, rendered.namespace)
 
 `follow` polls the JobSet, and each time a new node-rank-0 pod (the leader: global rank 0,
@@ -16,28 +16,16 @@ collected on the way: they are the failure evidence once the JobSet is over.
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fm_pipeline.launch.jobset import JOBSET_API, JOBSET_NAME_LABEL, RenderedSegment
-from fm_pipeline.launch.outcome import (
-    FailureEvidence,
-    Outcome,
-    SegmentResult,
-    outcome_of,
-    parse_error_record,
-    parse_torchrun_summary,
-)
-from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.launch.k8s_follow import RESTART_ATTEMPT_LABEL, FollowResult, PodFailureWatch
 
-log = logging.getLogger(__name__)
 GROUP, VERSION = JOBSET_API.split("/")
 PLURAL = "jobsets"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
 
 class JobSetExists(ValueError):
@@ -58,32 +46,6 @@ class JobSetStatus:
     @property
     def terminal(self) -> bool:
         return self.phase in ("Completed", "Failed", "Deleted")
-
-
-@dataclass(frozen=True)
-class PodFailure:
-    pod: str
-    container_exit_code: int  # torchrun's: 1 for any worker failure, 137 if killed
-    evidence: FailureEvidence  # the worker's code and reason, when the message has them
-    restart_attempt: int = 0
-    finished_at: str = ""  # RFC 3339; the first pod to fail in an attempt is the cause
-
-    def order(self) -> tuple:
-        # Latest attempt last; within it the first to finish, then one whose message named
-        # the failing rank (torchrun's summary or a worker record) over a bare exit code.
-        return (-self.restart_attempt, self.finished_at, self.evidence.rank is None, self.pod)
-
-
-@dataclass
-class FollowResult:
-    status: JobSetStatus
-    duration_s: float
-    leader_pods: list[str] = field(default_factory=list)
-    failures: list[PodFailure] = field(default_factory=list)
-
-    def root_failure(self) -> PodFailure | None:
-        """The first pod to fail in the latest restart attempt."""
-        return min(self.failures, key=PodFailure.order) if self.failures else None
 
 
 def jobset_status(obj: dict | None, name: str) -> JobSetStatus:
@@ -274,121 +236,3 @@ class JobSetClient:
             watch.record(pod)
         return FollowResult(status=status, duration_s=time.monotonic() - started,
                             leader_pods=attached, failures=watch.failures())
-
-
-class PodFailureWatch:
-    """Watches the JobSet's pods and keeps every container that ended non-zero.
-
-    A watch, not polling: on a failure the JobSet controller deletes all pods to restart,
-    and the cause (exit code, termination message) goes with them unless it was seen.
-    """
-
-    # Each watch request ends after this long; stop() lets the current one finish, so
-    # events already on their way (the last pods' failures) are not dropped.
-    WINDOW_S = 2
-
-    def __init__(self, client: JobSetClient, name: str, namespace: str):
-        self.client = client
-        self.namespace = namespace
-        self.selector = f"{JOBSET_NAME_LABEL}={name}"
-        self._failures: dict[tuple[str, str], PodFailure] = {}
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=self.WINDOW_S + 1)
-
-    def failures(self) -> list[PodFailure]:
-        with self._lock:
-            return list(self._failures.values())
-
-    def record(self, pod) -> None:
-        statuses = (pod.status.container_statuses or []) if pod.status else []
-        for cs in statuses:
-            terminated = cs.state.terminated if cs.state else None
-            key = (pod.metadata.name, cs.name)
-            if terminated is None or terminated.exit_code == 0:
-                continue
-            with self._lock:
-                if key in self._failures:
-                    continue
-                labels = pod.metadata.labels or {}
-                finished = terminated.finished_at
-                self._failures[key] = PodFailure(
-                    pod=pod.metadata.name, container_exit_code=terminated.exit_code,
-                    evidence=container_failure(pod.metadata.name, terminated.exit_code,
-                                               terminated.message or "", terminated.reason),
-                    restart_attempt=int(labels.get(RESTART_ATTEMPT_LABEL, 0)),
-                    finished_at=finished.isoformat() if finished else "")
-
-    def _run(self) -> None:
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
-
-        resource_version = None
-        while not self._stopped.is_set():
-            kwargs = {"label_selector": self.selector, "timeout_seconds": self.WINDOW_S}
-            if resource_version:
-                kwargs["resource_version"] = resource_version
-            try:
-                for event in watch.Watch().stream(self.client.core.list_namespaced_pod,
-                                                  self.namespace, **kwargs):
-                    pod = event["object"]
-                    resource_version = pod.metadata.resource_version or resource_version
-                    self.record(pod)
-            except ApiException as e:
-                if e.status == 410:  # too old: start again from the current state
-                    resource_version = None
-                    continue
-                log.warning("pod watch for %s: %s", self.selector, e)
-                self._stopped.wait(1.0)
-            except Exception as e:  # connection dropped: the next window reconnects
-                log.warning("pod watch for %s: %s", self.selector, e)
-                self._stopped.wait(1.0)
-
-
-def container_failure(pod: str, exit_code: int, message: str,
-                      reason: str | None = None) -> FailureEvidence:
-    """A terminated container: torchrun's exit code, and the worker's, if its message says."""
-    source = f"pod {pod} termination message"
-    evidence = (parse_error_record(message, source=source)
-                or parse_torchrun_summary(message, source=source))
-    if evidence is None:
-        last = message.strip().splitlines()[-1] if message.strip() else (reason or "no message")
-        evidence = FailureEvidence(source, reason=last)
-    if evidence.exit_code is None:
-        # Only torchrun's own code is known; 137 = SIGKILL (e.g. OOMKilled, node lost).
-        evidence = FailureEvidence(evidence.source, exit_code=exit_code,
-                                   reason=evidence.reason or reason, rank=evidence.rank,
-                                   traceback=evidence.traceback)
-    return evidence
-
-
-def segment_result(followed: FollowResult, launch: SegmentLaunch) -> SegmentResult:
-    """The same SegmentResult the local launcher gives, from what `follow` saw."""
-    status = followed.status
-    common = dict(job=launch.job.name, end_step=launch.end_step,
-                  duration_s=round(followed.duration_s, 3))
-    if status.phase == "Completed":
-        return SegmentResult(outcome=Outcome.SUCCEEDED, exit_code=0, torchrun_exit_code=0,
-                             reason=f"reached end step after {status.restarts} JobSet restart(s)",
-                             **common)
-    if not followed.failures:
-        return SegmentResult(outcome=Outcome.FAILED, exit_code=1, torchrun_exit_code=1,
-                             reason=f"JobSet {status.phase.lower()}: "
-                                    f"{status.message or 'no pod failure recorded'}",
-                             evidence="JobSet status", **common)
-    last = followed.root_failure()
-    root = last.evidence
-    reason = root.reason or f"JobSet {status.phase.lower()}"
-    if status.restarts:
-        reason += f" (after {status.restarts} JobSet restart(s))"
-    return SegmentResult(outcome=outcome_of(root.exit_code), exit_code=root.exit_code,
-                         reason=reason, torchrun_exit_code=last.container_exit_code,
-                         failed_rank=root.rank, traceback=root.traceback,
-                         evidence=root.source, **common)

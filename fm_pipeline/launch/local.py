@@ -136,8 +136,10 @@ def stop(proc: subprocess.Popen, *, grace_s: float) -> None:
         tree = descendants(proc.pid)
         for pid in [proc.pid, *tree]:
             try:
-                os.killpg(pid, signal.SIGKILL) if pid == os.getpgid(pid) else os.kill(
-                    pid, signal.SIGKILL)
+                if pid == os.getpgid(pid):  # a group leader: its helpers go with it
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         proc.wait()

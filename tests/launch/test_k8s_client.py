@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client as k8s
 
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
-from fm_pipeline.launch.k8s_client import JobSetClient, JobSetExists, segment_result
+from fm_pipeline.launch.k8s_client import JobSetClient, JobSetExists
+from fm_pipeline.launch.k8s_follow import segment_result
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import tiny_job

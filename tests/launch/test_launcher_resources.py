@@ -75,29 +75,37 @@ def _kubeconfig(tmp_path, api) -> str:
     return str(path)
 
 
-def _run_pod_like_the_kubelet(api, name: str, *, behaviour: str, tmp_path) -> None:
-    """Play JobSet controller + kubelet for a 1-node JobSet: run the submitted pod's exact
-    command and env (torchrun and all) here, serve its output as the pod log, and end the
-    pod as the kubelet would (FallbackToLogsOnError: the log tail is the message)."""
+def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list[str], tmp_path) -> None:
+    """Play JobSet controller + kubelet for a 1-node JobSet, one restart attempt per
+    behaviour: run the submitted pod's exact command and env (torchrun and all) here, serve
+    its output as the pod log, end the pod as the kubelet would (FallbackToLogsOnError: the
+    log tail is the message), and restart the JobSet after a failure while attempts remain."""
     jobset, config_map, service = api.wait_for_segment(NS, name)
     rendered = RenderedSegment(name=name, namespace=NS, jobset=jobset, config_map=config_map,
                                service=service)
-    node = pod_process(rendered, node_rank=0, root=tmp_path / "pods",
-                       hosts={rendered.leader_host: "127.0.0.1"},
-                       env_overrides={"PET_MASTER_PORT": str(free_port())})
-    pod = f"{name}-node-0-0-x1"
-    api.add_pod(NS, pod, labels={"jobset.sigs.k8s.io/jobset-name": name,
-                                 "batch.kubernetes.io/job-completion-index": "0"})
-    api.wait_for_log_reader(NS, pod)
-    out = subprocess.run(node.argv, env={**node.env, "FM_TINY_WORKER": behaviour}, cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=120)
-    api.log(NS, pod, out.stdout)
-    api.terminate_pod(NS, pod, exit_code=out.returncode,
-                      message=out.stdout[-2048:] if out.returncode else "")
-    phase = "Completed" if out.returncode == 0 else "Failed"
-    api.set_jobset_status(NS, name, terminalState=phase,
-                          conditions=[{"type": phase, "status": "True"}])
+    for attempt, behaviour in enumerate(behaviours):
+        node = pod_process(rendered, node_rank=0, root=tmp_path / f"pods-{attempt}",
+                           hosts={rendered.leader_host: "127.0.0.1"},
+                           env_overrides={"PET_MASTER_PORT": str(free_port())})
+        pod = f"{name}-node-0-0-a{attempt}"
+        api.add_pod(NS, pod, labels={"jobset.sigs.k8s.io/jobset-name": name,
+                                     "batch.kubernetes.io/job-completion-index": "0",
+                                     "jobset.sigs.k8s.io/restart-attempt": str(attempt)})
+        api.set_jobset_status(NS, name, restarts=attempt)
+        api.wait_for_log_reader(NS, pod)
+        out = subprocess.run(node.argv, env={**node.env, "FM_TINY_WORKER": behaviour},
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, timeout=120)
+        api.log(NS, pod, out.stdout)
+        api.terminate_pod(NS, pod, exit_code=out.returncode,
+                          message=out.stdout[-2048:] if out.returncode else "")
+        if out.returncode and attempt + 1 < len(behaviours):
+            api.delete_pod(NS, pod)  # RestartJobSet: recreate everything
+            continue
+        phase = "Completed" if out.returncode == 0 else "Failed"
+        api.set_jobset_status(NS, name, restarts=attempt, terminalState=phase,
+                              conditions=[{"type": phase, "status": "True"}])
+        return
 
 
 def _k8s_launcher(tmp_path, api) -> KubernetesLauncher:
@@ -107,24 +115,28 @@ def _k8s_launcher(tmp_path, api) -> KubernetesLauncher:
 
 
 @pytest.mark.slow
-def test_kubernetes_launcher_reads_pipes_messages_from_the_leader_pod_log(api, tmp_path):
+def test_kubernetes_launcher_reattaches_to_the_new_leader_and_reads_its_pipes(api, tmp_path):
     kubelet = threading.Thread(target=_run_pod_like_the_kubelet, daemon=True,
-                               kwargs=dict(api=api, name="tiny-5", behaviour="pipes",
+                               kwargs=dict(api=api, name="tiny-5", behaviours=["crash", "pipes"],
                                            tmp_path=tmp_path))
     kubelet.start()
     result = materialize([segment], resources={"launcher": _k8s_launcher(tmp_path, api)})
     kubelet.join(timeout=30)
     assert result.success
     (mat,) = result.asset_materializations_for_node("segment")
-    assert mat.metadata["end_step"].value == 5  # rank 0's Pipes message, from the pod log
+    assert mat.metadata["end_step"].value == 5  # rank 0's Pipes message, from pod a1's log
     assert mat.metadata["outcome"].value == "succeeded"
+    assert "after 1 JobSet restart" in mat.metadata["reason"].value
+    logs = [path for method, path, _ in api.requests if path.endswith("/log")]
+    assert [p.split("/")[-2] for p in logs][-1] == "tiny-5-node-0-0-a1"
+    assert any(p.split("/")[-2] == "tiny-5-node-0-0-a0" for p in logs)
     assert not api.jobsets and not api.core  # deleted once complete
 
 
 @pytest.mark.slow
 def test_kubernetes_launcher_failure_names_the_workers_reason(api, tmp_path):
     kubelet = threading.Thread(target=_run_pod_like_the_kubelet, daemon=True,
-                               kwargs=dict(api=api, name="tiny-5", behaviour="bad_config",
+                               kwargs=dict(api=api, name="tiny-5", behaviours=["bad_config"],
                                            tmp_path=tmp_path))
     kubelet.start()
     result = materialize([segment], raise_on_error=False,

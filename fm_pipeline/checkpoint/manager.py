@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.utils.serialization.config as serialization_config
 
 from fm_pipeline.checkpoint import comm
 from fm_pipeline.checkpoint.commit import (
@@ -207,8 +208,10 @@ class CheckpointManager:
                 state = state.result()
             t = events["write_started"] = time.perf_counter()
             stage_s = t - events.get("returned", t)
-            # Written to the page cache first; fsync then overlaps hashing (disk vs CPU).
-            with comm.quiet_single_process():
+            # Written to the page cache first; fsync then overlaps hashing (disk vs CPU). The
+            # per-record zip CRC32 of torch.save is skipped: the manifest checksums whole files.
+            with comm.quiet_single_process(), serialization_config.patch(
+                    {"save.compute_crc32": False}):
                 dcp.save(state, process_group=self._group, no_dist=not comm.initialized(),
                          storage_writer=dcp.FileSystemWriter(str(directory), sync_files=False))
             events["write_finished"] = time.perf_counter()

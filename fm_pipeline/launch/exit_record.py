@@ -45,7 +45,25 @@ def write_exit_record(exit_code: int, reason: str, *,
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f)
     os.replace(tmp, path)  # torchrun may read it the moment we exit
+    _termination_message(record)
     return path
+
+
+def _termination_message(record: dict) -> None:
+    """In a pod ($FM_TERMINATION_LOG, the container's terminationMessagePath) the first rank
+    to exit on purpose leaves its record as the pod's termination message, so the cluster
+    shows the real code and reason (torchrun's own exit code is 1)."""
+    path = os.environ.get("FM_TERMINATION_LOG")
+    if not path:
+        return
+    try:
+        with open(path, "r+", encoding="utf-8") as f:  # the kubelet's file: never replace it
+            if f.read(1):
+                return  # another rank got there first: its failure is the root cause
+            f.seek(0)
+            f.write(json.dumps(record)[:4096])
+    except OSError:
+        pass  # the message is a convenience; the error files above are the record
 
 
 def exit_with(exit_code: int, reason: str, *, traceback_text: str | None = None) -> NoReturn:

@@ -9,6 +9,7 @@ local launcher gives.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -140,14 +141,27 @@ def container_failure(pod: str, exit_code: int, message: str,
     evidence = (parse_error_record(message, source=source)
                 or parse_torchrun_summary(message, source=source))
     if evidence is None:
-        last = message.strip().splitlines()[-1] if message.strip() else (reason or "no message")
-        evidence = FailureEvidence(source, reason=last)
+        evidence = FailureEvidence(source, reason=last_error_line(message) or reason
+                                   or "no termination message")
     if evidence.exit_code is None:
         # Only torchrun's own code is known; 137 = SIGKILL (e.g. OOMKilled, node lost).
         evidence = FailureEvidence(evidence.source, exit_code=exit_code,
                                    reason=evidence.reason or reason, rank=evidence.rank,
                                    traceback=evidence.traceback)
     return evidence
+
+
+_EXCEPTION_LINE = re.compile(r"^\s*([\w.]+(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def last_error_line(text: str) -> str | None:
+    """The last `SomethingError: ...` line of a log tail, else its last meaningful line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().strip("=-")]
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.match(line)
+        if match:
+            return match.group(1)
+    return lines[-1] if lines else None
 
 
 def segment_result(followed: FollowResult, launch: SegmentLaunch) -> SegmentResult:

@@ -21,6 +21,7 @@ SPEC_MOUNT = PurePosixPath("/etc/fm")
 STATE_MOUNT = PurePosixPath("/var/lib/fm")  # FM_HOME inside the pod (emptyDir)
 RUNS_MOUNT = STATE_MOUNT / "runs"  # runs_dir(): the local checkpoint tier (shared volume)
 RDZV_PORT = 29500
+TERMINATION_LOG = "/dev/termination-log"  # the kubelet's default terminationMessagePath
 # Seconds after the preStop wait before the kubelet's SIGKILL: torchrun forwards SIGTERM
 # and the trainer exits at its next step boundary.
 KILL_MARGIN_S = 15
@@ -103,6 +104,7 @@ def trainer_container(
     ]
     base_env = {
         "FM_HOME": str(STATE_MOUNT),
+        "FM_TERMINATION_LOG": TERMINATION_LOG,
         "PYTHONUNBUFFERED": "1",
         **paths.env(),
         **env,
@@ -121,7 +123,9 @@ def trainer_container(
         "lifecycle": {"preStop": {"exec": {"command": [
             "/bin/sh", "-c", f'touch "${PREEMPT_FLAG_ENV}"; sleep {grace}',
         ]}}},
-        # Without a message file the kubelet keeps the log tail: torchrun's failure summary.
+        # A worker that exits on purpose writes its record to the message file; otherwise
+        # the kubelet keeps the log tail (torchrun's failure summary).
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "job-spec", "mountPath": str(SPEC_MOUNT), "readOnly": True},

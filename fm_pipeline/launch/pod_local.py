@@ -32,6 +32,7 @@ class PodProcess:
     argv: list[str]
     env: dict[str, str]  # the pod's environment over this process's (PATH, venv, ...)
     mounts: dict[str, Path]  # mountPath in the pod -> directory standing in for it
+    termination_log: Path  # the kubelet's terminationMessagePath file, empty at start
 
 
 def expand_k8s_vars(text: str, env: dict[str, str]) -> str:
@@ -60,7 +61,11 @@ def pod_process(
         raise ValueError(f"node_rank {node_rank} outside 0..{job_spec['completions'] - 1}")
     pod = job_spec["template"]["spec"]
     (container,) = pod["containers"]
-    mounts = _materialize_volumes(pod, container, rendered, root / f"node-{node_rank}")
+    node_root = root / f"node-{node_rank}"
+    mounts = _materialize_volumes(pod, container, rendered, node_root)
+    termination_log = node_root / "termination-log"
+    termination_log.write_text("")
+    mounts[container.get("terminationMessagePath", "/dev/termination-log")] = termination_log
 
     env: dict[str, str] = {}
     for item in container.get("env", []):
@@ -80,7 +85,8 @@ def pod_process(
     argv = [_remap(expand_k8s_vars(arg, env), mounts) for arg in container["command"]]
     if argv[0] == "torchrun":
         argv = torchrun_executable() + argv[1:]
-    return PodProcess(node_rank=node_rank, argv=argv, env={**os.environ, **env}, mounts=mounts)
+    return PodProcess(node_rank=node_rank, argv=argv, env={**os.environ, **env}, mounts=mounts,
+                      termination_log=termination_log)
 
 
 def _materialize_volumes(pod: dict, container: dict, rendered: RenderedSegment,

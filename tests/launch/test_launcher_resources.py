@@ -97,8 +97,11 @@ def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list[str], tmp_path
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, timeout=120)
         api.log(NS, pod, out.stdout)
-        api.terminate_pod(NS, pod, exit_code=out.returncode,
-                          message=out.stdout[-2048:] if out.returncode else "")
+        # The kubelet: the message file if anything was written to it, else on error the
+        # log tail (terminationMessagePolicy FallbackToLogsOnError).
+        message = node.termination_log.read_text()[:4096] or (
+            out.stdout[-2048:] if out.returncode else "")
+        api.terminate_pod(NS, pod, exit_code=out.returncode, message=message)
         if out.returncode and attempt + 1 < len(behaviours):
             api.delete_pod(NS, pod)  # RestartJobSet: recreate everything
             continue
@@ -144,7 +147,8 @@ def test_kubernetes_launcher_failure_names_the_workers_reason(api, tmp_path):
     kubelet.join(timeout=30)
     metadata, description = _failure_metadata(result)
     # torchrun's container exit code is 1; the worker's 2 and its reason come from the
-    # termination message (torchrun's summary in the log tail).
+    # termination message (the worker's exit record, written to the message file).
     assert metadata["outcome"] == "bad_config" and metadata["exit_code"] == 2
     assert "seq_len 4096" in description
+    assert metadata["evidence"] == "pod tiny-5-node-0-0-a0 termination message"
     assert not api.jobsets

@@ -115,3 +115,29 @@ def test_after_a_restart_the_last_report_of_an_asset_counts():
     assert len(run.get_results()) == 1
     merged = run.materialize_result()
     assert merged.metadata["loss"] == 7.3 and merged.metadata["outcome"] == "succeeded"
+
+
+def test_a_log_tail_without_torchruns_header_still_names_the_exception():
+    from fm_pipeline.launch.k8s_follow import container_failure
+
+    tail = "\n".join([f"    frame {i}" for i in range(70)] + [
+        "  torch.distributed.DistBackendError: NCCL communicator was aborted on rank 3",
+        "  ", "=" * 60])
+    evidence = container_failure("p", 1, tail)
+    assert evidence.exit_code == 1
+    assert evidence.reason == ("torch.distributed.DistBackendError: NCCL communicator was "
+                               "aborted on rank 3")
+
+
+def test_the_first_rank_to_exit_writes_the_pods_termination_message(tmp_path, monkeypatch):
+    from fm_pipeline.launch.exit_record import write_exit_record
+
+    message = tmp_path / "termination-log"
+    message.write_text("")  # the kubelet creates it empty
+    monkeypatch.setenv("FM_TERMINATION_LOG", str(message))
+    for rank, code in ((1, 75), (0, 1)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error{rank}.json"))
+        write_exit_record(code, f"rank {rank} stopped")
+    evidence = parse_error_record(message.read_text(), source="message")
+    assert (evidence.exit_code, evidence.rank, evidence.reason) == (75, 1, "rank 1 stopped")

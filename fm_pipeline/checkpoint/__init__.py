@@ -16,6 +16,7 @@ Around training (one process): `latest_valid`, `validate`, `apply_retention`,
 """
 
 from fm_pipeline.checkpoint.commit import Probe
+from fm_pipeline.checkpoint.drill import DrillResult, drill_latest, run_restore_drill
 from fm_pipeline.checkpoint.export import export_torch_save, load_full_state
 from fm_pipeline.checkpoint.layout import CheckpointRef, list_local, list_store, local_root, store_root
 from fm_pipeline.checkpoint.manager import CheckpointManager, CheckpointSaveError, SaveResult
@@ -46,7 +47,7 @@ from fm_pipeline.checkpoint.validate import (
 
 __all__ = [
     "CheckpointInvalid", "CheckpointManager", "CheckpointRef", "CheckpointSaveError",
-    "Discovery", "LRSchedulerState", "Manifest", "ManifestError", "ModelState",
+    "Discovery", "DrillResult", "drill_latest", "run_restore_drill", "LRSchedulerState", "Manifest", "ManifestError", "ModelState",
     "NoRestorableCheckpoint",
     "OptimizerState", "Probe", "Problem", "RestoreResult", "RetentionReport", "SaveResult",
     "UploadReport", "apply_retention", "download_checkpoint", "export_torch_save",

@@ -185,6 +185,19 @@ def run_restore_drill(checkpoint, *, job=None, parallelism: dict | None = None,
     return _record(ref, local, result, t0)
 
 
+def drill_latest(job, *, store=None, max_nproc: int | None = None,
+                 force: bool = False) -> DrillResult | None:
+    """Drill the job's newest valid checkpoint unless it already has a drill result (the
+    schedule's entry point). None when the job has no valid checkpoint yet."""
+    from fm_pipeline.checkpoint.marks import read_mark
+    from fm_pipeline.checkpoint.validate import latest_valid
+
+    found = latest_valid(job, store=store, checksums=False).found
+    if found is None or (not force and read_mark(found, "drill") is not None):
+        return None
+    return run_restore_drill(found, job=job, store=store, max_nproc=max_nproc)
+
+
 def _record(ref: CheckpointRef, local: CheckpointRef | None, result: DrillResult,
             t0: float) -> DrillResult:
     from fm_pipeline.checkpoint.marks import write_mark

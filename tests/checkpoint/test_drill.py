@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from fm_pipeline.checkpoint import CheckpointRef, apply_retention, local_root, read_marks
 from fm_pipeline.checkpoint import drill_worker
-from fm_pipeline.checkpoint.drill import run_restore_drill
+from fm_pipeline.checkpoint.drill import drill_latest, run_restore_drill
 from fm_pipeline.checkpoint.manifest import Manifest
 from tests.checkpoint.transformer_ckpt import drill_job, write_checkpoint
 from tests.conftest import free_port
@@ -62,6 +62,7 @@ def test_drill_passes_on_a_good_checkpoint_and_is_recorded(ref, written):
     assert mark["passed"] is True and mark["drill_topology"] == result.drill_topology
     report = apply_retention(drill_job().name, keep_last=1, job=drill_job())
     assert "drill-passed" in report.kept[2]
+    assert drill_latest(drill_job()) is None  # the schedule does not drill it twice
 
 
 def test_drill_fails_on_a_flipped_byte_naming_the_file(ref, world_of_one_env):

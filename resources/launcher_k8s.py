@@ -68,9 +68,11 @@ class KubernetesLauncher(ConfigurableResource):
         overrides: Sequence[str] = (),
         extras: Mapping[str, Any] | None = None,
         placement: Placement | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> SegmentRun:
         """Train `job` up to `end_step` on the cluster; raises dagster.Failure (metadata:
-        outcome, exit_code, failed_rank, reason) unless the JobSet completed."""
+        outcome, exit_code, failed_rank, reason) unless the JobSet completed. `env` is added
+        to every pod's container environment (e.g. the MLflow run to log into)."""
         launch = SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
                                overrides=tuple(overrides))
         client = self.jobset_client()
@@ -83,7 +85,7 @@ class KubernetesLauncher(ConfigurableResource):
                 credentials_secret=self.credentials_secret, image=self.image,
                 namespace=self.namespace, max_restarts=self.max_restarts,
                 service_account=self.service_account, placement=placement or Placement(),
-                extra_env=session.get_bootstrap_env_vars(),
+                extra_env={**dict(env or {}), **session.get_bootstrap_env_vars()},
             ))
             name, ns = rendered.name, rendered.namespace
             client.submit(rendered)

@@ -53,10 +53,12 @@ class LocalLauncher(ConfigurableResource):
         overrides: Sequence[str] = (),
         extras: Mapping[str, Any] | None = None,
         placement: Placement | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> SegmentRun:
         """Train `job` up to `end_step`; raises dagster.Failure (metadata: outcome, exit_code,
         failed_rank, reason) unless the segment reached its end step. `placement` is
-        accepted for the same call as KubernetesLauncher; one machine has nothing to place."""
+        accepted for the same call as KubernetesLauncher; one machine has nothing to place.
+        `env` is added to every worker's environment (e.g. the MLflow run to log into)."""
         launch = SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
                                overrides=tuple(overrides), max_restarts=self.max_restarts)
         with open_pipes_session(
@@ -66,7 +68,8 @@ class LocalLauncher(ConfigurableResource):
             extras=dict(extras or {}),
         ) as session:
             result = run_segment_locally(
-                launch, env=session.get_bootstrap_env_vars(), timeout_s=self.timeout_s,
+                launch, env={**dict(env or {}), **session.get_bootstrap_env_vars()},
+                timeout_s=self.timeout_s,
                 echo=sys.stdout if self.echo_output else None,
             )
         context.log.info(f"segment {job.name} -> step {end_step}: {result.outcome.value} "

@@ -39,6 +39,7 @@ class StepResult:
     collective_wait_s: float
     step_time_s: float
     stop_requested: bool  # some rank asked to stop (preemption) before this step's sync
+    peak_memory_gib: float | None  # accelerator memory high-water mark of this step (GPU)
 
 
 def job_topology(job: JobSpec, world_size: int) -> str:
@@ -57,6 +58,26 @@ def slow_rank_delay(rank: int) -> float:
         if int(r) == rank:
             return float(seconds)
     return 0.0
+
+
+FAIL_AT_ENV = "FM_FAULT_FAIL_AT"
+
+
+class InjectedFault(RuntimeError):
+    """A failure asked for by FM_FAULT_FAIL_AT (resume drills, the demo)."""
+
+
+def injected_failure_step(rank: int) -> int | None:
+    """Fault injection for resume drills: FM_FAULT_FAIL_AT="1:25" makes global rank 1 raise
+    InjectedFault instead of running the step after step 25 (the other ranks are then
+    stopped by torchrun, as after a real crash)."""
+    spec = os.environ.get(FAIL_AT_ENV, "").strip()
+    if not spec:
+        return None
+    r, sep, step = spec.partition(":")
+    if not sep or not r.strip().isdigit() or not step.strip().isdigit():
+        raise ValueError(f"{FAIL_AT_ENV}={spec!r}: expected RANK:STEP, e.g. 1:25")
+    return int(step) if int(r) == rank else None
 
 
 class Trainer:
@@ -87,10 +108,16 @@ class Trainer:
         }
         self.pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
         self.slow_rank_delay = slow_rank_delay(rank)
+        self.fail_after_step = injected_failure_step(rank)
         self._probe_tokens: torch.Tensor | None = None
 
     def step(self, *, stop_requested: bool) -> StepResult:
         """One optimizer step on this rank; every rank must call it."""
+        if self.fail_after_step is not None and self.state.step == self.fail_after_step:
+            raise InjectedFault(f"injected fault ({FAIL_AT_ENV}): rank {self.rank} fails after "
+                                f"step {self.state.step}")
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
         batch = next(self.loader).to(self.device, non_blocking=True)
         t1 = time.perf_counter()
@@ -121,7 +148,9 @@ class Trainer:
         return StepResult(
             step=self.state.step, loss=loss_sum / max(n_loss, 1.0), grad_norm=grad_norm_value,
             lr=lr, data_wait_s=t1 - t0, compute_s=(t2 - t1) + (t4 - t3),
-            collective_wait_s=t3 - t2, step_time_s=t4 - t0, stop_requested=stops > 0)
+            collective_wait_s=t3 - t2, step_time_s=t4 - t0, stop_requested=stops > 0,
+            peak_memory_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30
+                             if self.device.type == "cuda" else None))
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":

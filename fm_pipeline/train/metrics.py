@@ -18,7 +18,10 @@ metrics.jsonl, kind "step", every `training.log_every` steps:
                        null when the device's peak is unknown
     data_wait_s        rank 0's wait for its batch
     checkpoint_block_s time the loop was blocked by a checkpoint save after this step
-                       (staging for async saves, the whole save for sync ones); 0 if none
+                       (the probe-batch evaluation + staging for async saves, the whole
+                       save for sync ones); 0 if none
+    peak_memory_gib    rank 0's accelerator memory high-water mark during the step (GPU
+                       only; null on CPU)
 
 rank_timings.jsonl, kind "rank_timing", every `training.rank_timings_every` steps, one
 record per global rank (gathered to rank 0); the fields of
@@ -37,8 +40,10 @@ segments.jsonl, kind "segment", once per launch (rank 0, also on failure):
     start_step, end_step (reached), target_step, exit_code, exit_reason
     ("completed" | "preempted" | "failed" | "nothing_to_do"), error, final_loss,
     mean_mfu, tokens_per_s (mean over the segment's steps after the first),
-    tokens_seen, checkpoint (path of the last committed one), restored_from,
-    resharded, restore_s, preempt_to_exit_s, wall_s, world_size, parallelism.
+    tokens_seen, checkpoint (path of the last committed one), checkpoint_block_s (sum),
+    restored_from, resharded, restore_s, preempt_reason, preempt_to_exit_s (from the
+    request to the committed checkpoint), peak_memory_gib, wall_s, world_size,
+    parallelism, accelerator, peak_flops_per_device.
 """
 
 from __future__ import annotations

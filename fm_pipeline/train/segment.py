@@ -240,7 +240,7 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
     fpt = flops_per_token(job.model_cfg, t.seq_len)
     window = RankTimingWindow()
     last: StepResult | None = None
-    speeds, mfus, unlogged = [], [], 0
+    speeds, mfus, memory, unlogged = [], [], [], 0
     stopped = False
     try:
         while trainer.state.step < target and not stopped:
@@ -258,6 +258,8 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
             tokens_per_s = job.tokens_per_step / result.step_time_s
             speeds.append(tokens_per_s)
             mfus.append(step_mfu)
+            if result.peak_memory_gib is not None:
+                memory.append(result.peak_memory_gib)
             unlogged += 1
             if step % t.rank_timings_every == 0:
                 records = window.gather(step=step, device=device, ranks=ranks)
@@ -271,7 +273,7 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
                     step_time_s=round(result.step_time_s, 6), tokens=job.tokens_per_step,
                     tokens_seen=trainer.state.tokens_seen, tokens_per_s=round(tokens_per_s, 3),
                     mfu=step_mfu, data_wait_s=round(result.data_wait_s, 6),
-                    checkpoint_block_s=round(block, 6)))
+                    checkpoint_block_s=round(block, 6), peak_memory_gib=result.peak_memory_gib))
     except BaseException:
         try:  # let an in-flight save finish (or fail) before the process goes
             manager.close()
@@ -295,6 +297,7 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
         "tokens_per_s": sum(warm_speeds) / len(warm_speeds) if warm_speeds else None,
         "checkpoint": committed[-1].path if committed else None,
         "checkpoint_block_s": round(sum(r.blocked_s for r in manager.results), 6),
+        "peak_memory_gib": max(memory) if memory else None,
         "preempt_reason": watcher.reason if stopped else None,
         "preempt_to_exit_s": round(since, 3) if stopped and since is not None else None,
     }

@@ -9,13 +9,14 @@ set. Params: the whole job spec (dotted keys) and the plan (mesh, world, FLOPs);
 every step, logged from a background thread so a slow tracking server never stalls a step.
 
 Pipes: only when DAGSTER_PIPES_CONTEXT is in the environment (every rank inherits it; only
-global rank 0 may open it). At the segment's end: one asset materialization (when exactly
-one asset is in scope) and a custom message {"segment": summary}, both with the summary.
+global rank 0 may open it). At the segment's end: a custom message {"segment": summary}, and, when
+the segment completed or was preempted (a checkpoint was committed) and exactly one asset is
+in scope, an asset materialization with the summary's scalars as metadata. A failure is
+reported as the Pipes session's exception.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -33,14 +34,10 @@ def tracking_uri() -> str | None:
 
 
 def flatten(prefix: str, value: Any) -> dict[str, str]:
-    """Dotted-key params; lists become JSON (MLflow params are strings of <= 6000 chars)."""
-    if isinstance(value, dict):
-        out: dict[str, str] = {}
-        for k, v in value.items():
-            out.update(flatten(f"{prefix}.{k}" if prefix else str(k), v))
-        return out
-    text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
-    return {prefix: text[:6000]}
+    """Dotted-key params; lists become JSON; credential keys dropped (fm_pipeline.tracking)."""
+    from fm_pipeline.tracking.params import flatten_params
+
+    return flatten_params({prefix: value} if prefix else value).params
 
 
 class MlflowSink:
@@ -50,14 +47,13 @@ class MlflowSink:
 
         self.client = MlflowClient(tracking_uri=uri)
         run_id = os.environ.get("FM_MLFLOW_RUN_ID")
-        if not run_id:
-            name = os.environ.get("FM_MLFLOW_EXPERIMENT", "fm-pipeline")
-            exp = self.client.get_experiment_by_name(name)
-            exp_id = exp.experiment_id if exp else self.client.create_experiment(name)
-            tags = {"fm.job": job_name}
-            if os.environ.get("FM_MLFLOW_PARENT_RUN_ID"):
-                tags["mlflow.parentRunId"] = os.environ["FM_MLFLOW_PARENT_RUN_ID"]
-            run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
+        if not run_id:  # shared with the orchestrator: same tags, same experiment lookup
+            from fm_pipeline.tracking.runs import open_trainer_run
+
+            run_id = open_trainer_run(
+                self.client, job_name=job_name, run_name=run_name,
+                experiment=os.environ.get("FM_MLFLOW_EXPERIMENT", "fm-pipeline"),
+                parent_run_id=os.environ.get("FM_MLFLOW_PARENT_RUN_ID"))
         self.run_id = run_id
         flat = [Param(k, v) for k, v in sorted(flatten("", params).items())]
         for i in range(0, len(flat), MLFLOW_BATCH):
@@ -111,7 +107,9 @@ class PipesSink:
     def close(self, *, summary: dict[str, Any], error: BaseException | None) -> None:
         metadata = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))}
         try:
-            if self.pipes.is_asset_step and len(self.pipes.asset_keys) == 1:
+            # A failed segment produced nothing new; a preempted one committed a checkpoint.
+            progressed = error is None and summary.get("exit_reason") in ("completed", "preempted")
+            if progressed and self.pipes.is_asset_step and len(self.pipes.asset_keys) == 1:
                 self.pipes.report_asset_materialization(metadata=metadata)
             self.pipes.report_custom_message({"segment": summary})
         finally:

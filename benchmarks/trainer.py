@@ -1,0 +1,193 @@
+"""Trainer overhead: our segment trainer against a plain single-process torch loop, same run.
+
+    python -m benchmarks.trainer                 # last stdout line: one JSON object
+    python -m benchmarks.trainer --steps 12      # quicker, noisier
+
+Both sides train the same model from the same initial weights on the same batches of the
+same data mix (MixLoader), with AdamW, the warmup+cosine LR schedule and gradient clipping,
+in a fresh process each, with the same thread count:
+  trainer    `python -m fm_pipeline.train` (a world of one: process group, checkpoint
+             manager, metrics files, preemption watch, per-rank timing sync, float64
+             grad norm); checkpointing only after the timed steps
+  bare loop  forward, cross-entropy, backward, clip_grad_norm_, optimizer and scheduler step
+Throughput is wall clock from the end of warm-up step `--warmup` to the end of the last
+timed step (the trainer's from its metrics records' timestamps, so reporting counts too;
+one extra step follows so that the final checkpoint is not timed). Each side
+runs `--repeats` times, alternating; the best run of each is reported (the machine is
+shared and noisy; the best is the least disturbed).
+
+trainer_tokens_per_s, bare_loop_tokens_per_s, overhead_ratio = trainer / bare (target >=
+0.98), plus the trainer's MFU against the measured CPU peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def write_job(home: Path, args) -> Path:
+    from fm_pipeline.config import dump_job
+    from fm_pipeline.data.testing import build_small_mix, small_job
+    from fm_pipeline.storage import open_store
+
+    # One step past the timed window: the trainer's final checkpoint must not be timed.
+    steps = args.warmup + args.steps + 1
+    job = small_job(**{
+        "name": "bench-trainer", "model.size": args.model, "model.vocab_size": 512,
+        "training.seq_len": args.seq_len, "training.global_batch_size": args.batch,
+        "training.micro_batch_size": args.batch, "training.steps": steps,
+        "training.segment_steps": steps, "training.warmup_steps": 2,
+        "training.rank_timings_every": 10, "checkpoint.every_steps": 10 * steps,
+        "checkpoint.upload": False, "parallelism.nproc_per_node": 1})
+    os.environ["FM_HOME"] = str(home)
+    build_small_mix(job, store=open_store(str(home / "store")))
+    path = home / "job.yaml"
+    path.write_text(yaml.safe_dump(dump_job(job)))
+    return path
+
+
+def run_trainer(home: Path, job_path: Path, run: int, env: dict) -> tuple[float, dict]:
+    from fm_pipeline.train.metrics import read_records
+
+    name = f"bench-trainer-{run}"
+    cmd = [sys.executable, "-m", "fm_pipeline.train", "--job", str(job_path), "--set",
+           f"name={name}"]
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"trainer failed:\n{out.stderr[-3000:]}")
+    steps = read_records(home / "runs" / name / "metrics.jsonl", "step")
+    (segment,) = read_records(home / "runs" / name / "segments.jsonl", "segment")
+    return _throughput([(r["step"], r["time"]) for r in steps], steps[0]["tokens"]), segment
+
+
+def run_bare(job_path: Path, env: dict) -> float:
+    cmd = [sys.executable, "-m", "benchmarks.trainer", "--bare", str(job_path),
+           "--warmup", str(ARGS.warmup)]
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"bare loop failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["tokens_per_s"]
+
+
+def _throughput(stamps: list[tuple[int, float]], tokens_per_step: int) -> float:
+    """Tokens per second from the end of step `--warmup` to the end of the timed steps."""
+    at = dict(stamps)
+    s0, s1 = ARGS.warmup, ARGS.warmup + ARGS.steps
+    (t0, t1) = at[s0], at[s1]
+    return (s1 - s0) * tokens_per_step / (t1 - t0)
+
+
+def bare_loop(job_path: Path) -> None:
+    """The baseline, run in its own process: what anyone would write by hand."""
+    import torch
+
+    from fm_pipeline.config import load_job
+    from fm_pipeline.data import MixLoader, open_job_mix
+    from fm_pipeline.model import Transformer
+    from fm_pipeline.train.optimizer import build_lr_scheduler, build_optimizer
+
+    job = load_job(job_path)
+    t = job.training
+    model = Transformer(job.model_cfg)
+    model.init_weights(seed=t.seed)
+    opt = build_optimizer(model, t)
+    sched = build_lr_scheduler(opt, t)
+    loader = MixLoader(open_job_mix(job), dp_rank=0, dp_size=1, micro_batch_size=t.micro_batch_size,
+                       global_batch_size=t.global_batch_size, seq_len=t.seq_len)
+    stamps = []
+    for step in range(1, t.steps + 1):
+        batch = next(loader)
+        logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                 batch[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        stamps.append((step, time.time()))
+    loader.close()
+    print(json.dumps({"tokens_per_s": _throughput(stamps, t.global_batch_size * t.seq_len)}))
+
+
+ARGS = argparse.Namespace(warmup=3, steps=20)
+
+
+def _timed_steps(job_path: Path) -> int:
+    """The bare process learns the timed window from the job: steps = warmup + timed + 1."""
+    from fm_pipeline.config import load_job
+
+    return load_job(job_path).training.steps - ARGS.warmup - 1
+
+
+def main() -> None:
+    global ARGS
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--bare", type=Path, help=argparse.SUPPRESS)
+    ARGS = parser.parse_args()
+    if ARGS.bare:
+        ARGS.steps = _timed_steps(ARGS.bare)
+        bare_loop(ARGS.bare)
+        return
+    from rich.progress import Progress
+
+    home = Path(tempfile.mkdtemp(prefix="fm-bench-trainer-"))
+    job_path = write_job(home, ARGS)
+    threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count())
+    env = {**os.environ, "FM_HOME": str(home), "OMP_NUM_THREADS": threads}
+    for key in ("FM_MLFLOW_URI", "MLFLOW_TRACKING_URI", "DAGSTER_PIPES_CONTEXT", "RANK"):
+        env.pop(key, None)
+    trainer, bare, segment = [], [], None
+    with Progress(transient=True) as progress:
+        task = progress.add_task("trainer vs bare loop", total=2 * ARGS.repeats)
+        for run in range(ARGS.repeats):
+            bare.append(run_bare(job_path, env))
+            progress.advance(task)
+            tps, segment = run_trainer(home, job_path, run, env)
+            trainer.append(tps)
+            progress.advance(task)
+            log(f"run {run}: trainer {tps:.0f} tok/s, bare loop {bare[-1]:.0f} tok/s")
+    from fm_pipeline.config import load_job
+    from fm_pipeline.model import count_params
+
+    job = load_job(job_path)
+    result = {
+        "trainer_tokens_per_s": round(max(trainer), 1),
+        "bare_loop_tokens_per_s": round(max(bare), 1),
+        "overhead_ratio": round(max(trainer) / max(bare), 4),
+        "trainer_runs_tokens_per_s": [round(x, 1) for x in trainer],
+        "bare_runs_tokens_per_s": [round(x, 1) for x in bare],
+        "trainer_mean_mfu": segment["mean_mfu"],
+        "peak_flops_per_device": segment["peak_flops_per_device"],
+        "model": ARGS.model, "params": count_params(job.model_cfg).total,
+        "seq_len": ARGS.seq_len, "global_batch_size": ARGS.batch, "timed_steps": ARGS.steps,
+        "threads": int(threads), "processes": 1,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -65,16 +65,6 @@ def test_a_worker_killed_by_a_signal_is_named_from_torchruns_summary(job2, monke
     assert result.evidence == "torchrun summary"
 
 
-def test_the_flag_file_preempts_and_is_not_a_failure(job2, monkeypatch, tmp_path):
-    segment = tmp_path / "segment"
-    _when_ready(segment, (segment / "preempt").touch)
-    result = _run(job2, monkeypatch, "preempt", segment_dir=segment)
-    assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75
-    assert "preempted (flag file)" in result.reason
-    with pytest.raises(SegmentPreempted):
-        result.raise_for_outcome()
-
-
 def _when_ready(segment: Path, action) -> threading.Thread:
     """Run `action` once both ranks of the preempt behaviour have installed their handlers."""
 
@@ -98,6 +88,8 @@ def test_preempting_a_segment_sends_sigterm_so_ranks_checkpoint(job2, monkeypatc
     result = _run(job2, monkeypatch, "preempt", segment_dir=segment, preempt=preempt)
     assert result.outcome is Outcome.PREEMPTED and result.torchrun_exit_code != 0
     assert result.exit_code == 75 and "preempted (SIGTERM)" in result.reason
+    with pytest.raises(SegmentPreempted):
+        result.raise_for_outcome()
 
 
 def test_a_segment_past_its_time_limit_is_stopped_and_says_so(job2, monkeypatch):

@@ -46,13 +46,13 @@ from fm_pipeline.data.progress import NO_PROGRESS, ProgressSink
 from fm_pipeline.data.sample_index import SOURCE_SHIFT, build_sample_index, samples_per_source
 from fm_pipeline.data.shards import ShardWriter, shard_capacity
 from fm_pipeline.data.sources import fingerprint, iter_documents, list_source_files
-from fm_pipeline.data.tokenizer import encode_documents, eos_id, train_bpe
+from fm_pipeline.data.tokenizer import encode_stream, eos_id, train_bpe
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
 
 # The tokenizer learns from at most this many characters (split across sources by weight):
 # BPE merges converge long before a web-scale corpus is read.
 TOKENIZER_TRAIN_CHARS = 200_000_000
-ENCODE_BATCH_DOCS = 512
+ENCODE_BATCH_DOCS = 128
 
 
 def prepare_mix(
@@ -180,6 +180,7 @@ def shards_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = N
         return done
     clean = _require(store, clean_receipt_key(key), CleanReceipt, "clean_documents")
     tok = load_tokenizer(store, key)
+    tok.encode_special_tokens = True  # a literal "<|endoftext|>" in a document is text, not EOS
     dtype = token_dtype(job.model_cfg.vocab_size)
     capacity = shard_capacity(job.data.shard_tokens, job.training.seq_len + 1)
     shards = {}
@@ -191,10 +192,11 @@ def shards_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = N
             for split in ("train", "heldout"):
                 writer = ShardWriter(store, mix_key=key, source=source.name, split=split,
                                      capacity=capacity, dtype=dtype, uploader=uploader)
-                for texts in iter_clean_texts(store, key, source.name, split=split,
-                                              batch_docs=ENCODE_BATCH_DOCS):
-                    writer.append(encode_documents(tok, texts, eos=tok_entry.eos_id, dtype=dtype))
-                    progress.advance(task, len(texts))
+                batches = iter_clean_texts(store, key, source.name, split=split,
+                                           batch_docs=ENCODE_BATCH_DOCS)
+                for ids, docs in encode_stream(tok, batches, eos=tok_entry.eos_id, dtype=dtype):
+                    writer.append(ids)
+                    progress.advance(task, docs)
                 entries += writer.close()
             shards[source.name] = entries
             tokens = sum(e.tokens for e in entries)

@@ -9,7 +9,7 @@ separates documents in the token streams. The trained file is what the trainer r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from fm_pipeline.data.errors import DataError
 from fm_pipeline.data.manifest import EOS_TOKEN
@@ -48,11 +48,35 @@ def eos_id(tok) -> int:
 
 def encode_documents(tok, texts: list[str], *, eos: int, dtype) -> "np.ndarray":
     """Token ids of `texts`, each document followed by `eos`, as one flat array."""
-    import numpy as np
+    return flatten_encodings(_encode(tok, texts), eos=eos, dtype=dtype)
 
+
+def encode_stream(tok, batches: Iterable[list[str]], *, eos: int, dtype) -> Iterator[tuple["np.ndarray", int]]:
+    """(ids, documents) per batch of texts. The next batch is encoded on a worker thread
+    (tokenizers releases the GIL and fans out over all cores) while the caller flattens and
+    writes the current one, so the cores idle neither at a batch's tail nor during writes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode") as pool:
+        pending = None
+        for texts in batches:
+            future = pool.submit(_encode, tok, texts)
+            if pending is not None:
+                yield flatten_encodings(pending[0].result(), eos=eos, dtype=dtype), pending[1]
+            pending = (future, len(texts))
+        if pending is not None:
+            yield flatten_encodings(pending[0].result(), eos=eos, dtype=dtype), pending[1]
+
+
+def _encode(tok, texts: list[str]):
     # encode_batch_fast skips character offsets, which shards never need.
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    encodings = encode(texts, add_special_tokens=False)
+    return encode(texts, add_special_tokens=False)
+
+
+def flatten_encodings(encodings, *, eos: int, dtype) -> "np.ndarray":
+    import numpy as np
+
     lengths = np.fromiter((len(e) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
     out = np.empty(int(lengths.sum()), dtype=dtype)
     pos = 0

@@ -159,3 +159,27 @@ def test_vocab_smaller_than_the_byte_alphabet_is_named(tmp_path, text_dir):
     job = make_job([{"name": "docs", "uri": str(text_dir), "weight": 1.0}], vocab_size=200)
     with pytest.raises(DataError, match=r"model.vocab_size \(200\) must be >= 257"):
         prepare_mix(job, open_store(tmp_path / "store"))
+
+
+def test_pipelined_encoding_equals_encoding_everything_at_once(small_mix):
+    from fm_pipeline.data.tokenizer import encode_documents, encode_stream
+
+    tok = small_mix.tokenizer()
+    texts = [t for batch in iter_clean_texts(small_mix.store, small_mix.key, "prose") for t in batch]
+    batches = [texts[i:i + 5] for i in range(0, len(texts), 5)]
+    streamed = list(encode_stream(tok, batches, eos=0, dtype=np.uint16))
+    assert [docs for _, docs in streamed] == [len(b) for b in batches]
+    whole = encode_documents(tok, texts, eos=0, dtype=np.uint16)
+    assert np.array_equal(np.concatenate([ids for ids, _ in streamed]), whole)
+    assert (whole == 0).sum() == len(texts)  # one <|endoftext|> after each document
+
+
+def test_literal_eos_marker_in_a_document_stays_text(tmp_path, text_dir):
+    (text_dir / "about-tokenizers.txt").write_text(
+        "GPT-2 separates documents with the literal marker <|endoftext|> between them.")
+    job = make_job([{"name": "docs", "uri": str(text_dir), "weight": 1.0}], heldout_fraction=0.0)
+    store = open_store(tmp_path / "store")
+    manifest = prepare_mix(job, store)
+    tokens = np.concatenate([np.frombuffer(store.get_bytes(s.key), dtype="<u2")
+                             for s in manifest.sources[0].shards])
+    assert (tokens == manifest.tokenizer.eos_id).sum() == manifest.sources[0].documents.kept == 6

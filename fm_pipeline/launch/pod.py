@@ -2,7 +2,7 @@
 
 What the pod adds around the command: the PET_* rendezvous env (node rank from the Indexed
 Job's completion index), the job spec from a ConfigMap, a scratch volume for torchrun's
-error files and the local checkpoint tier, shared /dev/shm, GPUs, and the preemption
+error files, a shared claim for the local checkpoint tier, /dev/shm, GPUs, and the preemption
 handshake: preStop touches the trainer's flag file and waits out the grace period, so
 ranks agree on a step, checkpoint and exit before the kubelet sends SIGTERM.
 """

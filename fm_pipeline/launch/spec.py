@@ -28,8 +28,6 @@ TRAINER_MODULE = "fm_pipeline.train"
 # The trainer polls this file at step boundaries; a Kubernetes preStop hook touches it, so
 # ranks checkpoint before SIGTERM arrives.
 PREEMPT_FLAG_ENV = "FM_PREEMPT_FILE"  # fm_pipeline.train.preemption reads it
-PET_VARS = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
-            "PET_MASTER_PORT")
 # Seconds torchrun waits, after forwarding SIGTERM, beyond the trainer's preemption grace.
 SHUTDOWN_MARGIN_S = 5
 

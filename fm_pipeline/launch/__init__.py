@@ -8,8 +8,9 @@
 Modules: spec (the invocation), local (run it here), outcome (real exit code and reason),
 exit_record (the trainer's side of that), pod + jobset (Kubernetes objects), k8s_validate
 (strict validation), k8s_client (submit/follow/delete), k8s_follow (failure causes and the
-result), pod_local (run a rendered pod's command as a local "node"). Exports resolve lazily: torchrun workers import exit_record
-through this package and must not pay for the rest.
+result), pod_local (run a rendered pod's command as a local "node"). Exports resolve
+lazily: torchrun workers import exit_record through this package and must not pay for
+the rest.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ A step, as measured:
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -23,6 +22,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from fm_pipeline.checkpoint import LRSchedulerState, ModelState, OptimizerState, Probe
 from fm_pipeline.config import JobSpec
 from fm_pipeline.parallel import ParallelDims, build_parallel_model
+from fm_pipeline.train.faults import (
+    FAIL_AT_ENV,
+    InjectedFault,
+    injected_failure_step,
+    slow_rank_delay,
+)
 from fm_pipeline.train.grad_norm import clip_grads_, global_grad_norm
 from fm_pipeline.train.optimizer import build_lr_scheduler, build_optimizer
 from fm_pipeline.train.state import TrainState, topology_key
@@ -47,37 +52,6 @@ def job_topology(job: JobSpec, world_size: int) -> str:
     return topology_key(world_size=world_size, degrees=dict(
         dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, pp=p.pp, tp=p.tp,
         pp_virtual_stages=p.pp_virtual_stages))
-
-
-def slow_rank_delay(rank: int) -> float:
-    """Fault injection for straggler drills: FM_FAULT_SLOW_RANKS="1:0.2,3:0.05" makes global
-    rank 1 sleep 0.2 s (rank 3: 0.05 s) in the compute section of every step."""
-    spec = os.environ.get("FM_FAULT_SLOW_RANKS", "")
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        r, _, seconds = item.partition(":")
-        if int(r) == rank:
-            return float(seconds)
-    return 0.0
-
-
-FAIL_AT_ENV = "FM_FAULT_FAIL_AT"
-
-
-class InjectedFault(RuntimeError):
-    """A failure asked for by FM_FAULT_FAIL_AT (resume drills, the demo)."""
-
-
-def injected_failure_step(rank: int) -> int | None:
-    """Fault injection for resume drills: FM_FAULT_FAIL_AT="1:25" makes global rank 1 raise
-    InjectedFault instead of running the step after step 25 (the other ranks are then
-    stopped by torchrun, as after a real crash)."""
-    spec = os.environ.get(FAIL_AT_ENV, "").strip()
-    if not spec:
-        return None
-    r, sep, step = spec.partition(":")
-    if not sep or not r.strip().isdigit() or not step.strip().isdigit():
-        raise ValueError(f"{FAIL_AT_ENV}={spec!r}: expected RANK:STEP, e.g. 1:25")
-    return int(step) if int(r) == rank else None
 
 
 class Trainer:

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import yaml
-from dagster import asset, materialize
+from dagster import Field, Permissive, asset, materialize
 
 from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod_local import pod_process
@@ -23,10 +23,17 @@ NS = "training"
 JOB = tiny_job(nnodes=1, nproc=2, cluster={"namespace": NS})
 
 
-@asset(required_resource_keys={"launcher"})
+@asset(required_resource_keys={"launcher"},
+       config_schema={"env": Field(Permissive(), default_value={})})
 def segment(context):
-    run = context.resources.launcher.launch_segment(context, job=JOB, end_step=5)
+    run = context.resources.launcher.launch_segment(context, job=JOB, end_step=5,
+                                                    env=context.op_config["env"])
     return run.materialize_result()
+
+
+def _with_env(**env) -> dict:
+    """Run config: `env` reaches every worker (locally) or every pod (Kubernetes)."""
+    return {"ops": {"segment": {"config": {"env": env}}}}
 
 
 def _failure_metadata(result) -> dict:
@@ -36,9 +43,8 @@ def _failure_metadata(result) -> dict:
 
 
 @pytest.mark.slow
-def test_local_launcher_returns_what_rank_0_reported_through_pipes(monkeypatch):
-    monkeypatch.setenv("FM_TINY_WORKER", "pipes")
-    result = materialize([segment], resources={
+def test_local_launcher_returns_what_rank_0_reported_through_pipes():
+    result = materialize([segment], run_config=_with_env(FM_TINY_WORKER="pipes"), resources={
         "launcher": LocalLauncher(trainer_module=TINY_WORKER, echo_output=False)})
     assert result.success
     (mat,) = result.asset_materializations_for_node("segment")
@@ -75,9 +81,9 @@ def _kubeconfig(tmp_path, api) -> str:
     return str(path)
 
 
-def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list[str], tmp_path) -> None:
+def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list, tmp_path) -> None:
     """Play JobSet controller + kubelet for a 1-node JobSet, one restart attempt per
-    behaviour: run the submitted pod's exact command and env (torchrun and all) here, serve
+    behaviour (None: as the submitted pod env says): run the submitted pod's exact command and env (torchrun and all) here, serve
     its output as the pod log, end the pod as the kubelet would (FallbackToLogsOnError: the
     log tail is the message), and restart the JobSet after a failure while attempts remain."""
     jobset, config_map, service = api.wait_for_segment(NS, name)
@@ -93,7 +99,8 @@ def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list[str], tmp_path
                                      "jobset.sigs.k8s.io/restart-attempt": str(attempt)})
         api.set_jobset_status(NS, name, restarts=attempt)
         api.wait_for_log_reader(NS, pod)
-        out = subprocess.run(node.argv, env={**node.env, "FM_TINY_WORKER": behaviour},
+        worker_env = {**node.env, **({"FM_TINY_WORKER": behaviour} if behaviour else {})}
+        out = subprocess.run(node.argv, env=worker_env,
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, timeout=120)
         api.log(NS, pod, out.stdout)
@@ -120,8 +127,8 @@ def _k8s_launcher(tmp_path, api) -> KubernetesLauncher:
 @pytest.mark.slow
 def test_kubernetes_launcher_reattaches_to_the_new_leader_and_reads_its_pipes(api, tmp_path):
     kubelet = threading.Thread(target=_run_pod_like_the_kubelet, daemon=True,
-                               kwargs=dict(api=api, name="tiny-5", behaviours=["crash", "pipes"],
-                                           tmp_path=tmp_path))
+                               kwargs=dict(api=api, name="tiny-5",
+                                           behaviours=["crash", "pipes"], tmp_path=tmp_path))
     kubelet.start()
     result = materialize([segment], resources={"launcher": _k8s_launcher(tmp_path, api)})
     kubelet.join(timeout=30)
@@ -139,10 +146,11 @@ def test_kubernetes_launcher_reattaches_to_the_new_leader_and_reads_its_pipes(ap
 @pytest.mark.slow
 def test_kubernetes_launcher_failure_names_the_workers_reason(api, tmp_path):
     kubelet = threading.Thread(target=_run_pod_like_the_kubelet, daemon=True,
-                               kwargs=dict(api=api, name="tiny-5", behaviours=["bad_config"],
+                               kwargs=dict(api=api, name="tiny-5", behaviours=[None],
                                            tmp_path=tmp_path))
     kubelet.start()
     result = materialize([segment], raise_on_error=False,
+                         run_config=_with_env(FM_TINY_WORKER="bad_config"),
                          resources={"launcher": _k8s_launcher(tmp_path, api)})
     kubelet.join(timeout=30)
     metadata, description = _failure_metadata(result)

@@ -83,9 +83,10 @@ def _kubeconfig(tmp_path, api) -> str:
 
 def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list, tmp_path) -> None:
     """Play JobSet controller + kubelet for a 1-node JobSet, one restart attempt per
-    behaviour (None: as the submitted pod env says): run the submitted pod's exact command and env (torchrun and all) here, serve
-    its output as the pod log, end the pod as the kubelet would (FallbackToLogsOnError: the
-    log tail is the message), and restart the JobSet after a failure while attempts remain."""
+    behaviour (None: as the submitted pod env says): run the submitted pod's exact command
+    and env (torchrun and all) here, serve its output as the pod log, end the pod as the
+    kubelet would (the message file, else the log tail on error), and restart the JobSet
+    after a failure while attempts remain."""
     jobset, config_map, service = api.wait_for_segment(NS, name)
     rendered = RenderedSegment(name=name, namespace=NS, jobset=jobset, config_map=config_map,
                                service=service)

@@ -286,6 +286,10 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
     warm_mfus = [m for m in (mfus[1:] or mfus) if m is not None]
     committed = [r for r in manager.results if r.committed]
     since = watcher.seconds_since_request()
+    if stopped and since is not None and since > t.preemption_grace_s:
+        log.warning("preemption took %.1fs from the request to the committed checkpoint, more "
+                    "than training.preemption_grace_s (%.0fs): raise the pod's grace period or "
+                    "checkpoint more often", since, t.preemption_grace_s)
     return {
         "end_step": trainer.state.step,
         "exit_code": exit_codes.PREEMPTED if stopped else exit_codes.SUCCESS,

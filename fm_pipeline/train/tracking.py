@@ -2,10 +2,11 @@
 (when launched by Dagster). Both import lazily: mlflow costs ~2 s, and workers that report
 nothing should not pay for it.
 
-MLflow is enabled by FM_MLFLOW_URI or MLFLOW_TRACKING_URI. The run: FM_MLFLOW_RUN_ID if the
-launcher created one (e.g. the orchestrator's per-segment child run), else a new run in
-experiment FM_MLFLOW_EXPERIMENT (default "fm-pipeline"), a child of FM_MLFLOW_PARENT_RUN_ID if
-set. Params: the whole job spec (dotted keys) and the plan (mesh, world, FLOPs); metrics
+MLflow (run model and env vars: fm_pipeline.tracking, docs/tracking.md) is enabled by
+FM_MLFLOW_URI or MLFLOW_TRACKING_URI. The run: FM_MLFLOW_RUN_ID if the launcher created one
+(the orchestrator's per-segment child run; the orchestrator ends it), else a segment run of
+our own (a child of FM_MLFLOW_PARENT_RUN_ID if set, in FM_MLFLOW_EXPERIMENT) that we end.
+Params: the whole job spec and the plan (mesh, world, FLOPs), credentials dropped; metrics
 every step, logged from a background thread so a slow tracking server never stalls a step.
 
 Pipes: only when DAGSTER_PIPES_CONTEXT is in the environment (every rank inherits it; only
@@ -21,47 +22,27 @@ import logging
 import os
 import queue
 import threading
-import time
 from typing import Any
+
+from fm_pipeline.tracking import names, runs
+from fm_pipeline.tracking.params import flatten_params
 
 log = logging.getLogger(__name__)
 
-MLFLOW_BATCH = 100  # MlflowClient.log_batch accepts at most 100 params / 1000 metrics
-
 
 def tracking_uri() -> str | None:
-    return os.environ.get("FM_MLFLOW_URI") or os.environ.get("MLFLOW_TRACKING_URI") or None
-
-
-def flatten(prefix: str, value: Any) -> dict[str, str]:
-    """Dotted-key params; lists become JSON; credential keys dropped (fm_pipeline.tracking)."""
-    from fm_pipeline.tracking.params import flatten_params
-
-    return flatten_params({prefix: value} if prefix else value).params
+    return os.environ.get(names.ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
 class MlflowSink:
     def __init__(self, uri: str, *, job_name: str, params: dict[str, Any], run_name: str):
-        from mlflow.entities import Param
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(tracking_uri=uri)
-        run_id = os.environ.get("FM_MLFLOW_RUN_ID")
-        if not run_id:  # shared with the orchestrator: same tags, same experiment lookup
-            from fm_pipeline.tracking.runs import open_trainer_run
-
-            run_id = open_trainer_run(
-                self.client, job_name=job_name, run_name=run_name,
-                experiment=os.environ.get("FM_MLFLOW_EXPERIMENT", "fm-pipeline"),
-                parent_run_id=os.environ.get("FM_MLFLOW_PARENT_RUN_ID"))
-        self.run_id = run_id
-        flat = [Param(k, v) for k, v in sorted(flatten("", params).items())]
-        for i in range(0, len(flat), MLFLOW_BATCH):
-            try:
-                self.client.log_batch(run_id, params=flat[i:i + MLFLOW_BATCH])
-            except Exception as e:  # a resumed segment re-logging into its run: keep the first
-                log.warning("MLflow params not logged (already set?): %s", e)
-                break
+        self.client = runs.open_client(uri)
+        self.own_run = not os.environ.get(names.ENV_RUN_ID)
+        self.run_id = os.environ.get(names.ENV_RUN_ID) or runs.open_trainer_run(
+            self.client, job_name=job_name, run_name=run_name,
+            experiment=os.environ.get(names.ENV_EXPERIMENT, names.DEFAULT_EXPERIMENT),
+            parent_run_id=os.environ.get(names.ENV_PARENT_RUN_ID))
+        runs.log_params(self.client, self.run_id, flatten_params(params))
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._drain, name="fm-mlflow", daemon=True)
         self._thread.start()
@@ -70,26 +51,23 @@ class MlflowSink:
         self._queue.put((step, {k: v for k, v in metrics.items() if v is not None}))
 
     def _drain(self) -> None:
-        from mlflow.entities import Metric
-
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
+        while (item := self._queue.get()) is not None:
             step, metrics = item
-            stamp = int(time.time() * 1000)
             try:
-                self.client.log_batch(self.run_id, metrics=[
-                    Metric(k, float(v), stamp, step) for k, v in metrics.items()])
-            except Exception as e:
+                runs.log_metrics(self.client, self.run_id, metrics, step=step)
+            except Exception as e:  # tracking must never take training down
                 log.warning("MLflow metrics of step %d not logged: %s", step, e)
 
     def close(self, *, summary: dict[str, Any], failed: bool) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
         try:
-            self.client.set_tag(self.run_id, "fm.exit_reason", str(summary.get("exit_reason")))
-            if not os.environ.get("FM_MLFLOW_RUN_ID"):  # our own run: we end it
+            runs.set_tags(self.client, self.run_id, {
+                names.TAG_START_STEP: summary.get("start_step"),
+                names.TAG_END_STEP: summary.get("end_step"),
+                "fm.exit_reason": summary.get("exit_reason"),
+                names.TAG_CHECKPOINT_URI: summary.get("checkpoint")})
+            if self.own_run:  # the launcher's run is the launcher's to end
                 self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
         except Exception as e:
             log.warning("MLflow run not closed: %s", e)

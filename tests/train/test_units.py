@@ -138,3 +138,17 @@ def test_a_world_size_the_degrees_do_not_allow_is_a_bad_config_naming_them(tmp_p
     with pytest.raises(JobSpecError) as e:
         load_job_for_world(path, {}, world_size=2, local_world_size=2)
     assert "dp_shard 2 x pp 1 x tp 2 = 4 ranks, but torchrun started 2" in str(e.value)
+
+
+def test_resume_from_accepts_a_checkpoint_directory_or_a_store_location(tmp_path):
+    from fm_pipeline.storage import open_store
+    from fm_pipeline.train.segment import _resolve_ref
+
+    store = open_store(str(tmp_path / "store"))
+    local = tmp_path / "runs" / "j" / "checkpoints" / "step-00000004"
+    local.mkdir(parents=True)
+    assert _resolve_ref(str(local), store).is_local
+    remote = _resolve_ref(f"{store.uri}/checkpoints/j/step-00000004", store)
+    assert not remote.is_local and remote.prefix == "checkpoints/j/step-00000004"
+    with pytest.raises(SegmentSetupError, match="neither a checkpoint directory"):
+        _resolve_ref(str(tmp_path / "nowhere"), store)

@@ -76,3 +76,21 @@ def quiet_single_process():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def single_threaded() -> None:
+    """Thread initializer: checkpoint copies in this thread use one intra-op thread. OpenMP's
+    thread count is per calling thread, so training keeps its own; without this, background
+    copies spawn OpenMP teams that spin-wait against training for the same cores."""
+    torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int):
+    """This thread's intra-op thread count, for the duration of the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -20,6 +20,7 @@ the same step.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -123,7 +124,8 @@ class CheckpointManager:
             optim = app_state.get("optimizer")
             optimizers = optim.optimizers if isinstance(optim, OptimizerState) else []
             self._stager = HostStager(mode=staging, optimizers=optimizers)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt",
+                                            initializer=comm.single_threaded)
         self._inflight: Future | None = None
         self.results: list[SaveResult] = []
         self.skipped: list[tuple[int, str]] = []
@@ -176,20 +178,27 @@ class CheckpointManager:
         self.skipped.append((step, reason))
         return None
 
-    def _context(self, step: int, tokens_seen: int, probe: Probe | None, t0: float, *,
-                 waited_s: float) -> SaveContext:
+    @functools.cached_property
+    def _static(self) -> dict:
+        """The parts of every manifest that do not change within a run (computed once: the
+        loop is blocked while save() runs)."""
         from fm_pipeline.config import dump_job
 
+        cfg = self.job.model_cfg
+        return dict(
+            job_spec=dump_job(self.job), job_name=self.job.name,
+            state_keys=sorted(self.app_state),
+            parallelism=parallelism_info(self.job, world_size=self.world_size, mesh=self.mesh),
+            model=ModelInfo(config=cfg.model_dump(), hash=cfg.config_hash()))
+
+    def _context(self, step: int, tokens_seen: int, probe: Probe | None, t0: float, *,
+                 waited_s: float) -> SaveContext:
         cursor = None
         loader = self.app_state.get("dataloader")
         if loader is not None and hasattr(loader, "state_dict"):
             cursor = dict(loader.state_dict())
-        cfg = self.job.model_cfg
         return SaveContext(
-            job_spec=dump_job(self.job), job_name=self.job.name, step=step,
-            tokens_seen=tokens_seen, state_keys=sorted(self.app_state),
-            parallelism=parallelism_info(self.job, world_size=self.world_size, mesh=self.mesh),
-            model=ModelInfo(config=cfg.model_dump(), hash=cfg.config_hash()),
+            **self._static, step=step, tokens_seen=tokens_seen,
             data=DataInfo(mix=self.mix_key, cursor=_plain(cursor),
                           global_batch_size=self.job.training.global_batch_size,
                           seq_len=self.job.training.seq_len),

@@ -111,11 +111,12 @@ def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = Tru
     t0 = time.perf_counter()
     # Checksums are verified while DCP loads (the second read of each byte hits the page
     # cache); the verdict is collected before anything is returned.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt-verify") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt-verify",
+                            initializer=comm.single_threaded) as pool:
         verified = pool.submit(_timed, verify_my_share, local, manifest) if verify else None
         load_error = None
-        try:
-            with comm.quiet_single_process():
+        try:  # one intra-op thread: the copies are memory-bound and share cores with verify
+            with comm.quiet_single_process(), comm.intra_op_threads(1):
                 dcp.load(app_state, checkpoint_id=str(local.dir), no_dist=not comm.initialized())
         except Exception as e:  # a corrupt file can break unpickling: report the cause
             load_error = e

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from fm_pipeline.checkpoint.comm import single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +35,10 @@ class HostStager:
         self.mode = mode
         # Staged buffers are cached and reused across saves (at most one save in flight).
         self._stager = DefaultStager(StagingOptions(
-            use_pinned_memory=False, use_shared_memory=False,
-            use_async_staging=mode == "overlap", use_non_blocking_copy=False))
+            use_pinned_memory=False, use_shared_memory=False, use_async_staging=False,
+            use_non_blocking_copy=False))
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt-stage",
+                                          initializer=single_threaded)
         self._pending: Future | None = None
         self._wait_s = 0.0
         self._hooks = [opt.register_step_pre_hook(self._before_optimizer_step)
@@ -42,12 +46,11 @@ class HostStager:
 
     def stage(self, state: dict) -> Future:
         """A future of the host copy (already done in blocking mode)."""
-        staged = self._stager.stage(state)
-        if isinstance(staged, Future):
-            self._pending = staged
-            return staged
+        if self.mode == "overlap":
+            self._pending = self._thread.submit(self._stager.stage, state)
+            return self._pending
         done: Future = Future()
-        done.set_result(staged)
+        done.set_result(self._stager.stage(state))
         return done
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -69,6 +72,5 @@ class HostStager:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        if self._pending is not None:
-            wait([self._pending])
+        self._thread.shutdown(wait=True)
         self._stager.close()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -54,6 +56,14 @@ def _own(sd: dict, keys, what: str) -> dict:
     return {k: sd[k] for k in keys}
 
 
+def _same_storage(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    a = a.to_local() if isinstance(a, DTensor) else a
+    b = b.to_local() if isinstance(b, DTensor) else b
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+
+
 class ModelState(Stateful):
     """All model parts (pipeline stages / virtual stages) as one state dict with global FQNs."""
 
@@ -65,8 +75,13 @@ class ModelState(Stateful):
 
     def load_state_dict(self, state_dict: dict) -> None:
         for m in self.model_parts:
-            own = get_model_state_dict(m).keys()
-            set_model_state_dict(m, _own(state_dict, own, "model"))
+            own = get_model_state_dict(m)
+            theirs = _own(state_dict, own.keys(), "model")
+            # dcp.load fills the tensors state_dict() returned, i.e. the parameters
+            # themselves; copying each onto itself again would only cost a memcpy.
+            if all(_same_storage(own[k], theirs[k]) for k in own):
+                continue
+            set_model_state_dict(m, theirs)
 
 
 def pack_param_groups(flat: dict) -> dict:

@@ -1,17 +1,19 @@
 """Llama-style decoder and its size registry. Never imports torch.distributed.
 
-Shapes, the registry and FLOP counts are plain Python; `Transformer` (and torch with it)
-loads on first use, so `import fm_pipeline.config` and the CLI stay fast.
+`Transformer` (torch) is imported on first use, so the job spec, the planner and the API
+can use shapes and FLOP counts without paying for torch.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from fm_pipeline.model.config import ModelConfig
 from fm_pipeline.model.flops import count_params, flops_per_token
 from fm_pipeline.model.registry import get_model_config, model_names
 
-__all__ = [
-    "ModelConfig", "Transformer", "count_params", "flops_per_token", "get_model_config",
-    "model_names",
-]
+if TYPE_CHECKING:
+    from fm_pipeline.model.transformer import Transformer
 
 
 def __getattr__(name: str):
@@ -19,4 +21,10 @@ def __getattr__(name: str):
         from fm_pipeline.model.transformer import Transformer
 
         return Transformer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"module 'fm_pipeline.model' has no attribute {name!r}")
+
+
+__all__ = [
+    "ModelConfig", "Transformer", "count_params", "flops_per_token", "get_model_config",
+    "model_names",
+]

@@ -94,38 +94,38 @@ def _setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torch.distributed.elastic.multiprocessing.errors import record
-
+    from fm_pipeline.config import JobSpecError
     from fm_pipeline.launch.exit_record import exit_with
     from fm_pipeline.train import exit_codes
 
-    @record  # an uncaught exception lands, with its traceback, in torchrun's error file
-    def _run() -> None:
-        from fm_pipeline.config import JobSpecError
-        from fm_pipeline.train.segment import SegmentSetupError, run_segment
+    args = parse_args(argv)
+    _setup_logging()
+    try:  # before torch is imported: a bad config fails in well under a second
+        job = load_job_for_world(
+            args.job, parse_overrides(args.overrides),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except JobSpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        exit_with(exit_codes.BAD_CONFIG, str(e))
 
-        args = parse_args(argv)
-        _setup_logging()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from fm_pipeline.train.segment import SegmentSetupError, run_segment
+
+    @record  # an uncaught exception lands, with its traceback, in torchrun's error file
+    def train():
         try:
-            job = load_job_for_world(
-                args.job, parse_overrides(args.overrides),
-                world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        except JobSpecError as e:
-            print(f"error: {e}", file=sys.stderr)
-            exit_with(exit_codes.BAD_CONFIG, str(e))
-        try:
-            result = run_segment(job, end_step=args.end_step, resume_from=args.resume_from)
+            return run_segment(job, end_step=args.end_step, resume_from=args.resume_from)
         except SegmentSetupError as e:
             # Raised before the first step (a missing data mix, an unusable checkpoint, a bad
             # --end-step); errors while training fall through to @record (exit 1).
             print(f"error: {e}", file=sys.stderr)
-            exit_with(exit_codes.BAD_CONFIG, f"{type(e).__name__}: {e}")
-        reason = (f"{result.exit_reason} at step {result.end_step}; checkpoint "
-                  f"{result.summary.get('checkpoint')}")
-        exit_with(result.exit_code, reason)
+            exit_with(exit_codes.BAD_CONFIG, str(e))
 
-    _run()
+    result = train()
+    exit_with(result.exit_code, f"{result.exit_reason} at step {result.end_step}; "
+                                f"checkpoint {result.summary.get('checkpoint')}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Runs several training segments in ONE torchrun launch (each a job spec path), sharing the
 process group: checking many parallelism layouts costs one interpreter start-up, not many.
 
-    torchrun --standalone --nproc-per-node 4 tests/train/_segments_worker.py A.yaml B.yaml
+    torchrun --standalone --nproc-per-node 4 tests/train/_segments_worker.py A.yaml B.yaml@3
+
+`PATH@N` stops that segment after step N (`--end-step N`).
 """
 
 import sys
@@ -12,6 +14,7 @@ from fm_pipeline.train.segment import run_segment
 
 if __name__ == "__main__":
     init_distributed()
-    for path in sys.argv[1:]:
-        result = run_segment(load_job(path))
+    for arg in sys.argv[1:]:
+        path, _, end = arg.partition("@")
+        result = run_segment(load_job(path), end_step=int(end) if end else None)
         assert result.exit_code == 0, (path, result.summary)

@@ -1,7 +1,8 @@
 """One workspace (FM_HOME with the small real data mix) shared by the trainer's launches, and
 the layouts launch: every parallelism layout the spec accepts at 4 ranks, trained in one
 torchrun start-up. Its fsdp4 job (checkpoints every 2 steps) is the reference run that the
-resume and resharding tests continue from."""
+resume and resharding tests continue from; the same launch also trains the first 3 steps
+of "exact" (the fsdp4 spec under another name), which test_resume finishes in new processes."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ LAYOUTS = {
 }
 
 
+EXACT = "exact"  # the fsdp4 spec again, stopped after step 3, resumed by test_resume
+
+
 @dataclass
 class Workspace:
     home: Path
@@ -64,8 +68,9 @@ def workspace(tmp_path_factory) -> Workspace:
 
 @pytest.fixture(scope="session")
 def layouts_run(workspace) -> Workspace:
-    paths = [write_job(workspace.jobs, name, nproc=4, **overrides)
-             for name, overrides in LAYOUTS.items()]
-    out = run_segments(workspace.home, paths, nproc=4)
+    segments = [str(write_job(workspace.jobs, name, nproc=4, **overrides))
+                for name, overrides in LAYOUTS.items()]
+    exact = write_job(workspace.jobs, EXACT, nproc=4, **LAYOUTS["fsdp4"])
+    out = run_segments(workspace.home, [*segments, f"{exact}@3"], nproc=4)
     assert out.returncode == 0, failure(out)
     return workspace

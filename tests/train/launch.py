@@ -61,8 +61,9 @@ def train(fm_home: Path, job: Path, *args: str, nproc: int | None = None, timeou
                           text=True, timeout=timeout)
 
 
-def run_segments(fm_home: Path, jobs: list[Path], *, nproc: int, timeout: float = 400):
-    """Several segments in one torchrun launch (tests/train/_segments_worker.py)."""
-    cmd = torchrun_cmd(nproc, str(REPO / "tests/train/_segments_worker.py"), *map(str, jobs))
+def run_segments(fm_home: Path, jobs: list[str], *, nproc: int, timeout: float = 400):
+    """Several segments in one torchrun launch (tests/train/_segments_worker.py); each item
+    is a job spec path, or `path@N` to stop after step N."""
+    cmd = torchrun_cmd(nproc, str(REPO / "tests/train/_segments_worker.py"), *jobs)
     return subprocess.run(cmd, env=env_for(fm_home), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fm_pipeline.checkpoint import load_full_state, read_manifest, CheckpointRef
-from tests.train.conftest import LAYOUTS
+from tests.train.conftest import EXACT
 from tests.train.launch import failure, train, write_job
 
 REFERENCE = "fsdp4"
@@ -49,16 +49,14 @@ def _assert_continues(ws, name: str, *, source: str, from_step: int, end_step: i
 
 
 def test_same_topology_resume_is_bitwise_identical(layouts_run):
+    """8 steps straight vs 3 steps (in the layouts launch) + new processes + 5 steps."""
     ws = layouts_run
-    job = write_job(ws.jobs, "exact", nproc=4, **LAYOUTS[REFERENCE])
-    first = train(ws.home, job, "--end-step", "3", nproc=4)
-    assert first.returncode == 0, failure(first)
-    second = train(ws.home, job, nproc=4)  # new processes, newest checkpoint (step 3)
-    assert second.returncode == 0, failure(second)
-    assert [s["start_step"] for s in ws.segments("exact")] == [0, 3]
-    assert ws.segments("exact")[1]["resharded"] is False
+    out = train(ws.home, ws.jobs / f"{EXACT}.yaml", nproc=4)  # newest checkpoint: step 3
+    assert out.returncode == 0, failure(out)
+    assert [s["start_step"] for s in ws.segments(EXACT)] == [0, 3]
+    assert ws.segments(EXACT)[1]["resharded"] is False
     straight = load_full_state(ws.checkpoint(REFERENCE, 8), keys={"model", "optimizer"})
-    resumed = load_full_state(ws.checkpoint("exact", 8), keys={"model", "optimizer"})
+    resumed = load_full_state(ws.checkpoint(EXACT, 8), keys={"model", "optimizer"})
     flat_a, flat_b = _flatten(straight), _flatten(resumed)
     assert flat_a.keys() == flat_b.keys()
     assert len([k for k in flat_a if k.startswith("model.")]) == 4 * 9 + 3
@@ -67,7 +65,7 @@ def test_same_topology_resume_is_bitwise_identical(layouts_run):
             assert torch.equal(value, flat_b[key]), key
         else:
             assert value == flat_b[key], key
-    assert _losses(ws, "exact") == _losses(ws, REFERENCE)
+    assert _losses(ws, EXACT) == _losses(ws, REFERENCE)
 
 
 def _flatten(tree, prefix=""):

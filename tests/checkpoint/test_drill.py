@@ -100,3 +100,30 @@ def test_drill_refuses_a_truncated_checkpoint_before_launching_and_records_it(re
 def test_drill_worker_refuses_the_source_topology(ref, world_of_one_env):
     with pytest.raises(ValueError, match="drill topology equals the source's"):
         drill_worker.run(ref.dir, {"nproc_per_node": 1})
+
+
+def _with_parallelism(manifest, **degrees):
+    spec = {**manifest.job_spec, "parallelism": {**manifest.job_spec["parallelism"], **degrees}}
+    from fm_pipeline.config import parse_job
+
+    job = parse_job(spec)
+    par = manifest.parallelism.model_copy(update={
+        **{k: getattr(job.parallelism, k) for k in ("nnodes", "nproc_per_node",
+                                                     "dp_replicate", "dp_shard", "tp", "pp")},
+        "world_size": job.parallelism.world_size})
+    return manifest.model_copy(update={"parallelism": par, "job_spec": spec})
+
+
+@pytest.mark.parametrize("source, expected", [
+    ({"nproc_per_node": 2, "dp_shard": 1, "pp": 2}, {"nproc_per_node": 2, "tp": 1}),  # pp -> dp
+    ({"nproc_per_node": 2, "dp_shard": 2}, {"nproc_per_node": 1}),                    # half
+    ({"nproc_per_node": 1}, {"nproc_per_node": 2}),                                   # grow
+])
+def test_drill_topology_differs_from_the_source(ref, source, expected):
+    from fm_pipeline.checkpoint import read_manifest
+    from fm_pipeline.checkpoint.drill import choose_parallelism, drill_job, same_topology
+
+    manifest = _with_parallelism(read_manifest(ref), **source)
+    chosen = choose_parallelism(manifest)
+    assert chosen == expected
+    assert not same_topology(drill_job(manifest, chosen).parallelism, manifest.parallelism)

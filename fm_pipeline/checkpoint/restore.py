@@ -155,18 +155,18 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
     listed, skipped, committed = None, [], False
     if comm.rank() == 0:
         listed = []
-        try:
-            cands = candidates(job.name, store=store, root=root)
-        except StoreError as e:
-            log.warning("store unreachable, resuming from the local tier only: %s", e)
-            cands = candidates(job.name, root=root)
-        for ref in cands:
+        unreachable: list[str] = []
+        for ref in candidates(job.name, store=store, root=root, unreachable=unreachable):
             problems = validate(ref, job, checksums=False)
-            committed |= ref.has(MANIFEST)
+            try:
+                committed |= ref.has(MANIFEST)
+            except StoreError:
+                pass
             if problems:
                 skipped.append(f"{ref.location}: " + "; ".join(map(str, problems)))
             else:
                 listed.append((ref.step, "local" if ref.is_local else "store"))
+        skipped += [f"{where} (store unreachable)" for where in unreachable]
     listed, skipped, committed = comm.broadcast_from_rank0((listed, skipped, committed))
     for step, tier in listed:
         if tier == "local":

@@ -195,6 +195,7 @@ class Discovery:
     found: CheckpointRef | None
     manifest: Manifest | None = None
     skipped: list[tuple[CheckpointRef, list[Problem]]] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)  # tiers that could not be listed
 
     def skipped_lines(self) -> list[str]:
         return [f"{ref.location}: " + "; ".join(str(p) for p in probs)
@@ -202,13 +203,21 @@ class Discovery:
 
 
 def candidates(job_name: str, *, store: ObjectStore | None = None,
-               tiers: tuple[str, ...] = ("local", "store"), root: Path | None = None):
-    """Every checkpoint of the job in the given tiers, newest first; local before store."""
+               tiers: tuple[str, ...] = ("local", "store"), root: Path | None = None,
+               unreachable: list[str] | None = None):
+    """Every checkpoint of the job in the given tiers, newest first; local before store.
+    A store that cannot be listed is logged (and noted in `unreachable`), not fatal: the
+    local tier may still hold what is needed."""
     refs: list[CheckpointRef] = []
     if "local" in tiers:
         refs += list_local(root or local_root(job_name))
     if "store" in tiers and store is not None:
-        refs += list_store(store, store_root(job_name))
+        try:
+            refs += list_store(store, store_root(job_name))
+        except StoreError as e:
+            log.warning("cannot list checkpoints in %s: %s", store.uri, e)
+            if unreachable is not None:
+                unreachable.append(f"{store.uri}: {e}")
     return sorted(refs, key=lambda r: (-r.step, not r.is_local))
 
 
@@ -219,7 +228,9 @@ def latest_valid(job, *, store: ObjectStore | None = None,
     job_name = job if isinstance(job, str) else job.name
     spec = None if isinstance(job, str) else job
     discovery = Discovery(found=None)
-    for ref in candidates(job_name, store=store, tiers=tiers, root=root):
+    refs = candidates(job_name, store=store, tiers=tiers, root=root,
+                      unreachable=discovery.unreachable)
+    for ref in refs:
         problems = validate(ref, spec, checksums=checksums)
         if not problems:
             discovery.found = ref

@@ -116,3 +116,16 @@ def test_s3_outage_mid_upload_leaves_it_uncommitted_remotely_and_local_intact(fl
     assert report.committed
     assert latest_valid(job, store=store, tiers=("store",)).found.step == 1
     assert read_marks(local)["upload"]["attempts"] == 2
+
+
+def test_unreachable_store_still_finds_the_local_checkpoint():
+    from fm_pipeline.storage.s3 import S3Store
+
+    job, trainer, (result,) = _train_and_save(None, upload=False)
+    dead = S3Store("s3://nobucket/x", endpoint_url="http://127.0.0.1:9", max_attempts=1,
+                   connect_timeout_s=0.5)
+    found = latest_valid(job, store=dead)
+    assert found.found.step == 1 and found.found.is_local
+    assert "127.0.0.1:9" in found.unreachable[0]
+    fresh = Trainer(TinyLM())
+    assert restore_latest(fresh.app_state, job, store=dead).step == 1

@@ -8,6 +8,7 @@ from fm_pipeline.config.job import (
     JobSpec,
     ModelSpec,
     ParallelismSpec,
+    ResilienceSpec,
     SourceSpec,
     TrainingSpec,
 )
@@ -15,6 +16,6 @@ from fm_pipeline.config.load import JobSpecError, dump_job, load_job, parse_job
 
 __all__ = [
     "PRIORITY_VALUES", "CheckpointSpec", "ClusterSpec", "DataSpec", "JobSpec", "JobSpecError",
-    "ModelSpec", "ParallelismSpec", "SourceSpec", "TrainingSpec", "dump_job", "load_job",
-    "parse_job",
+    "ModelSpec", "ParallelismSpec", "ResilienceSpec", "SourceSpec", "TrainingSpec", "dump_job",
+    "load_job", "parse_job",
 ]

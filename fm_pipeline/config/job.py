@@ -3,10 +3,10 @@
     from fm_pipeline.config import load_job
     job = load_job("configs/demo.yaml")      # raises JobSpecError naming each bad field
 
-Sections: model, parallelism, training, data, checkpoint, cluster, plus owner/tenant and
-priority. Cross-field rules (degrees multiply to the world size, heads divisible by tp,
-layers divisible by pipeline stages, batch divisible by data-parallel ranks) live here so
-that nothing invalid is ever launched.
+Sections: model, parallelism, training, data, checkpoint, cluster, resilience, plus
+owner/tenant and priority. Cross-field rules (degrees multiply to the world size, heads
+divisible by tp, layers divisible by pipeline stages, batch divisible by data-parallel
+ranks) live here so that nothing invalid is ever launched.
 """
 
 from __future__ import annotations
@@ -199,6 +199,28 @@ class ClusterSpec(_Strict):
     local_queue: str = "default"
 
 
+class ResilienceSpec(_Strict):
+    """Fault detection and straggler mitigation (fm_pipeline.resilience, docs/resilience.md)."""
+
+    collective_timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="a collective waiting this long for a peer fails the segment (hung rank)")
+    straggler_policy: Literal["off", "report", "exclude"] = Field(
+        default="report",
+        description="report: events only; exclude: also checkpoint, stop and restart "
+                    "without the slow rank slot / host")
+    straggler_window: int = Field(default=8, ge=2, description="gathered samples scored")
+    straggler_persist: int = Field(
+        default=6, ge=1, description="slow samples within the window that make a straggler")
+
+    @model_validator(mode="after")
+    def _window(self) -> "ResilienceSpec":
+        if self.straggler_persist > self.straggler_window:
+            raise ValueError(f"straggler_persist ({self.straggler_persist}) must not exceed "
+                             f"straggler_window ({self.straggler_window})")
+        return self
+
+
 class JobSpec(_Strict):
     name: str = Field(min_length=1, max_length=40)
     owner: str = "local"
@@ -210,6 +232,7 @@ class JobSpec(_Strict):
     data: DataSpec
     checkpoint: CheckpointSpec = CheckpointSpec()
     cluster: ClusterSpec = ClusterSpec()
+    resilience: ResilienceSpec = ResilienceSpec()
 
     @field_validator("name")
     @classmethod

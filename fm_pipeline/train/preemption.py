@@ -39,6 +39,10 @@ class PreemptionWatcher:
     def _on_signal(self, signum, frame) -> None:
         self._request(f"signal {signal.Signals(signum).name}")
 
+    def request(self, reason: str) -> None:
+        """Ask for a stop from inside the job (e.g. the straggler policy's exclusion)."""
+        self._request(reason)
+
     def _request(self, reason: str) -> None:
         if self.requested_at is None:
             self.requested_at = time.monotonic()

@@ -179,7 +179,7 @@ def run_segment(job: JobSpec, *, end_step: int | None = None,
                 resume_from: str | None = None) -> SegmentResult:
     """Train this segment on every rank of the (possibly new) default process group."""
     owns_process_group = not dist.is_initialized()
-    device = init_distributed()
+    device = init_distributed(timeout_s=job.resilience.collective_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         setup = _setup(job, device=device, end_step=end_step, resume_from=resume_from)
@@ -206,11 +206,18 @@ def run_segment(job: JobSpec, *, end_step: int | None = None,
         "restore_s": round(setup.restore_s, 3) if restored else None,
         "accelerator": accelerator, "peak_flops_per_device": peak,
     }
+    stragglers = None
+    if reporter is not None:
+        from fm_pipeline.resilience.straggler_watch import StragglerWatch
+
+        stragglers = StragglerWatch.for_segment(
+            job, segment=reporter.segment, world_size=world, mlflow=reporter.mlflow,
+            gather_every=job.training.rank_timings_every)
     error: BaseException | None = None
     t_loop = time.perf_counter()
     try:
         loop_summary = _train(trainer, manager, watcher, reporter, target=target, device=device,
-                              ranks=ranks, peak=peak)
+                              ranks=ranks, peak=peak, stragglers=stragglers)
         summary.update(loop_summary)
     except BaseException as e:
         error = e
@@ -220,6 +227,8 @@ def run_segment(job: JobSpec, *, end_step: int | None = None,
     finally:
         summary.update(wall_s=round(time.perf_counter() - t_loop, 3),
                        tokens_seen=trainer.state.tokens_seen)
+        if stragglers is not None:
+            stragglers.close(end_step=trainer.state.step)
         if reporter is not None:
             reporter.close(summary, error=error)
         watcher.close()
@@ -235,7 +244,7 @@ def run_segment(job: JobSpec, *, end_step: int | None = None,
 
 def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatcher,
            reporter: SegmentReporter | None, *, target: int, device: torch.device,
-           ranks: list[dict], peak: float | None) -> dict[str, Any]:
+           ranks: list[dict], peak: float | None, stragglers=None) -> dict[str, Any]:
     job, t = trainer.job, trainer.job.training
     fpt = flops_per_token(job.model_cfg, t.seq_len)
     window = RankTimingWindow()
@@ -265,6 +274,8 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
                 records = window.gather(step=step, device=device, ranks=ranks)
                 if reporter is not None:
                     reporter.rank_timings(records)
+                if stragglers is not None and (reason := stragglers.update(records)):
+                    watcher.request(reason)  # all ranks stop after the next step's sync
             if reporter is not None and (step % t.log_every == 0 or stopped or step == target):
                 reporter.advance(unlogged - 1)
                 unlogged = 0

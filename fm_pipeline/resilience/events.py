@@ -1,0 +1,95 @@
+"""The job's event log, runs_dir(job)/events.jsonl: what happened to a job besides its steps.
+
+    append_event("demo", "straggler", rank=1, host="node-a", ...)
+    events, offset = read_events("demo", kinds=("straggler",), offset=0)   # tail from offset
+
+One JSON object per line, appended with a single write (readers may tail it while it
+grows; a torn last line is skipped and re-read once complete). Every record has
+    kind   what it is (below)
+    time   unix seconds
+    job    the job's name
+The API (fm_pipeline.api.progress.job_events) lists every record as an event of the job.
+
+kind "straggler" (rank 0 of the trainer, when the detector raises an event):
+    segment            the trainer's segment id (metrics.jsonl "segment")
+    rank, host, local_rank, section ("compute" | "data_wait" | "collective_wait")
+    severity           median excess over the peers / a healthy step (0.5: +50% per step)
+    section_ratio, z, first_step, detected_step, last_step
+    idle_gpu_hours     the other ranks' GPU time spent waiting so far
+    world_size, gather_every (steps between gathered samples)
+    policy             the job's resilience.straggler_policy ("report" | "exclude")
+    action             "reported" | "exclude" (stop at the next step, checkpoint, restart
+                       without the slot) | "exclude_refused" (with `refused`: why)
+kind "straggler_end" (rank 0, when the rank recovers or the segment ends):
+    the fields above with their final values, plus recovered_step (null: still slow at
+    the segment's end), end_step, idle_dollars (idle_gpu_hours x cluster.dollars_per_gpu_hour)
+kind "exclusions_cleared" (an operator, fm chaos clear-exclusions): slots and hosts
+    excluded before this record may be used again
+kind "fault_injected" (fm chaos): fault, target, step
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from fm_pipeline.config.paths import runs_dir
+
+EVENTS_FILE = "events.jsonl"  # the name fm_pipeline.api.progress reads
+
+
+def events_path(job_name: str) -> Path:
+    return runs_dir(job_name) / EVENTS_FILE
+
+
+def append_event(job_name: str, kind: str, *, path: Path | None = None,
+                 **fields: Any) -> dict[str, Any]:
+    """Append one record; returns it. One write() of one line: concurrent appenders
+    (rank 0, the chaos runner, an operator) never interleave within a record."""
+    if not kind:
+        raise ValueError("an event needs a kind")
+    record = {"kind": kind, "time": round(time.time(), 3), "job": job_name, **fields}
+    path = path or events_path(job_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, default=_plain) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return record
+
+
+def read_events(job_name: str, *, kinds: Iterable[str] | None = None, offset: int = 0,
+                path: Path | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Records from byte `offset` on (optionally of some kinds) and the offset to continue
+    from: a sensor keeps it as its cursor and never sees a record twice."""
+    path = path or events_path(job_name)
+    wanted = set(kinds) if kinds is not None else None
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = data.rfind(b"\n") + 1  # a line still being written is read next time
+    records = []
+    for line in data[:complete].splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and (wanted is None or record.get("kind") in wanted):
+            records.append(record)
+    return records, offset + complete
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -99,6 +99,8 @@ TAMPERING = {
                    "__1_0.distcp: not listed in the manifest"),
     "bad_manifest": (lambda d: (d / "manifest.json").write_text('{"format": "fm-checkpoint/1"}'),
                      "manifest.json step: Field required"),
+    "garbage_metadata": (lambda d: (d / ".metadata").write_bytes(b"\x80garbage"),
+                         ".metadata: unreadable DCP metadata"),
 }
 
 

@@ -28,6 +28,7 @@ failure_reason) -> run id; finish_job(job, *, status="FINISHED"); run_url(run_id
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,7 @@ from pydantic import Field
 from fm_pipeline.config import JobSpec
 from fm_pipeline.config.paths import mlflow_uri
 from fm_pipeline.tracking import JobTracker
-from fm_pipeline.tracking.names import DEFAULT_EXPERIMENT
+from fm_pipeline.tracking.names import DEFAULT_EXPERIMENT, ENV_UI_URL
 
 
 class MlflowTrackingResource(ConfigurableResource):
@@ -46,8 +47,8 @@ class MlflowTrackingResource(ConfigurableResource):
                                 "else sqlite:///<FM_HOME>/mlflow.db")
     experiment: str = Field(default=DEFAULT_EXPERIMENT, description="MLflow experiment name")
     ui_url: str = Field(
-        default="", description="MLflow UI to link runs to (e.g. http://127.0.0.1:5000 of "
-                                "`make mlflow-ui`); empty: the tracking URI when it is http")
+        default="", description="MLflow UI to link runs to; empty: FM_MLFLOW_UI_URL (set by "
+                                "`make ui`), else the tracking URI when it is http")
 
     def tracker(self) -> JobTracker:
         # Resolved per call: FM_HOME is read when the run executes, not when code loads.
@@ -96,4 +97,5 @@ class MlflowTrackingResource(ConfigurableResource):
 
     def run_url(self, run_id: str) -> str | None:
         """For Dagster metadata (MetadataValue.url); None when there is no UI to link."""
-        return self.tracker().run_url(run_id, ui_url=self.ui_url or None)
+        ui_url = self.ui_url or os.environ.get(ENV_UI_URL) or None
+        return self.tracker().run_url(run_id, ui_url=ui_url)

@@ -9,6 +9,8 @@ runs by these tags, so they are defined once, here.
                              under it
     FM_MLFLOW_RUN_ID         the segment run the orchestrator created: rank 0 logs into it
                              and leaves ending it to the orchestrator
+    FM_MLFLOW_UI_URL         an MLflow UI serving the store (`make ui` sets the one of
+                             `make mlflow-ui`): Dagster metadata links runs to it
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ ENV_URI = "FM_MLFLOW_URI"
 ENV_EXPERIMENT = "FM_MLFLOW_EXPERIMENT"
 ENV_PARENT_RUN_ID = "FM_MLFLOW_PARENT_RUN_ID"
 ENV_RUN_ID = "FM_MLFLOW_RUN_ID"
+ENV_UI_URL = "FM_MLFLOW_UI_URL"
 
 DEFAULT_EXPERIMENT = "fm-pipeline"
 

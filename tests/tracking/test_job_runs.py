@@ -85,7 +85,8 @@ def tracker_runs(tracker, *, kind: str):
                                       filter_string=f"tags.`fm.kind` = '{kind}'")
 
 
-def test_two_jobs_keep_separate_parents_and_bad_calls_name_the_problem(mlflow_server, experiment):
+def test_two_jobs_keep_separate_parents_and_bad_calls_name_the_problem(mlflow_server, experiment,
+                                                                      monkeypatch):
     mlflow = MlflowTrackingResource(tracking_uri=mlflow_server, experiment=experiment)
     a, b = small_job(name="job-a"), small_job(name="job-b")
     assert mlflow.job_run(a) != mlflow.job_run(b)
@@ -93,4 +94,8 @@ def test_two_jobs_keep_separate_parents_and_bad_calls_name_the_problem(mlflow_se
         mlflow.finish_job(small_job(name="job-c"))
     with pytest.raises(ValueError, match="run status must be one of"):
         mlflow.finish_job(a, status="DONE")
-    assert mlflow.run_url(mlflow.job_run(a)).startswith(f"{mlflow_server}/#/experiments/")
+    parent = mlflow.job_run(a)
+    assert mlflow.run_url(parent).startswith(f"{mlflow_server}/#/experiments/")
+    monkeypatch.setenv(names.ENV_UI_URL, "http://127.0.0.1:5999/")  # what `make ui` sets
+    assert mlflow.run_url(parent).startswith("http://127.0.0.1:5999/#/experiments/")
+    assert mlflow.run_url(parent).endswith(f"/runs/{parent}")

@@ -30,11 +30,6 @@ telemetry:
   enabled: false
 """
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
-
-
 @dataclass
 class Webserver:
     url: str
@@ -122,12 +117,3 @@ def chromium() -> str:
     pytest.fail("headless Chromium is needed for the UI test and was not found on PATH; "
                 "install it: apt-get update && apt-get install -y chromium")
 
-
-def run_chromium(browser: str, url: str, *, profile: Path, action: list[str],
-                 timeout_s: float = 120) -> subprocess.CompletedProcess:
-    """One headless page load; virtual time waits for the page's own requests to finish."""
-    cmd = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1600,1000",
-           "--virtual-time-budget=30000", *action, url]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out

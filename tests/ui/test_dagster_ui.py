@@ -7,7 +7,6 @@ Chromium with that run's materializations on every node.
 
 from __future__ import annotations
 
-import html
 import os
 import re
 import shutil
@@ -21,12 +20,14 @@ from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 from fm_pipeline.config import dump_job
 from fm_pipeline.data.testing import small_job
 from tests.conftest import REPO
-from tests.ui.conftest import LOCATION, run_chromium
+from tests.ui.browser import HeadlessChromium
+from tests.ui.conftest import LOCATION
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 DATA_ASSETS = ["clean_documents", "tokenizer", "token_shards", "data_mix"]
 RUN_TIMEOUT_S = 240
+PAGE_TIMEOUT_S = 90
 DOCS_SCREENSHOT = REPO / "docs" / "img" / "dagster-asset-graph.png"
 
 
@@ -46,21 +47,23 @@ def test_graphql_launched_run_shows_on_the_rendered_asset_graph(webserver, chrom
     # Without this, a first-visit dialog covers the page.
     assert webserver.graphql("mutation { setNuxSeen }") == {"setNuxSeen": True}
     page = f"{webserver.url}/locations/__repository__@{LOCATION}/asset-groups/data/lineage"
-    dom = _rendered_dom(chromium, page, tmp_path)
-    text = html.unescape(re.sub(r"<[^>]+>", "\n", dom))
-    visible = {line.strip() for line in text.splitlines() if line.strip()}
-    assert set(DATA_ASSETS) <= visible, sorted(visible)[:80]
-    assert sum(1 for line in text.splitlines() if line.strip() == "Materialized") >= 4
+    with HeadlessChromium(chromium, profile=tmp_path / "chromium-profile") as browser:
+        browser.open(page)
+        # Visible text, as a user reads it: every asset's name and its "Materialized" row.
+        browser.wait_for_text(_graph_drawn, timeout_s=PAGE_TIMEOUT_S)
+        dom = browser.dom()
+        screenshot = browser.screenshot(tmp_path / "asset-graph.png")
     for asset in DATA_ASSETS:  # each node's "latest event" links to the run we launched
-        assert f"/runs/{run_id}?" in dom and f"selection={asset}&" in dom
-
-    screenshot = tmp_path / "asset-graph.png"
-    run_chromium(chromium, page, profile=tmp_path / "profile-shot",
-                 action=[f"--screenshot={screenshot}"])
+        assert re.search(rf'href="/runs/{run_id}\?[^"]*selection={asset}&', dom), asset
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert screenshot.stat().st_size > 20_000  # a blank 1600x1000 page is a few kB
     if os.environ.get("FM_DOCS_SCREENSHOTS") == "1":
         shutil.copyfile(screenshot, DOCS_SCREENSHOT)
+
+
+def _graph_drawn(text: str) -> bool:
+    lines = [line.strip() for line in text.splitlines()]
+    return set(DATA_ASSETS) <= set(lines) and lines.count("Materialized") >= len(DATA_ASSETS)
 
 
 def _wait_for_run(client: DagsterGraphQLClient, run_id: str) -> DagsterRunStatus:
@@ -73,15 +76,3 @@ def _wait_for_run(client: DagsterGraphQLClient, run_id: str) -> DagsterRunStatus
         time.sleep(1)
     raise AssertionError(f"run {run_id} still {status.value} after {RUN_TIMEOUT_S} s")
 
-
-def _rendered_dom(chromium: str, page: str, tmp_path) -> str:
-    """The DOM once the graph is drawn. The app renders asynchronously after its GraphQL
-    answers, so a load under heavy CPU contention may need a second look."""
-    dom = ""
-    for attempt in range(3):
-        out = run_chromium(chromium, page, profile=tmp_path / f"profile-dom-{attempt}",
-                           action=["--dump-dom"])
-        dom = out.stdout
-        if all(f">{asset}<" in dom for asset in DATA_ASSETS):
-            break
-    return dom

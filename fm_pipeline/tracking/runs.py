@@ -122,15 +122,15 @@ def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None
 
 def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float], *,
                 step: int) -> None:
-    """Finite numeric values only (bools and strings are skipped, not coerced)."""
-    import math
+    """Numbers only (bools, strings and None are skipped, not coerced). NaN and inf are
+    kept: a diverged loss is exactly what the curve must show."""
     import time
 
     from mlflow.entities import Metric
 
     stamp = int(time.time() * 1000)
     items = [Metric(k, float(v), stamp, step) for k, v in metrics.items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+             if isinstance(v, (int, float)) and not isinstance(v, bool)]
     for i in range(0, len(items), 1000):
         client.log_batch(run_id, metrics=items[i:i + 1000])
 

@@ -3,6 +3,8 @@ child runs for segments, evaluations and drills, found again by tags from a fres
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from fm_pipeline.data.testing import small_job
@@ -95,6 +97,12 @@ def test_two_jobs_keep_separate_parents_and_bad_calls_name_the_problem(mlflow_se
     with pytest.raises(ValueError, match="run status must be one of"):
         mlflow.finish_job(a, status="DONE")
     parent = mlflow.job_run(a)
+    # A diverged evaluation is recorded as such, not dropped.
+    ev = mlflow.log_evaluation(a, checkpoint_step=8, checkpoint_uri="/c/step-00000008",
+                               metrics={"code.loss": float("nan"), "ok": True})
+    (point,) = mlflow.tracker().client.get_metric_history(ev, "code.loss")
+    assert point.step == 8 and math.isnan(point.value)
+    assert "ok" not in mlflow.tracker().client.get_run(ev).data.metrics
     assert mlflow.run_url(parent).startswith(f"{mlflow_server}/#/experiments/")
     monkeypatch.setenv(names.ENV_UI_URL, "http://127.0.0.1:5999/")  # what `make ui` sets
     assert mlflow.run_url(parent).startswith("http://127.0.0.1:5999/#/experiments/")

@@ -18,7 +18,7 @@ from fm_pipeline.resources.job_spec import JobSpecResource
 GROUP = "plan"
 
 
-@asset(group_name=GROUP, kinds={"python"})
+@asset(group_name=GROUP, kinds={"python"}, deps=["data_mix"])  # lineage: plan after the mix
 def training_plan(context: AssetExecutionContext, job_spec: JobSpecResource) -> Output[dict]:
     """Memory per GPU, predicted step time and MFU, checkpoint interval, time-to-train and
     $/token for the job's declared layout, beside the search's best alternatives."""

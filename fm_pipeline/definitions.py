@@ -10,7 +10,8 @@ from dagster import Definitions
 # Definitions object at module scope (only `defs` may be one).
 from fm_pipeline.assets import data as data_area
 from fm_pipeline.assets import plan as plan_area
+from fm_pipeline.assets import training as training_area
 
-AREAS: list[Definitions] = [data_area.defs, plan_area.defs]
+AREAS: list[Definitions] = [data_area.defs, plan_area.defs, training_area.defs]
 
 defs = Definitions.merge(*AREAS) if AREAS else Definitions()

@@ -1,0 +1,54 @@
+"""The training partitions and the run tags every part of the training layer agrees on.
+
+One dynamic partition per training job (key = the job's name): every training asset
+(`training_segment`, `checkpoint`, `evaluation`, `restore_drill`) is partitioned by it, so a
+job's segments, checkpoints, evaluations and drills are the materialization history of its
+partition (docs/orchestration.md says why).
+
+Tags on segment runs (set by whoever requests them: the submit helpers, the sensors):
+    fm/job, fm/trigger (submit | next_segment | resume_after_failure |
+    resume_after_preemption), fm/start_step, fm/end_step, fm/resumes_run, fm/resume_from,
+    fm/tenant, fm/priority
+Tags the failure sensor adds to a failed segment run (the decision, visible in the UI):
+    fm/outcome, fm/exit_code, fm/failed_at_step, fm/failure, fm/decision (resumed |
+    resume_pending | stopped), fm/decision_reason, fm/resume_at (Unix seconds)
+Tags on evaluation and drill runs: fm/checkpoint_step (which checkpoint; default the newest).
+"""
+
+from dagster import DynamicPartitionsDefinition
+
+GROUP = "training"
+JOBS_PARTITION = "training_jobs"
+training_jobs = DynamicPartitionsDefinition(name=JOBS_PARTITION)
+
+PARTITION_TAG = "dagster/partition"
+TAG_JOB = "fm/job"
+TAG_TRIGGER = "fm/trigger"
+TAG_START = "fm/start_step"
+TAG_END = "fm/end_step"
+TAG_RESUMES = "fm/resumes_run"
+TAG_RESUME_FROM = "fm/resume_from"
+TAG_TENANT = "fm/tenant"
+TAG_PRIORITY = "fm/priority"
+
+TAG_OUTCOME = "fm/outcome"
+TAG_EXIT_CODE = "fm/exit_code"
+TAG_FAILED_AT = "fm/failed_at_step"
+TAG_FAILURE = "fm/failure"
+TAG_DECISION = "fm/decision"
+TAG_DECISION_REASON = "fm/decision_reason"
+TAG_RESUME_AT = "fm/resume_at"
+
+TAG_CHECKPOINT_STEP = "fm/checkpoint_step"
+
+RESUMED, RESUME_PENDING, STOPPED = "resumed", "resume_pending", "stopped"
+
+
+def short(text: str, limit: int = 400) -> str:
+    """A tag value: one line, bounded (Dagster shows tags in tables)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+SEGMENT_JOB = "training_segment_job"
+EVALUATION_JOB = "checkpoint_evaluation_job"
+DRILL_JOB = "restore_drill_job"

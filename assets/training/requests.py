@@ -1,0 +1,50 @@
+"""Run requests for the training jobs: one per segment, evaluation or drill, with the tags
+that say why it runs (names.py). Sensors, the schedule, the submit helpers and the demo
+build every request here, so a run looks the same whoever asked for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dagster import RunRequest
+
+from fm_pipeline.assets.training.names import (
+    TAG_CHECKPOINT_STEP,
+    TAG_END,
+    TAG_JOB,
+    TAG_PRIORITY,
+    TAG_START,
+    TAG_TENANT,
+    TAG_TRIGGER,
+)
+
+SUBMIT, NEXT_SEGMENT = "submit", "next_segment"
+RESUME_AFTER_FAILURE, RESUME_AFTER_PREEMPTION = "resume_after_failure", "resume_after_preemption"
+
+
+def segment_request(job, *, start_step: int, end_step: int, trigger: str,
+                    run_key: str | None = None, tags: Mapping[str, str] | None = None,
+                    fail_at: str = "") -> RunRequest:
+    """Train `job` from its newest valid checkpoint (expected at `start_step`) to `end_step`."""
+    if not 0 <= start_step < end_step <= job.training.steps:
+        raise ValueError(f"segment {start_step} -> {end_step} is outside job {job.name}'s "
+                         f"steps 0..{job.training.steps}")
+    config = {"end_step": end_step}
+    if fail_at:
+        config["fail_at"] = fail_at
+    return RunRequest(
+        run_key=run_key, partition_key=job.name,
+        run_config={"ops": {"training_segment": {"config": config}}},
+        tags={TAG_JOB: job.name, TAG_TRIGGER: trigger, TAG_START: str(start_step),
+              TAG_END: str(end_step), TAG_TENANT: job.tenant, TAG_PRIORITY: job.priority,
+              **dict(tags or {})})
+
+
+def checkpoint_request(job_name: str, step: int, *, kind: str) -> RunRequest:
+    """Evaluate (kind "evaluate") or drill (kind "drill") the job's checkpoint at `step`."""
+    if kind not in ("evaluate", "drill"):
+        raise ValueError(f"kind must be 'evaluate' or 'drill', got {kind!r}")
+    return RunRequest(run_key=f"{kind}-{job_name}-{step}", partition_key=job_name,
+                      tags={TAG_JOB: job_name, TAG_CHECKPOINT_STEP: str(step),
+                            TAG_TRIGGER: f"{kind}_checkpoint"})

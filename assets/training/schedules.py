@@ -1,0 +1,55 @@
+"""`restore_drill_schedule`: on a cron (FM_DRILL_CRON, default every 6 hours), drill the
+newest checkpoint of every job whose newest checkpoint has not been drilled yet (a job that
+has not checkpointed since its last drill is idle and is left alone).
+"""
+
+import os
+
+from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
+    DefaultScheduleStatus,
+    ScheduleEvaluationContext,
+    SkipReason,
+    schedule,
+)
+
+from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
+from fm_pipeline.assets.training.jobs import restore_drill_job
+from fm_pipeline.assets.training.names import JOBS_PARTITION
+from fm_pipeline.assets.training.requests import checkpoint_request
+
+DRILL_CRON_ENV = "FM_DRILL_CRON"
+DEFAULT_DRILL_CRON = "0 */6 * * *"
+
+
+def drill_cron() -> str:
+    cron = os.environ.get(DRILL_CRON_ENV, DEFAULT_DRILL_CRON).strip()
+    if len(cron.split()) != 5:
+        raise ValueError(f"{DRILL_CRON_ENV}={cron!r}: expected a 5-field cron expression, "
+                         f"e.g. {DEFAULT_DRILL_CRON!r}")
+    return cron
+
+
+def last_drilled_step(instance, job_name: str) -> int | None:
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey("restore_drill"), asset_partitions=[job_name]),
+        limit=1, ascending=False).records
+    if not records:
+        return None
+    return records[0].asset_materialization.metadata["checkpoint_step"].value
+
+
+@schedule(name="restore_drill_schedule", cron_schedule=drill_cron(), job=restore_drill_job,
+          default_status=DefaultScheduleStatus.RUNNING)
+def restore_drill_schedule(context: ScheduleEvaluationContext):
+    """Drill the newest checkpoint of each job that checkpointed since its last drill."""
+    requests = []
+    for name in context.instance.get_dynamic_partitions(JOBS_PARTITION):
+        newest = recorded_checkpoints(context.instance, name, limit=1)
+        if not newest:
+            continue
+        drilled = last_drilled_step(context.instance, name)
+        if drilled is None or drilled < newest[0]["step"]:
+            requests.append(checkpoint_request(name, newest[0]["step"], kind="drill"))
+    return requests or SkipReason("every job's newest checkpoint has been drilled")

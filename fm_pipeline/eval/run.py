@@ -1,0 +1,113 @@
+"""Evaluate a checkpoint (or the initial model) in a fresh process and record the result.
+
+    result = evaluate_checkpoint(ref, job=job)          # a CheckpointRef, directory or prefix
+    result.domains["code"].loss, result.domains["code"].perplexity
+    baseline = evaluate_at_init(job)                     # the model before its first step
+
+The worker (fm_pipeline.eval.worker) runs as `python -m` for one rank or under torchrun for
+several, so the caller never joins a process group (the Dagster step stays clean). A store
+checkpoint is downloaded and verified first. The result is written as the checkpoint's
+`eval` mark in both tiers (retention then keeps the checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from fm_pipeline.checkpoint import CheckpointInvalid, CheckpointRef, read_manifest, write_mark
+from fm_pipeline.checkpoint.validate import Problem, model_problems
+from fm_pipeline.config.paths import store_uri as default_store_uri
+from fm_pipeline.eval.result import EvalResult
+from fm_pipeline.eval.worker import INVALID_EXIT
+
+WORKER = "fm_pipeline.eval.worker"
+
+
+class EvaluationFailed(RuntimeError):
+    """The evaluation workers crashed or wrote no result; the message has their output."""
+
+
+def _command(nproc: int, args: list[str]) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", WORKER, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", WORKER, *args]
+
+
+def _launch(args: list[str], *, nproc: int, timeout_s: float) -> dict:
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    with tempfile.TemporaryDirectory(prefix="fm-eval-") as tmp:
+        out = Path(tmp) / "result.json"
+        # One thread per rank unless told otherwise: on shared cores more threads contend.
+        env = {"OMP_NUM_THREADS": "1", **os.environ}
+        env.pop("DAGSTER_PIPES_CONTEXT", None)  # the workers report through the result file
+        try:
+            proc = subprocess.run(_command(nproc, [*args, "--out", str(out)]), env=env,
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as e:
+            raise EvaluationFailed(f"evaluation timed out after {timeout_s:.0f} s") from e
+        data = json.loads(out.read_text()) if out.is_file() else None
+        if proc.returncode not in (0, INVALID_EXIT) or data is None:
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            raise EvaluationFailed(f"evaluation workers exited {proc.returncode}:\n{tail}")
+        return data
+
+
+def _resolve(checkpoint, store) -> CheckpointRef:
+    if isinstance(checkpoint, CheckpointRef):
+        return checkpoint
+    text = str(checkpoint)
+    if store is not None and not Path(text).exists():
+        return CheckpointRef.remote(store, text.removeprefix(store.uri).strip("/"))
+    return CheckpointRef.local(text)
+
+
+def evaluate_checkpoint(checkpoint, *, job=None, store=None, nproc: int = 1,
+                        max_batches: int = 8, batch_size: int | None = None,
+                        timeout_s: float = 900.0) -> EvalResult:
+    """Held-out loss and perplexity per domain of a committed checkpoint. Raises
+    CheckpointInvalid (naming each problem) for a checkpoint of another model or one that
+    fails its checksums while restoring; EvaluationFailed if the workers crash."""
+    from fm_pipeline.checkpoint.restore import localize
+
+    ref = _resolve(checkpoint, store)
+    manifest = read_manifest(ref)
+    if problems := model_problems(manifest, job):
+        raise CheckpointInvalid(ref, problems)
+    local, _ = localize(ref)
+    args = ["--checkpoint", str(local.dir), "--max-batches", str(max_batches),
+            "--store", store.uri if store is not None else default_store_uri()]
+    if batch_size:
+        args += ["--batch-size", str(batch_size)]
+    data = _launch(args, nproc=nproc, timeout_s=timeout_s)
+    if "invalid" in data:
+        raise CheckpointInvalid(ref, [Problem(where, msg) for where, msg in data["invalid"]])
+    result = EvalResult.from_dict(data)
+    result.checkpoint = ref.location
+    payload = result.to_dict()
+    for target in {id(r): r for r in (ref, local)}.values():
+        write_mark(target, "eval", payload)
+    return result
+
+
+def evaluate_at_init(job, *, store=None, nproc: int = 1, max_batches: int = 8,
+                     batch_size: int | None = None, timeout_s: float = 900.0) -> EvalResult:
+    """The same evaluation of the model as training initialises it (step 0, the job's seed)."""
+    from fm_pipeline.config import dump_job
+
+    with tempfile.TemporaryDirectory(prefix="fm-eval-job-") as tmp:
+        path = Path(tmp) / "job.yaml"
+        path.write_text(yaml.safe_dump(dump_job(job), sort_keys=False))
+        args = ["--job", str(path), "--at-init", "--max-batches", str(max_batches),
+                "--store", store.uri if store is not None else default_store_uri()]
+        if batch_size:
+            args += ["--batch-size", str(batch_size)]
+        return EvalResult.from_dict(_launch(args, nproc=nproc, timeout_s=timeout_s))

@@ -1,0 +1,54 @@
+"""A job's committed checkpoints as the orchestrator records them: each step with its
+copies in the local tier and the object store, and the facts a user wants beside it.
+
+    steps = committed_steps("demo", store)               # {20: [local ref, store ref], ...}
+    copy = preferred_copy(steps[20], tier="store")       # the durable copy when there is one
+    describe(copy)                                       # step, tokens, bytes, topology, ...
+
+"Committed" means the manifest exists (it is written last); whether the files still match
+it is the validation check's job, not this listing's.
+"""
+
+from __future__ import annotations
+
+from fm_pipeline.checkpoint import CheckpointRef, read_manifest
+from fm_pipeline.checkpoint.drill import describe_topology
+from fm_pipeline.checkpoint.layout import MANIFEST
+from fm_pipeline.checkpoint.validate import candidates
+from fm_pipeline.storage import ObjectStore, StoreError
+
+
+def committed_steps(job_name: str, store: ObjectStore | None) -> dict[int, list[CheckpointRef]]:
+    """step -> committed copies, local tier first; oldest step first."""
+    steps: dict[int, list[CheckpointRef]] = {}
+    try:
+        refs = candidates(job_name, store=store)
+    except StoreError:  # the local tier still answers while the store is down
+        refs = candidates(job_name, store=None)
+    for ref in sorted(refs, key=lambda r: (r.step, not r.is_local)):
+        if ref.has(MANIFEST):
+            steps.setdefault(ref.step, []).append(ref)
+    return steps
+
+
+def preferred_copy(copies: list[CheckpointRef], *, tier: str = "local") -> CheckpointRef:
+    """The copy in `tier` ("local" or "store") if there is one, else the other."""
+    if not copies:
+        raise ValueError("no committed copy of the checkpoint")
+    want_local = tier == "local"
+    return next((r for r in copies if r.is_local == want_local), copies[0])
+
+
+def describe(ref: CheckpointRef) -> dict:
+    """Plain facts about a committed checkpoint, from its manifest."""
+    m = read_manifest(ref)
+    p = m.parallelism
+    return {
+        "step": m.step, "tokens_seen": m.tokens_seen, "bytes": m.total_bytes,
+        "files": len(m.files), "created_at": m.created_at, "world_size": p.world_size,
+        "topology": describe_topology(p.model_dump()), "mix": m.data.mix,
+        "probe_loss": m.probe.loss if m.probe else None,
+        "save_blocked_s": m.timings.blocked_s, "save_commit_s": m.timings.commit_s,
+        "git_sha": m.code.git_sha, "location": ref.location,
+        "tier": "local" if ref.is_local else "store",
+    }

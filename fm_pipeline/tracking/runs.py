@@ -136,18 +136,20 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: Mapping[str, float],
 
 
 def copy_metric_history(client: MlflowClient, source_run_id: str, target_run_id: str,
-                        *, prefix: str = "") -> int:
-    """Append every metric point of `source` to `target` (same steps and timestamps);
-    returns the number of points. The parent run gets one curve across all segments."""
+                        *, after_ms: int = -1) -> int:
+    """Append `source`'s metric points logged after `after_ms` (unix ms) to `target`, with
+    their steps and timestamps; returns the newest timestamp copied (or `after_ms`), the
+    watermark for the next call. The parent run gets one curve across all segments."""
     from mlflow.entities import Metric
 
     points = []
     for key in client.get_run(source_run_id).data.metrics:
-        points += [Metric(prefix + key, m.value, m.timestamp, m.step)
-                   for m in client.get_metric_history(source_run_id, key)]
+        points += [Metric(key, m.value, m.timestamp, m.step)
+                   for m in client.get_metric_history(source_run_id, key)
+                   if m.timestamp > after_ms]
     for i in range(0, len(points), 1000):
         client.log_batch(target_run_id, metrics=points[i:i + 1000])
-    return len(points)
+    return max((m.timestamp for m in points), default=after_ms)
 
 
 def open_trainer_run(client: MlflowClient, *, job_name: str, run_name: str, experiment: str,

@@ -139,7 +139,8 @@ class JobTracker:
         """End the segment run: status from `outcome` ("succeeded", "failed", "preempted",
         ...), the trainer's summary (numbers as segment.* metrics at its end step, the
         checkpoint URI as a tag here and on the parent), the failure reason, and the
-        segment's step metrics appended to the parent's curves."""
+        segment's step metrics appended to the parent's curves (each point once, also when a
+        retried Dagster step finishes the same run again)."""
         summary = dict(summary or {})
         run = self.client.get_run(run_id)
         parent = run.data.tags.get(names.TAG_PARENT)
@@ -159,10 +160,11 @@ class JobTracker:
             tags[names.TAG_CHECKPOINT_URI] = checkpoint
             if parent and end_step is not None:
                 runs.set_tags(self.client, parent, {names.checkpoint_tag(int(end_step)): checkpoint})
-        already_finished = names.TAG_OUTCOME in run.data.tags  # copy the curves only once
+        if parent:  # a retried attempt in the same run copies only its own new points
+            copied = int(run.data.tags.get(names.TAG_COPIED_MS, -1))
+            tags[names.TAG_COPIED_MS] = runs.copy_metric_history(self.client, run_id, parent,
+                                                                  after_ms=copied)
         runs.set_tags(self.client, run_id, tags)
-        if parent and not already_finished:
-            runs.copy_metric_history(self.client, run_id, parent)
         self.client.set_terminated(run_id, status=_OUTCOME_STATUS.get(outcome, "FAILED"))
 
     def segment_runs(self, job_name: str) -> list[Run]:

@@ -10,7 +10,7 @@ import pytest
 from fm_pipeline.data.testing import small_job
 from fm_pipeline.planner.job import plan_for_job
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
-from fm_pipeline.tracking import names
+from fm_pipeline.tracking import names, runs
 
 pytestmark = pytest.mark.server
 
@@ -21,6 +21,8 @@ def test_job_segments_evaluations_and_drills_nest_under_one_parent(mlflow_server
     parent = mlflow.job_run(job)
     mlflow.log_plan(job, plan_for_job(job))
     seg = mlflow.start_segment_run(job, segment="to-2", end_step=2, dagster_run_id="dagster-a")
+    runs.log_metrics(mlflow.tracker().client, seg, {"loss": 3.0}, step=1)  # as rank 0 does
+    runs.log_metrics(mlflow.tracker().client, seg, {"loss": 2.5}, step=2)
     # A retried Dagster step finds its segment run again; another Dagster run gets its own.
     assert mlflow.start_segment_run(job, segment="to-2", end_step=2,
                                     dagster_run_id="dagster-a") == seg
@@ -30,6 +32,11 @@ def test_job_segments_evaluations_and_drills_nest_under_one_parent(mlflow_server
     mlflow.finish_segment(seg, outcome="succeeded", summary={
         "start_step": 0, "end_step": 2, "mfu": 0.31, "goodput": 0.9, "checkpoint": ckpt})
     mlflow.finish_segment(seg_b, outcome="failed", failure_reason="rank 1: CUDA error")
+    # Dagster retries the step of seg: same run, a new attempt logs step 2 again.
+    assert mlflow.start_segment_run(job, segment="to-2", end_step=2,
+                                    dagster_run_id="dagster-a") == seg
+    runs.log_metrics(mlflow.tracker().client, seg, {"loss": 2.25}, step=2)
+    mlflow.finish_segment(seg, outcome="succeeded", summary={"start_step": 1, "end_step": 2})
     ev = mlflow.log_evaluation(job, checkpoint_step=2, checkpoint_uri=ckpt,
                                metrics={"prose.loss": 3.5, "prose.perplexity": 33.1},
                                dagster_run_id="dagster-c")
@@ -49,6 +56,9 @@ def test_job_segments_evaluations_and_drills_nest_under_one_parent(mlflow_server
     assert float(p.data.params["plan.estimate.mfu"]) > 0
     assert p.data.tags["fm.checkpoint.00000002"] == ckpt
     assert p.data.metrics["eval.prose.perplexity"] == pytest.approx(33.1)
+    # Every point of both attempts once, none of the retry's copy repeated.
+    assert sorted((m.step, m.value) for m in client.get_metric_history(parent, "loss")) == [
+        (1, 3.0), (2, 2.25), (2, 2.5)]
     assert {a.path for a in client.list_artifacts(parent)} == {"job.json", "plan.json"}
 
     children = {r.info.run_id: r for r in client.search_runs(

@@ -4,7 +4,6 @@ database, so once), and a tracker on a fresh experiment per test."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.ui.processes import stop_group
 
 START_TIMEOUT_S = 180
 
@@ -36,7 +36,7 @@ def mlflow_server(tmp_path_factory) -> str:
         _wait_healthy(url, proc, root / "server.log")
         yield url
     finally:
-        _stop(proc)
+        stop_group(proc, grace_s=20)
         log.close()
 
 
@@ -55,17 +55,6 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
         time.sleep(0.5)
     raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT_S} s:\n"
                        f"{log.read_text(errors='replace')[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @pytest.fixture

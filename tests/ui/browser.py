@@ -12,15 +12,15 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import websocket  # websocket-client, installed with the kubernetes client
+import websocket  # websocket-client
+
+from tests.ui.processes import stop_group
 
 # The flags NOTES-stack.md lists for Debian's chromium as root in a container.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -122,11 +122,7 @@ class HeadlessChromium:
         raise RuntimeError(f"chromium did not open its DevTools port in {self.start_timeout_s} s")
 
     def _stop(self) -> None:
-        if self._proc.poll() is None:
-            os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait()
-        self._log.close()
+        try:
+            stop_group(self._proc, grace_s=15)
+        finally:
+            self._log.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, free_port
+from tests.ui.processes import stop_group
 
 START_TIMEOUT_S = 180
 LOCATION = "fm_pipeline"  # workspace.yaml's location_name
@@ -66,7 +66,7 @@ def webserver(fm_home) -> Webserver:
         _wait_loaded(server, proc)
         yield server
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 def _wait_loaded(server: Webserver, proc: subprocess.Popen) -> None:
@@ -91,16 +91,6 @@ def _wait_loaded(server: Webserver, proc: subprocess.Popen) -> None:
         time.sleep(0.5)
     raise RuntimeError(f"dagster-webserver not ready after {START_TIMEOUT_S} s:\n"
                        f"{_tail(server.log)}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _tail(path: Path) -> str:

@@ -1,0 +1,101 @@
+"""Faults in files: checkpoint files flipped, truncated or deleted; a data shard corrupted;
+a disk that fills up (a small tmpfs mounted over a directory).
+
+    victim = checkpoint_victim(ckpt_dir)       # its largest DCP shard file
+    flip_byte(victim); truncate(victim); delete(victim)
+    shard = corrupt_shard(store_dir, mix_key)  # flips a byte of the first training shard
+    with small_disk(runs_dir(job) / "checkpoints", size_bytes=6 << 20) as disk: ...
+        disk.grow(64 << 20)                    # the operator frees space
+
+Each returns what it did, in words, for the fault matrix. small_disk needs root (mount);
+elsewhere it raises Unavailable with the reason, and the caller skips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+class Unavailable(RuntimeError):
+    """This fault cannot be injected on this machine (the message says why)."""
+
+
+def checkpoint_victim(ckpt_dir: Path) -> Path:
+    """The checkpoint's largest DCP shard file (model and optimizer state live there)."""
+    shards = sorted(ckpt_dir.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    if not shards:
+        raise FileNotFoundError(f"{ckpt_dir}: no .distcp files to corrupt")
+    return shards[-1]
+
+
+def flip_byte(path: Path, *, offset: int | None = None) -> str:
+    """Invert one byte in the middle of the file (size unchanged: only a checksum sees it)."""
+    size = path.stat().st_size
+    offset = size // 2 if offset is None else offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return f"flipped byte {offset} of {path.name} ({size} bytes)"
+
+
+def truncate(path: Path, *, keep: float = 0.5) -> str:
+    size = path.stat().st_size
+    new = int(size * keep)
+    os.truncate(path, new)
+    return f"truncated {path.name} from {size} to {new} bytes"
+
+
+def delete(path: Path) -> str:
+    path.unlink()
+    return f"deleted {path.name}"
+
+
+def corrupt_shard(store_dir: Path, mix_key: str) -> str:
+    """Flip a byte in the mix's first training shard in a local-directory store."""
+    prefix = store_dir / "data" / mix_key
+    manifest = json.loads((prefix / "manifest.json").read_text())
+    key = manifest["sources"][0]["shards"][0]["key"]
+    path = store_dir / key
+    flip_byte(path)
+    return f"flipped a byte of shard {key}"
+
+
+class SmallDisk:
+    """A tmpfs mounted over a directory; `grow` is the operator freeing space."""
+
+    def __init__(self, directory: Path, size_bytes: int):
+        self.directory = directory
+        self.size_bytes = size_bytes
+
+    def grow(self, size_bytes: int) -> None:
+        _mount(["-o", f"remount,size={size_bytes}", str(self.directory)])
+        self.size_bytes = size_bytes
+
+
+def _mount(args: list[str]) -> None:
+    done = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise Unavailable(f"mount {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, *, size_bytes: int):
+    """Mount a tmpfs of `size_bytes` over `directory` (created if needed) for the block;
+    unmounted afterwards even on failure: what was written there is gone with it."""
+    if os.geteuid() != 0:
+        raise Unavailable("mounting a small tmpfs needs root (the disk-full fault)")
+    if shutil.which("mount") is None:
+        raise Unavailable("no mount command")
+    directory.mkdir(parents=True, exist_ok=True)
+    _mount(["-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(directory)])
+    try:
+        yield SmallDisk(directory, size_bytes)
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], capture_output=True)

@@ -1,0 +1,177 @@
+"""A local training segment running in the background, so that faults can be injected into
+it while it trains: find its workers, signal them, wait for a step.
+
+    live = LiveSegment(SegmentLaunch(job, end_step=8)).start()
+    live.wait_for_step(3)                    # rank 0 logged step 3 (metrics.jsonl)
+    live.signal_rank(1, signal.SIGKILL)      # the worker process of global rank 1
+    result = live.result()                   # fm_pipeline.launch.SegmentResult
+
+Workers are found through a marker in their environment (FM_CHAOS_MARKER, unique per
+segment, inherited from torchrun by every worker), read from /proc/<pid>/environ: the
+launcher keeps its process handles to itself, and the same lookup works for processes
+started by anyone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.launch.outcome import SegmentResult
+from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.train.metrics import METRICS_FILE, read_records
+
+MARKER_ENV = "FM_CHAOS_MARKER"
+TRAINER_MODULE = b"fm_pipeline.train"
+
+
+class SegmentGone(RuntimeError):
+    """The segment ended (or never got there) before what we were waiting for."""
+
+
+def _environ(pid: int) -> dict[bytes, bytes]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours
+        return {}
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def marked_processes(marker: str) -> list[tuple[int, dict[bytes, bytes]]]:
+    """(pid, environment) of every live process carrying FM_CHAOS_MARKER=marker."""
+    want = marker.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        env = _environ(int(entry.name))
+        if env.get(MARKER_ENV.encode()) == want:
+            found.append((int(entry.name), env))
+    return found
+
+
+def trainer_workers(marker: str) -> dict[int, int]:
+    """Global rank -> pid of the trainer workers carrying the marker."""
+    workers = {}
+    for pid, env in marked_processes(marker):
+        if b"RANK" in env and TRAINER_MODULE in _cmdline(pid):
+            workers[int(env[b"RANK"])] = pid
+    return workers
+
+
+def step_records(job_name: str, *, since: float) -> list[dict]:
+    """Step records rank 0 wrote at or after unix time `since`."""
+    return [r for r in read_records(runs_dir(job_name) / METRICS_FILE, "step")
+            if r.get("time", 0) >= since]
+
+
+class LiveSegment:
+    def __init__(self, launch: SegmentLaunch, *, env: dict[str, str] | None = None,
+                 timeout_s: float | None = 600):
+        self.launch = launch
+        self.marker = uuid.uuid4().hex
+        self.env = {**(env or {}), MARKER_ENV: self.marker}
+        self.timeout_s = timeout_s
+        self.started_at: float | None = None  # unix time
+        self.ended_at: float | None = None
+        self._preempt = threading.Event()
+        self._result: SegmentResult | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"segment-{launch.rdzv_id}",
+                                        daemon=True)
+
+    def start(self) -> LiveSegment:
+        self.started_at = time.time()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from fm_pipeline.launch.local import run_segment_locally
+
+        try:
+            self._result = run_segment_locally(self.launch, env=self.env, echo=None,
+                                               timeout_s=self.timeout_s, preempt=self._preempt)
+        except BaseException as e:  # handed to result()
+            self._error = e
+        finally:
+            self.ended_at = time.time()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def steps(self) -> list[dict]:
+        return step_records(self.launch.job.name, since=self.started_at or 0.0)
+
+    def wait_for_step(self, step: int, *, timeout_s: float = 300) -> dict:
+        """The step record of `step` (or later) once rank 0 logged it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done = [r for r in self.steps() if r["step"] >= step]
+            if done:
+                return done[0]
+            if not self.running:
+                raise SegmentGone(f"segment to step {self.launch.end_step} ended before step "
+                                  f"{step}: {self._describe()}")
+            time.sleep(0.05)
+        raise SegmentGone(f"segment to step {self.launch.end_step} did not reach step {step} "
+                          f"within {timeout_s:.0f} s")
+
+    def workers(self, *, expect: int | None = None, timeout_s: float = 30) -> dict[int, int]:
+        deadline = time.monotonic() + timeout_s
+        expect = expect or self.launch.job.parallelism.world_size
+        while True:
+            found = trainer_workers(self.marker)
+            if len(found) >= expect or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def signal_rank(self, rank: int, sig: int) -> int:
+        """Send `sig` to the worker process of global `rank`; returns its pid."""
+        pid = self.workers().get(rank)
+        if pid is None:
+            raise SegmentGone(f"no live worker process for rank {rank}")
+        os.kill(pid, sig)
+        return pid
+
+    def preempt(self) -> None:
+        """SIGTERM to torchrun, as a preempting scheduler does (it forwards to the workers)."""
+        self._preempt.set()
+
+    def result(self, *, timeout_s: float = 600) -> SegmentResult:
+        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            raise SegmentGone(f"segment still running after {timeout_s:.0f} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cleanup(self) -> None:
+        """SIGKILL whatever of this segment is still alive (a stopped rank too)."""
+        for pid, _ in marked_processes(self.marker):
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+
+    def _describe(self) -> str:
+        if self._thread.is_alive():
+            return "running"
+        if self._error is not None:
+            return f"launcher error {self._error!r}"
+        r = self._result
+        return f"{r.outcome.value} (exit {r.exit_code}): {r.reason}" if r else "no result"

@@ -77,6 +77,20 @@ def step_records(job_name: str, *, since: float) -> list[dict]:
             if r.get("time", 0) >= since]
 
 
+def wait_for_checkpoint(job_runs_dir: Path, step: int, *, timeout_s: float,
+                        alive=lambda: True) -> Path:
+    """Poll for runs_dir/checkpoints/step-XXXXXXXX/manifest.json (written last)."""
+    path = job_runs_dir / "checkpoints" / f"step-{step:08d}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (path / "manifest.json").is_file():
+            return path
+        if not alive():
+            raise SegmentGone(f"segment ended before checkpoint {step} was committed")
+        time.sleep(0.05)
+    raise SegmentGone(f"checkpoint {step} not committed within {timeout_s:.0f} s")
+
+
 class LiveSegment:
     def __init__(self, launch: SegmentLaunch, *, env: dict[str, str] | None = None,
                  timeout_s: float | None = 600):
@@ -128,6 +142,11 @@ class LiveSegment:
             time.sleep(0.05)
         raise SegmentGone(f"segment to step {self.launch.end_step} did not reach step {step} "
                           f"within {timeout_s:.0f} s")
+
+    def wait_for_checkpoint(self, step: int, *, timeout_s: float = 300) -> Path:
+        """The checkpoint of `step`, once committed (its manifest exists)."""
+        return wait_for_checkpoint(runs_dir(self.launch.job.name), step, timeout_s=timeout_s,
+                                   alive=lambda: self.running)
 
     def workers(self, *, expect: int | None = None, timeout_s: float = 30) -> dict[int, int]:
         deadline = time.monotonic() + timeout_s

@@ -33,14 +33,17 @@ class FaultRun:
 
 def fault_and_resume(ws: ChaosWorkspace, result: FaultResult, job, *, at_step: int,
                      inject: Callable[[LiveSegment], str], env: dict | None = None,
-                     fault: str) -> FaultRun:
-    """Train `job`, call `inject(live)` once step `at_step` is logged, wait for the end,
+                     fault: str, after_checkpoint: int | None = 2) -> FaultRun:
+    """Train `job`, call `inject(live)` once step `at_step` is logged and checkpoint
+    `after_checkpoint` committed (so that there is one to resume from), wait for the end,
     ask the policy, and resume when it says so. Fills result.injected/detect/lost/resume."""
     ws.prepare(job)
     end = job.training.steps
     live = LiveSegment(SegmentLaunch(job, end_step=end), env=env).start()
     try:
         live.wait_for_step(at_step)
+        if after_checkpoint is not None:
+            live.wait_for_checkpoint(after_checkpoint)
         fault_time = time.time()
         result.injected = inject(live)
         append_event(job.name, "fault_injected", fault=fault, target=result.injected,

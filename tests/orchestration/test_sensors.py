@@ -1,0 +1,202 @@
+"""The sensors' decisions on real Dagster runs of training_segment_job, executed in process
+(`execute_in_process(raise_on_error=False)`) with the LAUNCHER TEST DOUBLE
+(launcher_double.py: real checkpoints, no torchrun), evaluated with
+build_run_status_sensor_context(...).for_run_failure() and build_sensor_context."""
+
+from __future__ import annotations
+
+import pytest
+from dagster import (
+    AssetKey,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+    build_run_status_sensor_context,
+    build_sensor_context,
+    partition_loading_context,
+)
+
+from fm_pipeline.assets.training.names import (
+    TAG_DECISION,
+    TAG_DECISION_REASON,
+    TAG_FAILED_AT,
+    TAG_FAILURE,
+    TAG_RESUME_AT,
+)
+from fm_pipeline.assets.training.sensors import (
+    checkpoint_evaluation_sensor,
+    segment_failure_sensor,
+    segment_progress_sensor,
+)
+from fm_pipeline.assets.training.submit import (
+    as_execution,
+    first_segment_request,
+    register_training_job,
+)
+from fm_pipeline.definitions import defs
+from fm_pipeline.resources.mlflow import MlflowTrackingResource
+from fm_pipeline.resources.store import ObjectStoreResource
+from fm_pipeline.resources.training_policy import TrainingPolicyResource
+from tests.orchestration.conftest import job_spec
+from tests.orchestration.launcher_double import PREEMPT_ENV, LauncherDouble
+
+
+class Pipeline:
+    """Segment runs in process and sensor ticks against one instance."""
+
+    def __init__(self, instance, job, *, policy: TrainingPolicyResource):
+        self.instance, self.job = instance, job
+        self.store = ObjectStoreResource()
+        self.resources = {"store": self.store, "training_policy": policy}
+        register_training_job(instance, job, store=self.store.open())
+
+    def run(self, request: RunRequest, *, fault: str = "", preempt_at: int | None = None):
+        config = dict(request.run_config["ops"]["training_segment"]["config"])
+        if fault:
+            config["fail_at"] = fault
+        job_def = defs.resolve_job_def("training_segment_job")
+        kwargs = as_execution(request)
+        kwargs["run_config"] = {"ops": {"training_segment": {"config": config}}}
+        double = LauncherDouble()
+        if preempt_at is not None:  # the double reads it from the env the asset passes on
+            class Preempting(LauncherDouble):
+                def launch_segment(self, context, *, env=None, **kw):
+                    return super().launch_segment(context, env={**(env or {}),
+                                                                PREEMPT_ENV: str(preempt_at)},
+                                                  **kw)
+            double = Preempting()
+        return job_def.execute_in_process(
+            instance=self.instance, raise_on_error=False, **kwargs,
+            resources={"launcher": double, "mlflow": MlflowTrackingResource()})
+
+    def on_failure(self, result):
+        context = build_run_status_sensor_context(
+            sensor_name="segment_failure_sensor", dagster_event=result.get_run_failure_event(),
+            dagster_instance=self.instance, dagster_run=result.dagster_run,
+            resources=self.resources).for_run_failure()
+        return segment_failure_sensor(context)
+
+    def progress(self):
+        context = build_sensor_context(instance=self.instance, resources=self.resources,
+                                       definitions=defs)
+        with partition_loading_context(dynamic_partitions_store=self.instance):
+            return segment_progress_sensor(context)
+
+    def tags(self, result) -> dict:
+        return self.instance.get_run_by_id(result.run_id).tags
+
+
+def _requests(outcome) -> list[RunRequest]:
+    if isinstance(outcome, RunRequest):
+        return [outcome]
+    if isinstance(outcome, SensorResult):
+        return list(outcome.run_requests or [])
+    return []
+
+
+def _segment(request: RunRequest) -> tuple[int, int]:
+    return int(request.tags["fm/start_step"]), int(request.tags["fm/end_step"])
+
+
+def test_failed_segment_resumes_from_the_newest_valid_checkpoint(instance):
+    p = Pipeline(instance, job_spec("resume"), policy=TrainingPolicyResource(backoff_base_s=0))
+    first = p.run(first_segment_request(p.job, store=p.store.open()))
+    assert first.success
+    (nxt,) = _requests(p.progress())
+    assert _segment(nxt) == (4, 8) and nxt.run_key == f"next-after-{first.run_id}"
+
+    failed = p.run(nxt, fault="1:7")  # checkpoint at 6, then rank 1 dies after step 7
+    assert not failed.success
+    request = p.on_failure(failed)
+    assert isinstance(request, RunRequest)
+    assert request.tags["fm/resume_from"].endswith("step-00000006")
+    assert _segment(request) == (6, 8) and request.partition_key == "resume"
+    assert request.tags["fm/trigger"] == "resume_after_failure"
+    assert request.run_key == f"resume-{failed.run_id}"
+    tags = p.tags(failed)  # the failure and the decision, recorded on the failed run
+    assert tags[TAG_DECISION] == "resumed" and tags[TAG_FAILED_AT] == "7"
+    assert "InjectedFault: rank 1 fails after step 7" in tags[TAG_FAILURE]
+    observed = instance.fetch_observations(AssetKey("training_segment"), limit=5).records
+    assert observed and observed[0].partition_key == "resume"
+
+    resumed = p.run(request)
+    assert resumed.success
+    (mat,) = resumed.asset_materializations_for_node("training_segment")
+    assert mat.metadata["start_step"].value == 6 and mat.metadata["end_step"].value == 8
+    assert "at its target step 8" in p.progress().skip_message  # the job is done
+
+
+def test_the_same_failure_at_the_same_step_twice_stops_the_job(instance):
+    p = Pipeline(instance, job_spec("crash-loop"), policy=TrainingPolicyResource(backoff_base_s=0))
+    p.run(first_segment_request(p.job, store=p.store.open()))
+    (nxt,) = _requests(p.progress())
+    once = p.run(nxt, fault="1:5")
+    retry = p.on_failure(once)
+    assert isinstance(retry, RunRequest) and _segment(retry) == (4, 8)
+    twice = p.run(retry, fault="1:5")  # the same bug hits again at step 5
+    verdict = p.on_failure(twice)
+    assert isinstance(verdict, SkipReason) and "crash loop" in verdict.skip_message
+    tags = p.tags(twice)
+    assert tags[TAG_DECISION] == "stopped" and "same failure at step 5 2 times" in \
+        tags[TAG_DECISION_REASON]
+    assert _requests(p.progress()) == []  # nothing restarts a stopped job
+
+
+def test_backoff_delays_the_resume_until_it_has_passed(instance, monkeypatch):
+    p = Pipeline(instance, job_spec("backoff"), policy=TrainingPolicyResource(backoff_base_s=600))
+    failed = p.run(first_segment_request(p.job, store=p.store.open()), fault="1:3")
+    verdict = p.on_failure(failed)
+    assert isinstance(verdict, SkipReason) and "backoff" in verdict.skip_message
+    tags = p.tags(failed)
+    ended = instance.get_run_record_by_id(failed.run_id).end_time
+    assert tags[TAG_DECISION] == "resume_pending"
+    assert float(tags[TAG_RESUME_AT]) == pytest.approx(ended + 600, abs=1)
+    assert "resume in" in p.progress().skip_message  # still waiting
+
+    import fm_pipeline.assets.training.sensors as sensors
+
+    later = float(tags[TAG_RESUME_AT]) + 1
+    monkeypatch.setattr(sensors.time, "time", lambda: later)
+    (request,) = _requests(p.progress())
+    assert _segment(request) == (2, 4)  # from the checkpoint at step 2
+    assert request.tags["fm/resume_from"].endswith("step-00000002")
+    assert p.tags(failed)[TAG_DECISION] == "resumed"
+    assert _requests(p.progress()) == []  # requested once
+
+
+def test_backoff_doubles_and_the_retry_budget_stops_the_job(instance):
+    p = Pipeline(instance, job_spec("budget"), policy=TrainingPolicyResource(
+        backoff_base_s=0.001, max_consecutive_failures=2))
+    request = first_segment_request(p.job, store=p.store.open())
+    decisions = []
+    for step in (1, 2, 3):  # different failures: not a crash loop
+        failed = p.run(request, fault=f"1:{step}")
+        outcome = p.on_failure(failed)
+        decisions.append(p.tags(failed)[TAG_DECISION_REASON])
+        if isinstance(outcome, SkipReason):
+            break
+        request = outcome
+    assert "after 0 s" in decisions[0] and "failure 2 in a row" in decisions[1]
+    assert "retry budget spent: 3 failures in a row (budget 2)" in decisions[2]
+
+
+def test_preempted_segment_resumes_at_once_and_is_not_counted(instance):
+    p = Pipeline(instance, job_spec("preempt"), policy=TrainingPolicyResource(
+        backoff_base_s=600, max_consecutive_failures=0))
+    preempted = p.run(first_segment_request(p.job, store=p.store.open()), preempt_at=3)
+    request = p.on_failure(preempted)
+    assert isinstance(request, RunRequest), request
+    assert request.tags["fm/trigger"] == "resume_after_preemption"
+    assert _segment(request) == (3, 4) and request.tags["fm/resume_from"].endswith("step-00000003")
+
+
+def test_every_new_checkpoint_is_evaluated_once(instance):
+    p = Pipeline(instance, job_spec("evals"), policy=TrainingPolicyResource())
+    p.run(first_segment_request(p.job, store=p.store.open()))  # checkpoints at 2 and 4
+    context = build_sensor_context(instance=instance, definitions=defs)
+    first = checkpoint_evaluation_sensor(context)
+    assert [(r.partition_key, r.tags["fm/checkpoint_step"]) for r in first.run_requests] == \
+        [("evals", "2"), ("evals", "4")]
+    again = checkpoint_evaluation_sensor(build_sensor_context(
+        instance=instance, definitions=defs, cursor=first.cursor))
+    assert isinstance(again, SkipReason)

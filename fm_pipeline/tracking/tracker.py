@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 _OUTCOME_STATUS = {"succeeded": "FINISHED", "completed": "FINISHED", "preempted": "KILLED",
                    "cancelled": "KILLED", "timed_out": "KILLED"}
 
+# Summary fields that are not measurements (steps are tags; "time" is the record's stamp).
+_NOT_SUMMARY_METRICS = {"start_step", "end_step", "time", "exit_code"}
+
 
 class JobTracker:
     def __init__(self, tracking_uri: str, *, experiment: str = names.DEFAULT_EXPERIMENT):
@@ -153,7 +156,7 @@ class JobTracker:
         if end_step is not None:
             tags[names.TAG_END_STEP] = end_step
             numbers = {f"segment.{k}": v for k, v in summary.items()
-                       if k not in ("start_step", "end_step")}
+                       if k not in _NOT_SUMMARY_METRICS}
             runs.log_metrics(self.client, run_id, numbers, step=int(end_step))
         checkpoint = summary.get("checkpoint")
         if checkpoint:

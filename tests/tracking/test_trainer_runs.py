@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,21 @@ def test_rank0_logs_each_step_into_the_segment_runs_of_its_job(mlflow_server, ex
     assert p.data.params["job.training.steps"] == "4"
     assert p.data.tags["fm.checkpoint.00000002"] == run1.data.tags[names.TAG_CHECKPOINT_URI]
     assert {m.step for m in client.get_metric_history(parent, "loss")} == {1, 2}
+    if os.environ.get("FM_DOCS_SCREENSHOTS") == "1":
+        _docs_screenshot(f"{mlflow_server}/#/experiments/{p.info.experiment_id}/runs/{parent}",
+                         tmp_path)
+
+
+def _docs_screenshot(page: str, tmp_path: Path) -> None:
+    """docs/img/mlflow-job-run.png: the job's parent run with its segment runs and tags."""
+    import shutil
+
+    from tests.ui.browser import HeadlessChromium
+
+    with HeadlessChromium(shutil.which("chromium"), profile=tmp_path / "chromium") as browser:
+        browser.open(page)
+        browser.wait_for_text(lambda t: "tracked-to-2" in t and "fm.checkpoint" in t,
+                              timeout_s=60)
+        browser.evaluate("document.querySelector('button[aria-label=\"Close\"]')?.click()")
+        time.sleep(1)  # the assistant panel slides away
+        browser.screenshot(REPO / "docs" / "img" / "mlflow-job-run.png")

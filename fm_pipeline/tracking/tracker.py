@@ -162,7 +162,8 @@ class JobTracker:
         if checkpoint:
             tags[names.TAG_CHECKPOINT_URI] = checkpoint
             if parent and end_step is not None:
-                runs.set_tags(self.client, parent, {names.checkpoint_tag(int(end_step)): checkpoint})
+                runs.set_tags(self.client, parent,
+                              {names.checkpoint_tag(int(end_step)): checkpoint})
         if parent:  # a retried attempt in the same run copies only its own new points
             copied = int(run.data.tags.get(names.TAG_COPIED_MS, -1))
             tags[names.TAG_COPIED_MS] = runs.copy_metric_history(self.client, run_id, parent,

@@ -138,11 +138,13 @@ def test_each_checkpoint_is_validated_then_evaluated_per_domain(at_home):
     assert math.log(ran.job.model_cfg.vocab_size) == pytest.approx(init.loss, rel=0.1)
 
 
-def test_the_newest_checkpoint_passed_a_restore_drill_on_another_topology(ran):
+def test_the_newest_checkpoint_passed_a_restore_drill_on_another_topology(at_home):
+    ran = at_home
     (drill,) = ran.materializations("restore_drill")
     assert drill["checkpoint_step"] == 4 and drill["passed"] is True
     assert drill["source_topology"] != drill["drill_topology"]
     assert drill["drill_topology"].startswith("world 2")
+    assert ran.driver.drill() == []  # the schedule leaves a drilled checkpoint alone
 
 
 def test_mlflow_has_the_job_run_with_a_child_run_per_segment_evaluation_and_drill(ran):

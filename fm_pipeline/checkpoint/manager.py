@@ -229,8 +229,11 @@ class CheckpointManager:
                                      algorithm=self.checksum)
             events["durable"] = time.perf_counter()
             checksum_s = events["durable"] - events["write_finished"]
-        except Exception as e:  # any failure must still reach the gather below
-            error = f"rank {self.rank}: {type(e).__name__}: {e}"
+        # Any failure must still reach the gather below; DCP's CheckpointException is a
+        # BaseException. The free space is named: torch's zip writer hides ENOSPC.
+        except (Exception, dcp.api.CheckpointException) as e:
+            error = (f"rank {self.rank} ({_free_mb(directory):.1f} MB free where the "
+                     f"checkpoint is written): {type(e).__name__}: {e}")
             log.exception("checkpoint step %d: write failed on rank %d", ctx.step, self.rank)
         state = None  # release the staged copy's references before the slow tail
         gathered = comm.gather_to_rank0((entries, write_s, checksum_s, error, stage_s),
@@ -355,6 +358,13 @@ class CheckpointManager:
 
         return restore_latest(self.app_state, self.job, store=self.store, root=self.root,
                               verify=verify)
+
+
+def _free_mb(directory: Path) -> float:
+    try:
+        return shutil.disk_usage(directory).free / 1e6
+    except OSError:
+        return float("nan")
 
 
 def _plain(obj):

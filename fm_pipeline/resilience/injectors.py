@@ -3,7 +3,7 @@ a disk that fills up (a small tmpfs mounted over a directory).
 
     victim = checkpoint_victim(ckpt_dir)       # its largest DCP shard file
     flip_byte(victim); truncate(victim); delete(victim)
-    shard = corrupt_shard(store_dir, mix_key)  # flips a byte of the first training shard
+    path, what = corrupt_shard(store_dir, mix, sample=48)  # the shard step 7 reads
     with small_disk(runs_dir(job) / "checkpoints", size_bytes=6 << 20) as disk: ...
         disk.grow(64 << 20)                    # the operator frees space
 
@@ -14,7 +14,6 @@ elsewhere it raises Unavailable with the reason, and the caller skips.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -57,14 +56,25 @@ def delete(path: Path) -> str:
     return f"deleted {path.name}"
 
 
-def corrupt_shard(store_dir: Path, mix_key: str) -> str:
-    """Flip a byte in the mix's first training shard in a local-directory store."""
-    prefix = store_dir / "data" / mix_key
-    manifest = json.loads((prefix / "manifest.json").read_text())
-    key = manifest["sources"][0]["shards"][0]["key"]
+def shard_of_sample(mix, sample: int) -> str:
+    """Store key of the training shard that holds global sample `sample` of `mix`."""
+    import numpy as np
+
+    from fm_pipeline.data.sample_index import split_entries
+
+    source_ids, windows = split_entries(mix.index_entries(sample, 1))
+    source = mix.manifest.sources[int(source_ids[0])]
+    shards = source.split_shards("train")
+    starts = np.cumsum([s.tokens // mix.window for s in shards])
+    return shards[int(np.searchsorted(starts, int(windows[0]), side="right"))].key
+
+
+def corrupt_shard(store_dir: Path, mix, *, sample: int) -> tuple[Path, str]:
+    """Flip a byte of the shard holding global sample `sample`, in a local-directory store:
+    the first step that reads that sample meets it. Flipping the same byte again repairs it."""
+    key = shard_of_sample(mix, sample)
     path = store_dir / key
-    flip_byte(path)
-    return f"flipped a byte of shard {key}"
+    return path, flip_byte(path) + f" (shard {key}, holding global sample {sample})"
 
 
 class SmallDisk:

@@ -17,10 +17,15 @@ backends live in this process), and the relay accepts again. moto is a test depe
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
 from fm_pipeline.storage import open_store
+
+
+DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def _free_port() -> int:
@@ -45,6 +50,10 @@ class OutageEndpoint:
     # --- lifecycle ---------------------------------------------------------------------
 
     def __enter__(self) -> OutageEndpoint:
+        # moto takes any credentials; boto3 insists on some. Restored on exit.
+        self._saved_env = {k: os.environ.get(k) for k in DUMMY_CREDENTIALS}
+        for k, v in DUMMY_CREDENTIALS.items():
+            os.environ.setdefault(k, v)
         self._start_moto()
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True,
                          name="s3-relay").start()
@@ -52,6 +61,16 @@ class OutageEndpoint:
 
     def __exit__(self, *exc) -> None:
         self._take_down()
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    @property
+    def credentials(self) -> dict[str, str]:
+        """The AWS_* variables a process needs to reach this endpoint."""
+        return {k: os.environ.get(k, v) for k, v in DUMMY_CREDENTIALS.items()}
 
     def _start_moto(self) -> None:
         try:

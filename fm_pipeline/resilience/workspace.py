@@ -62,8 +62,10 @@ class ChaosWorkspace:
         return self.home / "store"
 
     def job(self, name: str, **overrides: Any) -> JobSpec:
+        """A chaos job with nothing left of an earlier run of it in this workspace."""
         from fm_pipeline.data.testing import small_job
 
+        shutil.rmtree(runs_dir(name), ignore_errors=True)
         return small_job(**{**CHAOS_JOB, "name": name, **overrides})
 
     def prepare(self, job: JobSpec, store=None):

@@ -1,0 +1,109 @@
+"""Bad input: an invalid job spec, and a corrupted data shard, each launched against a job
+with committed checkpoints (the checkpoint scenarios' base run): the error names the
+problem, nothing committed is touched, and retrying is refused where it cannot help.
+"""
+
+from __future__ import annotations
+
+from fm_pipeline.launch.outcome import Outcome
+from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.resilience import injectors
+from fm_pipeline.resilience.events import append_event
+from fm_pipeline.resilience.matrix import FaultResult
+from fm_pipeline.resilience.processes import LiveSegment
+from fm_pipeline.resilience.recovery import decide
+from fm_pipeline.resilience.scenarios.checkpoint import BASE_STEP, base_run
+from fm_pipeline.resilience.scenarios.common import first_line
+from fm_pipeline.resilience.workspace import ChaosWorkspace
+
+# (override, the field the error must name)
+BAD_OVERRIDES = (("training.lr=-1", "training.lr"),
+                 ("parallelism.tp=3", "tp 3"))
+
+
+def _checkpoint_state(ws: ChaosWorkspace, job) -> dict[int, bytes]:
+    """step -> manifest bytes of every committed checkpoint (what must not change)."""
+    root = ws.checkpoint_dir(job.name, 0).parent
+    return {int(p.parent.name.split("-")[1]): p.read_bytes()
+            for p in sorted(root.glob("step-*/manifest.json"))}
+
+
+def _launch(job, **kwargs):
+    live = LiveSegment(SegmentLaunch(job, end_step=job.training.steps, **kwargs)).start()
+    try:
+        return live, live.result()
+    finally:
+        live.cleanup()
+
+
+def bad_config(ws: ChaosWorkspace) -> FaultResult:
+    job = base_run(ws)
+    result = FaultResult("bad-config", expected=(
+        "exit 2 (bad config) before any work, naming the field; checkpoints untouched; "
+        "the orchestration policy stops instead of retrying"))
+    before = _checkpoint_state(ws, job)
+    outcomes = []
+    result.injected = "trainer launched with " + ", ".join(f"--set {o}" for o, _ in BAD_OVERRIDES)
+    for override, field in BAD_OVERRIDES:
+        live, failed = _launch(job, overrides=(override,))
+        decision, _ = decide(failed, failed_at_step=None, start_step=BASE_STEP)
+        outcomes.append(f"`{override}`: {failed.outcome.value} in {failed.duration_s:.1f} s")
+        result.check(f"--set {override}: exit 2 (bad_config), got {failed.outcome.value} exit "
+                     f"{failed.exit_code}",
+                     failed.outcome is Outcome.BAD_CONFIG and failed.exit_code == 2)
+        result.check(f"--set {override}: the reason names {field}: "
+                     f"{first_line(failed.reason, 110)!r}", field in failed.reason)
+        result.check(f"--set {override}: no step was trained", not live.steps())
+        result.check(f"--set {override}: the policy stops ({decision.reason[:60]}...)",
+                     not decision.resume)
+    result.check("every committed checkpoint is byte-for-byte untouched",
+                 _checkpoint_state(ws, job) == before and len(before) == 3)
+    result.outcome = "; ".join(outcomes)
+    result.steps_lost = 0
+    return result
+
+
+def bad_data(ws: ChaosWorkspace) -> FaultResult:
+    job = base_run(ws)
+    mix = ws.prepare(job)
+    sample = BASE_STEP * job.training.global_batch_size  # the first sample after the restore
+    result = FaultResult("bad-data", expected=(
+        "the segment fails naming the corrupted shard; checkpoints untouched; the "
+        "orchestration policy retries once, then stops on the repeated failure (crash loop)"))
+    before = _checkpoint_state(ws, job)
+    path, what = injectors.corrupt_shard(ws.store_dir, mix, sample=sample)
+    try:
+        result.injected = what
+        append_event(job.name, "fault_injected", fault="bad-data", target=what, step=BASE_STEP)
+        attempts, decisions, earlier = [], [], []
+        for _ in range(2):
+            live, failed = _launch(job)
+            decision, attempt = decide(failed, failed_at_step=BASE_STEP, start_step=BASE_STEP,
+                                       earlier=earlier)
+            earlier += [attempt] if attempt is not None else []
+            attempts.append(failed)
+            decisions.append(decision)
+            if not decision.resume:
+                break
+    finally:
+        injectors.flip_byte(path)  # the same byte again: the shard is whole for later faults
+    first = attempts[0]
+    key = path.relative_to(ws.store_dir).as_posix()
+    result.detect_s = round(first.duration_s, 1)
+    result.outcome = (f"{first.outcome.value} (exit {first.exit_code}): "
+                      f"{first_line(first.reason, 120)}; decisions: "
+                      + " -> ".join("resume" if d.resume else "stop" for d in decisions))
+    result.check(f"the segment fails ({first.outcome.value}, exit {first.exit_code})",
+                 not first.ok)
+    result.check(f"the reason names the corrupted shard {key}",
+                 key in f"{first.reason}\n{first.traceback or ''}")
+    result.check("every committed checkpoint is byte-for-byte untouched",
+                 _checkpoint_state(ws, job) == before)
+    result.check(f"the first failure is retried ({decisions[0].reason[:70]}...)",
+                 decisions[0].resume or decisions[0].source.startswith("re-run"))
+    if decisions[0].source == "orchestration policy":
+        result.check(f"the identical second failure stops the job "
+                     f"({decisions[-1].reason[:70]}...)",
+                     len(decisions) == 2 and not decisions[-1].resume)
+    result.steps_lost = 0
+    return result

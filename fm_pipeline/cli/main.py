@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from fm_pipeline.cli import ckpt as ckpt_cli
+from fm_pipeline.cli import chaos as chaos_cli
 from fm_pipeline.cli import api as api_cli
 from fm_pipeline.cli import data as data_cli
 from fm_pipeline.cli import demo as demo_cli
@@ -30,6 +31,7 @@ app.add_typer(data_cli.app, name="data", help="Prepare and inspect the training 
 app.add_typer(k8s_cli.app, name="k8s", help="Kubernetes JobSet manifests for a segment.")
 app.add_typer(plan_cli.app, name="plan", help="Plan layout, memory, MFU, reliability and cost.")
 app.add_typer(simulate_cli.app, name="simulate", help="Simulate failures, checkpoints, stragglers and queues at cluster scale.")
+app.add_typer(chaos_cli.app, name="chaos", help="Inject faults into real runs; straggler events and exclusions.")
 app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_cli.demo)
 
 

@@ -18,7 +18,8 @@ from fm_pipeline.resources.store import ObjectStoreResource
 
 
 class EvaluationConfig(Config):
-    max_batches: int = Field(default=4, ge=1, description="held-out batches per domain")
+    max_batches: int = Field(default=8, ge=1, description="held-out batches per domain "
+                                                          "(of training.micro_batch_size windows)")
     nproc: int = Field(default=1, ge=1, description="ranks (torchrun when > 1)")
 
 

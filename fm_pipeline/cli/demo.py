@@ -1,143 +1,229 @@
-"""`fm demo`: run the main job end to end on the embedded defaults, through Dagster.
+"""`fm demo`: the whole pipeline on this machine, through Dagster, in the project instance.
 
     fm demo                          # = make demo; the job spec is configs/demo.yaml
-    fm demo --job my.yaml
-    make ui                          # dagster dev: the same runs, materializations and checks
+    fm demo --job my.yaml --fail-at-step 0      # no injected failure
+    make ui                          # dagster dev: the same runs, assets, checks, sensors
 
-Today the main job is the data mix: `data_mix_job` (clean_documents -> tokenizer ->
-token_shards -> data_mix, with blocking checks) runs in the project-local Dagster instance
-(DAGSTER_HOME, default .fm/dagster). A second run reuses every stage and takes seconds.
+Runs, each recorded in the project-local Dagster instance (DAGSTER_HOME, default
+.fm/dagster) and MLflow (sqlite under FM_HOME): the data mix (data_mix_job, blocking
+checks), the training plan, then a new training job (partition "<name>-<n>") from its
+first segment to its target step. Every run after the first segment is requested by the
+real sensors and schedule (fm_pipeline.assets.training.driver ticks them between runs, as
+the daemon would): the next segment after a success, a resume after the injected failure
+(rank 1 raises at --fail-at-step; the retry policy decides, after its backoff), an
+evaluation for each new checkpoint, and one restore drill on a different topology.
+Ends with a summary: loss, MFU, tokens/s, goodput, evaluations, drill, where to look.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from fm_pipeline.cli.data import console, print_summary
+from fm_pipeline.cli.data import console
 from fm_pipeline.cli.errors import user_errors
-from fm_pipeline.config import load_job
-from fm_pipeline.config.paths import dagster_home
-
-JOB_NAME = "data_mix_job"
+from fm_pipeline.config import dump_job, load_job, parse_job
+from fm_pipeline.config.paths import dagster_home, fm_home, mlflow_uri
 
 
 @user_errors
-def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help="job spec YAML")) -> None:
+def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help="job spec YAML"),
+         fail_at_step: int = typer.Option(35, help="rank 1 (or 0) raises after this step in "
+                                                   "the segment that reaches it; 0: no fault"),
+         backoff_s: float = typer.Option(3.0, help="retry policy: wait before the first resume"),
+         ) -> None:
     spec = load_job(job)  # a bad spec fails here, before Dagster starts
+    if not 0 <= fail_at_step < spec.training.steps:
+        raise ValueError(f"--fail-at-step {fail_at_step} must be in 0..{spec.training.steps - 1}")
     home = dagster_home()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     (home / "dagster.yaml").touch()  # a project-local instance (sqlite), no first-run banner
+    t0 = time.monotonic()
 
-    from dagster import DagsterInstance, FilesystemIOManager
+    from dagster import DagsterInstance, FilesystemIOManager, RunRequest
 
-    from fm_pipeline.data import open_job_mix
-    from fm_pipeline.definitions import defs
+    from fm_pipeline.assets.training.driver import PipelineDriver
+    from fm_pipeline.assets.training.names import SEGMENT_JOB
+    from fm_pipeline.assets.training.submit import first_segment_request, register_training_job
+    from fm_pipeline.assets.training.summary import job_report
+    from fm_pipeline.orchestration import registered_jobs
+    from fm_pipeline.resources.launcher_local import LocalLauncher
     from fm_pipeline.resources.store import ObjectStoreResource
+    from fm_pipeline.resources.training_policy import TrainingPolicyResource
 
     instance = DagsterInstance.get()
-    job_def = defs.resolve_job_def(JOB_NAME)
-    run_id = str(uuid.uuid4())
-    console.print(f"[bold]{JOB_NAME}[/] for job [bold]{spec.name}[/] ({job}) in Dagster instance {home}")
-    outcome: dict = {}
-
-    def execute() -> None:
-        try:
-            outcome["result"] = job_def.execute_in_process(
-                instance=instance, run_id=run_id, raise_on_error=False,
-                run_config={
-                    "resources": {"job_spec": {"config": {"path": str(job)}}},
-                    "loggers": {"console": {"config": {"log_level": "WARNING"}}},
-                },
-                # execute_in_process keeps outputs in memory unless told otherwise; on disk,
-                # later runs (the UI, downstream assets) can load data_mix's MixRef.
-                resources={"io_manager": FilesystemIOManager(base_dir=instance.storage_directory())},
-            )
-        except BaseException as e:  # surfaced in the main thread
-            outcome["error"] = e
-
-    worker = threading.Thread(target=execute, name="dagster-run", daemon=True)
-    worker.start()
-    _follow_run(instance, run_id, worker, _step_order(job_def.graph.node_names()))
-    if "error" in outcome:
-        raise outcome["error"]
-    result = outcome["result"]
-    if not result.success:
-        for event in result.get_step_failure_events():
-            console.print(f"[bold red]step {event.step_key} failed:[/] {event.step_failure_data.error.message.strip()}")
-        console.print(f"run {run_id} failed; details in the Dagster UI (`make ui`)")
-        raise typer.Exit(1)
-    from fm_pipeline.data.validate import CheckOutcome
-
-    checks = [
-        CheckOutcome(e.check_name, e.passed, e.description or "",
-                     severity="warn" if e.severity.value == "WARN" else "error")
-        for e in result.get_asset_check_evaluations()
-    ]
     store = ObjectStoreResource().open()
-    print_summary(open_job_mix(spec, store).manifest, store, checks)
-    console.print(f"run {run_id} recorded in {home}; browse it with `make ui` (dagster dev -w workspace.yaml)")
-
-
-def _step_order(names: list[str]) -> list[str]:
-    """Steps in lineage order: each data asset followed by its checks."""
-    from fm_pipeline.assets.data import DATA_ASSETS
-
-    order = [n for a in DATA_ASSETS for n in (a.key.to_user_string(), f"{a.key.to_user_string()}_checks")]
-    return sorted(names, key=lambda n: order.index(n) if n in order else len(order))
-
-
-def _follow_run(instance, run_id: str, worker: threading.Thread, steps: list[str]) -> None:
-    """Draw one row per step from the run's event log while the run executes in `worker`."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description:<24}"), TimeElapsedColumn(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description:<34}"), TimeElapsedColumn(),
                   TextColumn("{task.fields[note]}"), console=console) as progress:
-        rows = {s: progress.add_task(s, total=1, start=False, note="waiting") for s in steps}
-        cursor = None
-        while True:
-            alive = worker.is_alive()
-            cursor = _apply_events(instance, run_id, cursor, progress, rows)
-            if not alive:
-                break
-            time.sleep(0.3)
+        rows = RunRows(progress, instance)
+        driver = PipelineDriver(instance, log_level="CRITICAL", on_progress=rows.update, resources={
+            "io_manager": FilesystemIOManager(base_dir=instance.storage_directory()),
+            "launcher": LocalLauncher(echo_output=False),
+            "training_policy": TrainingPolicyResource(backoff_base_s=backoff_s)})
+        spec_config = RunRequest(run_config={"resources": {"job_spec": {"config": {
+            "path": str(job)}}}})
+        for job_name in ("data_mix_job", "training_plan_job"):
+            if not driver.execute(job_name, spec_config, origin="demo").success:
+                raise typer.Exit(_failed(instance, driver.runs[-1].run_id))
+        taken = set(registered_jobs(store))
+        name = next(f"{spec.name}-{n}" for n in range(1, 10_000) if f"{spec.name}-{n}" not in taken)
+        training = parse_job({**dump_job(spec), "name": name}, source=str(job))
+        register_training_job(instance, training, store=store)
+        if fail_at_step:
+            rank = 1 if training.parallelism.world_size > 1 else 0
+            driver.faults[name] = f"{rank}:{fail_at_step}"
+        driver.execute(SEGMENT_JOB, first_segment_request(training, store=store), origin="submit")
+        driver.run_until_idle()
+        driver.drill()
+        baseline = _baseline(training, store, progress)
+    report = job_report(instance, name)
+    print_report(report, training, baseline=baseline, runs=len(driver.runs),
+                 wall_s=time.monotonic() - t0)
 
 
-def _apply_events(instance, run_id: str, cursor, progress: Progress, rows: dict) -> str | None:
+class RunRows:
+    """One progress row per Dagster run, live step/loss for training segments."""
+
+    def __init__(self, progress: Progress, instance):
+        self.progress, self.instance = progress, instance
+        self.tasks: dict[str, int] = {}
+        self.started: dict[str, float] = {}
+
+    def update(self, job_name: str, request, run_id: str, done) -> None:
+        from fm_pipeline.api.progress import latest_metrics
+        from fm_pipeline.assets.training.names import SEGMENT_JOB, TAG_CHECKPOINT_STEP
+
+        tags = request.tags
+        if run_id not in self.tasks:
+            if job_name == SEGMENT_JOB:
+                label = (f"segment {tags.get('fm/start_step')}->{tags.get('fm/end_step')} "
+                         f"[dim]{tags.get('fm/trigger')}[/]")
+            elif TAG_CHECKPOINT_STEP in tags:
+                verb = "evaluate" if "evaluation" in job_name else "restore drill"
+                label = f"{verb} step {tags[TAG_CHECKPOINT_STEP]}"
+            else:
+                label = job_name
+            self.tasks[run_id] = self.progress.add_task(label, total=1, note="running")
+            self.started[run_id] = time.time()
+        task = self.tasks[run_id]
+        if done is None:
+            if job_name == SEGMENT_JOB:
+                m = latest_metrics(request.partition_key)
+                if m and m.get("time", 0) >= self.started[run_id]:
+                    mfu = f"  mfu {100 * m['mfu']:.1f}%" if m.get("mfu") else ""
+                    self.progress.update(task, note=f"step {m['step']}/{tags.get('fm/end_step')}"
+                                                    f"  loss {m['loss']:.3f}{mfu}")
+            return
+        if done.success:
+            note = "[green]done[/]"
+        else:
+            from fm_pipeline.assets.training.history import step_failure
+
+            _, reason = step_failure(self.instance, run_id)
+            note = f"[red]failed:[/] {reason.splitlines()[0][:110]}"
+        self.progress.update(task, completed=1, note=note)
+        self.progress.stop_task(task)
+
+
+def _failed(instance, run_id: str) -> int:
+    from fm_pipeline.assets.training.history import step_failure
+
+    _, reason = step_failure(instance, run_id)
+    console.print(f"[bold red]run {run_id} failed:[/] {reason}")
+    return 1
+
+
+def _baseline(job, store, progress: Progress):
+    """Held-out loss of the model before its first step (what training must beat)."""
+    from fm_pipeline.eval import EvaluationFailed, evaluate_at_init
+
+    task = progress.add_task("evaluate the initial model", total=1, note="running")
     try:
-        conn = instance.get_records_for_run(run_id, cursor=cursor, limit=1000)
-    except Exception:  # the run is not registered yet
-        return cursor
-    for record in conn.records:
-        entry = record.event_log_entry
-        task = rows.get(entry.step_key or "")
-        if task is None:
-            continue
-        event = entry.dagster_event
-        kind = event.event_type_value if event else "LOG"
-        if kind == "STEP_START":
-            progress.start_task(task)
-            progress.update(task, note="running")
-        elif kind == "STEP_SUCCESS":
-            progress.update(task, completed=1, note="[green]done[/]")
-            progress.stop_task(task)
-        elif kind == "STEP_FAILURE":
-            progress.update(task, note="[red]failed[/]")
-            progress.stop_task(task)
-        elif kind == "STEP_SKIPPED":
-            progress.update(task, note="[yellow]skipped (upstream failed)[/]")
-        elif kind == "ASSET_CHECK_EVALUATION":
-            data = event.event_specific_data
-            mark = "[green]passed[/]" if data.passed else "[red]failed[/]"
-            progress.update(task, note=f"{data.check_name} {mark}")
-        elif kind == "LOG" and entry.user_message:
-            progress.update(task, note=entry.user_message[:90])
-    return conn.cursor if conn.records else cursor
+        result = evaluate_at_init(job, store=store)  # the evaluation asset's defaults
+    except EvaluationFailed as e:
+        progress.update(task, completed=1, note=f"[red]failed:[/] {str(e)[:100]}")
+        return None
+    progress.update(task, completed=1, note="[green]done[/]")
+    return result
+
+
+def _num(value, fmt: str = "{:.4f}") -> str:
+    return fmt.format(value) if isinstance(value, (int, float)) else "-"
+
+
+def print_report(report, job, *, baseline, runs: int, wall_s: float) -> None:
+    segments = Table(title=f"training job {report.job}: segments", title_justify="left",
+                     box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("steps", "trigger", "outcome", "loss", "MFU", "tokens/s", "step s (plan)",
+                "goodput", "wall s"):
+        segments.add_column(col, justify="left" if col in ("steps", "trigger", "outcome")
+                            else "right")
+    for s in report.segments:
+        steps = f"{s['start_step']}->{s['end_step']}"
+        if s["status"] == "SUCCESS":
+            outcome = "[green]completed[/]"
+            plan = f"{_num(s.get('step_time_s'), '{:.3f}')} ({_num(s.get('predicted_step_time_s'), '{:.3f}')})"
+            segments.add_row(steps, s["trigger"], outcome, _num(s.get("final_loss")),
+                             _num(100 * s["mean_mfu"] if s.get("mean_mfu") else None, "{:.1f}%"),
+                             _num(s.get("tokens_per_s"), "{:,.0f}"), plan,
+                             _num(s.get("goodput"), "{:.2f}"), _num(s.get("wall_s"), "{:.1f}"))
+        else:
+            at = s.get("failed_at_step")
+            outcome = f"[red]failed at step {at}[/]" if at is not None and at >= 0 else "[red]failed[/]"
+            segments.add_row(steps, s["trigger"], outcome, "-", "-", "-", "-", "0.00",
+                             _num(s.get("wall_s"), "{:.1f}"))
+            segments.add_row("", "", f"[dim]{s.get('reason', '')[:90]}[/]", "", "", "", "", "", "")
+            segments.add_row("", "", f"[dim]sensor: {s.get('decision')}: "
+                                     f"{(s.get('decision_reason') or '')[:80]}[/]",
+                             "", "", "", "", "", "")
+    console.print(segments)
+
+    checkpoints = Table(title="checkpoints: evaluation (held-out loss / perplexity) and drill",
+                        title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    domains = sorted({k.split("/")[0] for c in report.checkpoints if c.get("eval")
+                      for k in c["eval"] if k.endswith("/loss")})
+    for col in ("step", *domains, "all", "drill", "uri"):
+        checkpoints.add_column(col, justify="right" if col not in ("drill", "uri") else "left")
+    if baseline is not None:
+        checkpoints.add_row("init", *[_loss_ppl(d.loss, d.perplexity) for d in
+                                      (baseline.domains.get(n) for n in domains)],
+                            _loss_ppl(baseline.loss, baseline.perplexity), "", "[dim]before step 1[/]")
+    for c in report.checkpoints:
+        e = c.get("eval") or {}
+        cells = [_loss_ppl(e.get(f"{d}/loss"), e.get(f"{d}/perplexity")) for d in domains]
+        drill = c.get("drill")
+        verdict = "" if not drill else (
+            f"[green]passed[/] {drill['source_topology']} -> {drill['drill_topology']}"
+            if drill["passed"] else f"[red]failed[/] {drill['reasons'][:60]}")
+        checkpoints.add_row(str(c["step"]), *cells, _loss_ppl(e.get("loss"), e.get("perplexity")),
+                            verdict, f"[dim]{c['uri']}[/]")
+    console.print(checkpoints)
+
+    resumed = [s for s in report.segments if s["trigger"].startswith("resume")]
+    console.print(
+        f"[bold]{report.job}[/]: step {report.reached_step}/{job.training.steps} in "
+        f"{len(report.segments)} segment launches ({len(resumed)} resumed), "
+        f"job goodput {_num(report.goodput, '{:.2f}')}; {runs} Dagster runs, "
+        f"{wall_s / 60:.1f} min in all.")
+    console.print(
+        f"Dagster: [bold]make ui[/] -> http://127.0.0.1:3000/assets/training_segment "
+        f"(partition [bold]{report.job}[/]: segments, checkpoints, evaluation, restore_drill; "
+        f"Runs filtered by tag fm/job={report.job}) - instance {dagster_home()}")
+    console.print(
+        f"MLflow: [bold]make mlflow-ui[/] -> experiment fm-pipeline, parent run "
+        f"[bold]{report.job}[/] with a child run per segment, evaluation and drill "
+        f"({mlflow_uri()}). Trainer logs: {fm_home() / 'runs' / report.job}")
+
+
+def _loss_ppl(loss, ppl) -> str:
+    return "-" if loss is None else f"{loss:.3f} / {ppl:.0f}"
 
 
 __all__ = ["demo"]

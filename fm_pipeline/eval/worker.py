@@ -76,7 +76,8 @@ def run(*, checkpoint: Path | None, job_path: Path | None, store_uri: str, max_b
     t1 = time.perf_counter()
     result.domains = heldout_losses(
         pm, mix, dp_rank=dims.dp_rank(rank), dp=dims.dp, max_batches=max_batches,
-        batch_size=batch_size or job.training.global_batch_size // dims.dp)
+        # The same windows per batch on any world size: each rank scores whole batches.
+        batch_size=batch_size or job.training.micro_batch_size)
     result.eval_s = time.perf_counter() - t1
     result.wall_s = time.perf_counter() - t0
     return result.to_dict()
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                                                       "(default: FM_STORE_URI or <FM_HOME>/store)")
     parser.add_argument("--max-batches", type=int, default=8, help="per domain")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="windows per forward (default: global batch / dp)")
+                        help="windows per forward (default: training.micro_batch_size)")
     args = parser.parse_args(argv)
     if args.job is not None and not args.at_init:
         parser.error("--job evaluates the initial model: add --at-init")

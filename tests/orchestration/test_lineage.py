@@ -135,7 +135,6 @@ def test_each_checkpoint_is_validated_then_evaluated_per_domain(at_home):
     init = evaluate_at_init(ran.job)
     for domain in ("code", "prose"):
         assert evals[4][f"{domain}/loss"] < init.domains[domain].loss  # training helped
-    assert math.log(ran.job.model_cfg.vocab_size) == pytest.approx(init.loss, rel=0.1)
 
 
 def test_the_newest_checkpoint_passed_a_restore_drill_on_another_topology(at_home):

@@ -22,6 +22,8 @@ metrics.jsonl, kind "step", every `training.log_every` steps:
                        save for sync ones); 0 if none
     peak_memory_gib    rank 0's accelerator memory high-water mark during the step (GPU
                        only; null on CPU)
+    process_cpu_s      CPU seconds rank 0's process used during the step, all threads
+                       (host-side cost; on a shared CPU, steadier than wall time)
 
 rank_timings.jsonl, kind "rank_timing", every `training.rank_timings_every` steps, one
 record per global rank (gathered to rank 0); the fields of

@@ -84,15 +84,24 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
     """Load the chosen checkpoint into the trainer (all ranks). None: start from scratch."""
     job = trainer.job
     ref = _resolve_ref(resume_from, manager.store) if resume_from else None
-    topology = None
+    box: list[Any] = [None, None]  # (checkpoint topology, error)
     if dist.get_rank() == 0:  # peek: per-rank RNG states exist only for the same topology
-        if ref is not None:
-            topology = _manifest_topology(read_manifest(ref))
-        else:
-            found = latest_valid(job, store=manager.store, checksums=False)
-            topology = _manifest_topology(found.manifest) if found.found else None
-    box = [topology]
+        try:
+            if ref is not None:
+                box[0] = _manifest_topology(read_manifest(ref))
+            else:
+                found = latest_valid(job, store=manager.store, checksums=False)
+                box[0] = _manifest_topology(found.manifest) if found.found else None
+        except Exception as e:  # every rank must learn it, or the others wait forever
+            if ref is not None:
+                box[1] = f"{type(e).__name__}: {e}"
+            else:  # e.g. the store is down: restore_latest falls back to the local tier,
+                # and without the peek RNG states are reseeded instead of restored
+                log.warning("could not look ahead at the newest checkpoint: %s", e)
     dist.broadcast_object_list(box, src=0)
+    if box[1] is not None:
+        where = f"--resume-from {resume_from}" if ref is not None else f"job {job.name}"
+        raise SegmentSetupError(f"cannot read the checkpoint of {where}: {box[1]}")
     with trainer.state.restoring_from(box[0]):
         if ref is not None:
             return restore_checkpoint(trainer.app_state, ref, job=job)
@@ -284,7 +293,8 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
                     step_time_s=round(result.step_time_s, 6), tokens=job.tokens_per_step,
                     tokens_seen=trainer.state.tokens_seen, tokens_per_s=round(tokens_per_s, 3),
                     mfu=step_mfu, data_wait_s=round(result.data_wait_s, 6),
-                    checkpoint_block_s=round(block, 6), peak_memory_gib=result.peak_memory_gib))
+                    checkpoint_block_s=round(block, 6), peak_memory_gib=result.peak_memory_gib,
+                    process_cpu_s=round(result.process_cpu_s, 6)))
     except BaseException:
         try:  # let an in-flight save finish (or fail) before the process goes
             manager.close()

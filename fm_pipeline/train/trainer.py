@@ -45,6 +45,7 @@ class StepResult:
     step_time_s: float
     stop_requested: bool  # some rank asked to stop (preemption) before this step's sync
     peak_memory_gib: float | None  # accelerator memory high-water mark of this step (GPU)
+    process_cpu_s: float  # CPU time of this process (all threads) during the step
 
 
 def job_topology(job: JobSpec, world_size: int) -> str:
@@ -92,7 +93,7 @@ class Trainer:
                                 f"step {self.state.step}")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         batch = next(self.loader).to(self.device, non_blocking=True)
         t1 = time.perf_counter()
         loss = self.pm.forward_backward(batch[:, :-1], batch[:, 1:])
@@ -124,7 +125,8 @@ class Trainer:
             lr=lr, data_wait_s=t1 - t0, compute_s=(t2 - t1) + (t4 - t3),
             collective_wait_s=t3 - t2, step_time_s=t4 - t0, stop_requested=stops > 0,
             peak_memory_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30
-                             if self.device.type == "cuda" else None))
+                             if self.device.type == "cuda" else None),
+            process_cpu_s=time.process_time() - cpu0)
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":

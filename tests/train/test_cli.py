@@ -53,3 +53,14 @@ def test_a_job_whose_data_mix_was_never_prepared_is_refused(tmp_path, fm_home):
     assert out.returncode == exit_codes.BAD_CONFIG
     assert "is not published" in out.stderr and "fm data prepare" in out.stderr
     assert not (fm_home / "runs" / "no-data" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_resume_from_something_that_is_not_a_checkpoint_is_refused(workspace, tmp_path):
+    job = write_job(workspace.jobs, "bad-resume", nproc=1)
+    not_a_checkpoint = tmp_path / "step-00000004"
+    not_a_checkpoint.mkdir()
+    out = train(workspace.home, job, "--resume-from", str(not_a_checkpoint))
+    assert out.returncode == exit_codes.BAD_CONFIG
+    assert f"cannot read the checkpoint of --resume-from {not_a_checkpoint}" in out.stderr
+    assert not (workspace.home / "runs" / "bad-resume" / "checkpoints").exists()

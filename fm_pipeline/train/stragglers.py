@@ -14,8 +14,9 @@ How a rank is scored. Each gathered step is one sample. Within a sample every ra
 compared with its peers (ranks of the same `peer_group`, e.g. the same pipeline stage)
 section by section, leave-one-out: the excess over the peers' median, divided by a robust
 noise scale, the largest of the peers' MAD (as a standard deviation), the group's
-step-to-step jitter over the window (which works with two ranks, where a MAD of one peer
-means nothing) and `noise_floor` x the step time. A section is *slow* in a sample when
+step-to-step jitter of that excess over the window (which works with two ranks, where a
+MAD of one peer means nothing, and ignores noise that slows every rank alike, e.g. a
+loaded host) and `noise_floor` x the step time. A section is *slow* in a sample when
 this z-score passes `z_threshold` AND its excess adds at least `min_step_slowdown` to a
 healthy step. A rank becomes a straggler when a section is slow in at least `persist` of
 the last `window` samples (one-off spikes, e.g. GC pauses, never qualify), and recovers
@@ -267,15 +268,18 @@ class StragglerDetector:
             spatial = _MAD_TO_SIGMA * np.median(np.abs(values - med), axis=1)
         else:
             spatial = np.zeros(values.shape[0])
-        # Temporal noise: step-to-step jitter of each rank around its own level, pooled
-        # over the group. A persistent offset does not enter it, so two ranks suffice.
-        diffs = np.abs(np.diff(history, axis=0))  # [samples-1, section, rank]
+        # Temporal noise: step-to-step jitter of each rank's excess over its peers' median,
+        # pooled over the group. A persistent offset does not enter it, so two ranks
+        # suffice; noise that slows every rank alike (a loaded host, the network) cancels
+        # in the excess, as it does in the score itself.
+        samples, sections = history.shape[0], history.shape[1]
+        peers = _leave_one_out_median(history.reshape(samples * sections, n))
+        excess_history = history - peers.reshape(samples, sections, n)
+        diffs = np.abs(np.diff(excess_history, axis=0))  # [samples-1, section, rank]
         pooled = diffs.transpose(1, 0, 2).reshape(values.shape[0], -1)
         temporal = np.zeros(values.shape[0])
         if pooled.shape[1] >= 2:
             temporal = _MAD_TO_SIGMA * np.median(pooled, axis=1) / math.sqrt(2)
-        # The excess over a peer median is noisier than one value (more so with few peers).
-        temporal = temporal * math.sqrt(1 + math.pi / (2 * (n - 1)))
         scale = np.maximum(np.maximum(spatial, temporal), self.noise_floor * step_time)
         scale = np.maximum(scale, 1e-9)[:, None]
         excess = values - peer_median

@@ -168,9 +168,9 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     from fm_pipeline.data import open_job_mix
 
     dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
+    mix = open_job_mix(job)  # DataError if the mix was never prepared (checked first: cheap)
     mesh = dims.build_mesh(device.type)
     peak, accelerator = peak_flops_per_device(device, job.parallelism.mixed_precision)
-    mix = open_job_mix(job)  # DataError if the mix was never prepared
     trainer = Trainer(job, dims=dims, mesh=mesh, device=device, rank=dist.get_rank(), mix=mix)
     manager = CheckpointManager(job, trainer.app_state, mesh=mesh, mix_key=mix.key)
     t0 = time.perf_counter()

@@ -1,0 +1,37 @@
+"""The Kubernetes pod command as 2 nodes x 1 rank, each node in its own network namespace
+(joined by veth pairs to a bridge), c10d rendezvous over that network: train, checkpoint,
+lose node 1 entirely (every process in its namespace SIGKILLed), recreate both pods, resume
+from the newest checkpoint on the shared claim. Skipped where namespaces cannot be made."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from fm_pipeline.resilience.netns import PREFIX, availability, namespaces
+from fm_pipeline.resilience.scenarios.process import kill_node
+
+pytestmark = pytest.mark.slow
+
+
+def _ours() -> list[str]:
+    return [n for n in namespaces() if n.startswith(f"{PREFIX}-{os.getpid()}-")]
+
+
+def test_two_namespaced_nodes_lose_one_and_resume_from_the_shared_checkpoint(chaos_ws):
+    why = availability()
+    if why:
+        pytest.skip(why)
+    host_addresses = subprocess.run(["ip", "-o", "addr"], capture_output=True,
+                                    text=True).stdout
+    with chaos_ws.active():
+        result = kill_node(chaos_ws)
+    assert "nodes in network namespaces" in result.injected
+    assert result.passed, result.failed_checks() or result.error
+    assert result.steps_lost is not None and result.steps_lost >= 0
+    # Namespaces, links and addresses are gone; the host's own network never changed.
+    assert _ours() == []
+    assert subprocess.run(["ip", "-o", "addr"], capture_output=True,
+                          text=True).stdout == host_addresses

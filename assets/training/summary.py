@@ -23,6 +23,7 @@ from fm_pipeline.assets.training.names import (
     TAG_DECISION_REASON,
     TAG_END,
     TAG_FAILED_AT,
+    TAG_RESUME_FROM,
     TAG_START,
     TAG_TRIGGER,
 )
@@ -64,7 +65,8 @@ def job_report(instance, job_name: str) -> JobReport:
         tags = run.tags
         row = {"run_id": run.run_id, "status": run.status.value,
                "trigger": tags.get(TAG_TRIGGER, "?"),
-               "start_step": int(tags.get(TAG_START, -1)), "end_step": int(tags.get(TAG_END, -1))}
+               "start_step": int(tags.get(TAG_START, -1)), "end_step": int(tags.get(TAG_END, -1)),
+               "resume_from": tags.get(TAG_RESUME_FROM)}
         if run.status == DagsterRunStatus.SUCCESS:
             row.update(segment_metadata(instance, run.run_id))
         else:

@@ -17,6 +17,7 @@ Ends with a summary: loss, MFU, tokens/s, goodput, evaluations, drill, where to 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import typer
 from rich import box
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from fm_pipeline.cli.data import console
 from fm_pipeline.cli.errors import user_errors
@@ -44,7 +45,13 @@ def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help
     home = dagster_home()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
-    (home / "dagster.yaml").touch()  # a project-local instance (sqlite), no first-run banner
+    config = home / "dagster.yaml"  # a project-local instance (sqlite)
+    if not config.is_file() or not config.read_text().strip():
+        config.write_text("telemetry:\n  enabled: false\n")  # and no first-run banner
+    # The progress rows and the summary say it all; mlflow sets its level when imported.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for name in ("dagster", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     t0 = time.monotonic()
 
     from dagster import DagsterInstance, FilesystemIOManager, RunRequest
@@ -60,8 +67,11 @@ def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help
 
     instance = DagsterInstance.get()
     store = ObjectStoreResource().open()
-    with Progress(SpinnerColumn(), TextColumn("{task.description:<34}"), TimeElapsedColumn(),
-                  TextColumn("{task.fields[note]}"), console=console) as progress:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", table_column=Column(
+                      width=34, no_wrap=True)), TimeElapsedColumn(),
+                  TextColumn("{task.fields[note]}", table_column=Column(
+                      ratio=1, no_wrap=True, overflow="ellipsis")),
+                  console=console, expand=True) as progress:
         rows = RunRows(progress, instance)
         driver = PipelineDriver(instance, log_level="CRITICAL", on_progress=rows.update, resources={
             "io_manager": FilesystemIOManager(base_dir=instance.storage_directory()),
@@ -159,67 +169,84 @@ def _num(value, fmt: str = "{:.4f}") -> str:
 
 
 def print_report(report, job, *, baseline, runs: int, wall_s: float) -> None:
-    segments = Table(title=f"training job {report.job}: segments", title_justify="left",
-                     box=box.SIMPLE_HEAD, padding=(0, 1))
-    for col in ("steps", "trigger", "outcome", "loss", "MFU", "tokens/s", "step s (plan)",
-                "goodput", "wall s"):
-        segments.add_column(col, justify="left" if col in ("steps", "trigger", "outcome")
+    segments = Table(title=f"training job {report.job}: segments (one Dagster run each)",
+                     title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for col in ("steps", "requested by", "outcome", "loss", "MFU", "tokens/s",
+                "step s (plan)", "goodput", "wall s"):
+        segments.add_column(col, justify="left" if col in ("steps", "requested by", "outcome")
                             else "right")
-    for s in report.segments:
+    events = []
+    for i, s in enumerate(report.segments):
         steps = f"{s['start_step']}->{s['end_step']}"
         if s["status"] == "SUCCESS":
-            outcome = "[green]completed[/]"
-            plan = f"{_num(s.get('step_time_s'), '{:.3f}')} ({_num(s.get('predicted_step_time_s'), '{:.3f}')})"
-            segments.add_row(steps, s["trigger"], outcome, _num(s.get("final_loss")),
-                             _num(100 * s["mean_mfu"] if s.get("mean_mfu") else None, "{:.1f}%"),
+            plan = (f"{_num(s.get('step_time_s'), '{:.3f}')} "
+                    f"({_num(s.get('predicted_step_time_s'), '{:.3f}')})")
+            mfu = 100 * s["mean_mfu"] if s.get("mean_mfu") else None
+            segments.add_row(steps, s["trigger"], "[green]completed[/]",
+                             _num(s.get("final_loss")), _num(mfu, "{:.1f}%"),
                              _num(s.get("tokens_per_s"), "{:,.0f}"), plan,
                              _num(s.get("goodput"), "{:.2f}"), _num(s.get("wall_s"), "{:.1f}"))
-        else:
-            at = s.get("failed_at_step")
-            outcome = f"[red]failed at step {at}[/]" if at is not None and at >= 0 else "[red]failed[/]"
-            segments.add_row(steps, s["trigger"], outcome, "-", "-", "-", "-", "0.00",
-                             _num(s.get("wall_s"), "{:.1f}"))
-            segments.add_row("", "", f"[dim]{s.get('reason', '')[:90]}[/]", "", "", "", "", "", "")
-            segments.add_row("", "", f"[dim]sensor: {s.get('decision')}: "
-                                     f"{(s.get('decision_reason') or '')[:80]}[/]",
-                             "", "", "", "", "", "")
+            continue
+        at = s.get("failed_at_step")
+        where = f"at step {at}" if at is not None and at >= 0 else "before its first step"
+        segments.add_row(steps, s["trigger"], f"[red]failed {where}[/]", "-", "-", "-", "-",
+                         "0.00", _num(s.get("wall_s"), "{:.1f}"))
+        events.append(f"segment {steps} failed {where}: {s.get('reason', '')}")
+        events.append(f"  segment_failure_sensor -> [bold]{s.get('decision')}[/]: "
+                      f"{s.get('decision_reason') or ''}")
+        following = next((t for t in report.segments[i + 1:]
+                          if t["trigger"].startswith("resume")), None)
+        if s.get("decision") == "resumed" and following is not None:
+            events.append(f"  resumed as segment {following['start_step']}->"
+                          f"{following['end_step']} from {following.get('resume_from')}")
     console.print(segments)
+    for line in events:
+        console.print(line, highlight=False)
 
-    checkpoints = Table(title="checkpoints: evaluation (held-out loss / perplexity) and drill",
+    checkpoints = Table(title="checkpoints: held-out loss / perplexity per domain, restore drill",
                         title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
     domains = sorted({k.split("/")[0] for c in report.checkpoints if c.get("eval")
                       for k in c["eval"] if k.endswith("/loss")})
-    for col in ("step", *domains, "all", "drill", "uri"):
-        checkpoints.add_column(col, justify="right" if col not in ("drill", "uri") else "left")
+    for col in ("step", *domains, "all domains", "restore drill"):
+        checkpoints.add_column(col, justify="left" if col == "restore drill" else "right")
     if baseline is not None:
-        checkpoints.add_row("init", *[_loss_ppl(d.loss, d.perplexity) for d in
-                                      (baseline.domains.get(n) for n in domains)],
-                            _loss_ppl(baseline.loss, baseline.perplexity), "", "[dim]before step 1[/]")
+        checkpoints.add_row("init", *[_loss_ppl(baseline.domains[n].loss,
+                                                baseline.domains[n].perplexity)
+                                      for n in domains if n in baseline.domains],
+                            _loss_ppl(baseline.loss, baseline.perplexity),
+                            "[dim]the model before step 1[/]")
     for c in report.checkpoints:
         e = c.get("eval") or {}
-        cells = [_loss_ppl(e.get(f"{d}/loss"), e.get(f"{d}/perplexity")) for d in domains]
         drill = c.get("drill")
         verdict = "" if not drill else (
-            f"[green]passed[/] {drill['source_topology']} -> {drill['drill_topology']}"
-            if drill["passed"] else f"[red]failed[/] {drill['reasons'][:60]}")
-        checkpoints.add_row(str(c["step"]), *cells, _loss_ppl(e.get("loss"), e.get("perplexity")),
-                            verdict, f"[dim]{c['uri']}[/]")
+            f"[green]passed[/]: {drill['source_topology']} -> {drill['drill_topology']}, "
+            f"restored in {drill['restore_s']:.2f} s" if drill["passed"] else
+            f"[red]failed[/]: {drill['reasons'][:70]}")
+        checkpoints.add_row(str(c["step"]), *[_loss_ppl(e.get(f"{d}/loss"),
+                                                        e.get(f"{d}/perplexity"))
+                                              for d in domains],
+                            _loss_ppl(e.get("loss"), e.get("perplexity")), verdict)
     console.print(checkpoints)
+    if report.checkpoints:
+        console.print(f"checkpoint URIs: {Path(report.checkpoints[-1]['uri']).parent}/step-*",
+                      highlight=False)
 
     resumed = [s for s in report.segments if s["trigger"].startswith("resume")]
     console.print(
-        f"[bold]{report.job}[/]: step {report.reached_step}/{job.training.steps} in "
-        f"{len(report.segments)} segment launches ({len(resumed)} resumed), "
-        f"job goodput {_num(report.goodput, '{:.2f}')}; {runs} Dagster runs, "
-        f"{wall_s / 60:.1f} min in all.")
+        f"\n[bold]{report.job}[/]: step {report.reached_step}/{job.training.steps} in "
+        f"{len(report.segments)} segment launches ({len(resumed)} resumed), job goodput "
+        f"{_num(report.goodput, '{:.2f}')} (time in steps that count / wall time of every "
+        f"launch); {runs} Dagster runs, {wall_s / 60:.1f} min in all.")
     console.print(
-        f"Dagster: [bold]make ui[/] -> http://127.0.0.1:3000/assets/training_segment "
-        f"(partition [bold]{report.job}[/]: segments, checkpoints, evaluation, restore_drill; "
-        f"Runs filtered by tag fm/job={report.job}) - instance {dagster_home()}")
+        f"[bold]Dagster[/]: make ui -> http://127.0.0.1:3000/assets/training_segment, partition "
+        f"{report.job} (also checkpoint, evaluation, restore_drill); Runs tagged "
+        f"fm/job={report.job}. Instance: {dagster_home()}", highlight=False)
     console.print(
-        f"MLflow: [bold]make mlflow-ui[/] -> experiment fm-pipeline, parent run "
-        f"[bold]{report.job}[/] with a child run per segment, evaluation and drill "
-        f"({mlflow_uri()}). Trainer logs: {fm_home() / 'runs' / report.job}")
+        f"[bold]MLflow[/]: make mlflow-ui -> http://127.0.0.1:5000, experiment fm-pipeline, run "
+        f"{report.job} with a child run per segment, evaluation and drill. Store: "
+        f"{mlflow_uri()}", highlight=False)
+    console.print(f"[bold]Trainer files[/]: {fm_home() / 'runs' / report.job} (metrics.jsonl, "
+                  "segments/, checkpoints/)", highlight=False)
 
 
 def _loss_ppl(loss, ppl) -> str:

@@ -129,8 +129,8 @@ def decide_after_failure(failed: SegmentAttempt, *, earlier: Sequence[SegmentAtt
                                 f"(budget {policy.max_failures}); last: {failed.reason}",
                         failures_in_a_row=in_a_row)
     wait = policy.backoff_s(in_a_row)
-    return Decision("resume", f"failed {at} ({failed.reason}); failure {in_a_row} in a row: "
-                              f"resume from the newest valid checkpoint after {wait:.0f} s",
+    return Decision("resume", f"failure {in_a_row} in a row ({at}): resume from the newest "
+                              f"valid checkpoint after {wait:.0f} s",
                     not_before=failed.ended_at + wait, failures_in_a_row=in_a_row)
 
 

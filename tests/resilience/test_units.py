@@ -1,0 +1,209 @@
+"""The pieces around the real runs: the event log a sensor tails, exclusions and the launch
+they lead to, the straggler watch's policies, the fault table, the CLI, the S3 outage relay
+and the namespace network (no torchrun here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from fm_pipeline.cli.main import app
+from fm_pipeline.data.testing import small_job
+from fm_pipeline.resilience.events import append_event, events_path, read_events
+from fm_pipeline.resilience.matrix import FaultResult, render_table, run_fault
+from fm_pipeline.resilience.mitigation import excluded_slots, plan_after_stragglers
+from fm_pipeline.resilience.straggler_watch import StragglerWatch
+from fm_pipeline.resilience.stragglers import straggler_summary
+from fm_pipeline.sim.rank_timings import SlowRank, synthetic_timings
+
+runner = CliRunner()
+
+
+def test_a_sensor_tailing_the_event_log_sees_each_complete_record_once():
+    append_event("job-a", "straggler", rank=1)
+    with open(events_path("job-a"), "a") as f:
+        f.write('{"kind": "straggler", "rank": 2')  # a record still being written
+    first, cursor = read_events("job-a", kinds=("straggler",))
+    assert [r["rank"] for r in first] == [1] and first[0]["job"] == "job-a"
+    with open(events_path("job-a"), "a") as f:
+        f.write(', "time": 1}\n')
+    append_event("job-a", "fault_injected", fault="kill-rank")
+    rest, cursor = read_events("job-a", kinds=("straggler",), offset=cursor)
+    assert [r["rank"] for r in rest] == [2]
+    assert read_events("job-a", offset=cursor) == ([], cursor)
+
+
+def _exclude(job_name: str, *, host: str, local_rank: int, rank: int) -> None:
+    append_event(job_name, "straggler", host=host, local_rank=local_rank, rank=rank,
+                 section="compute", severity=0.4, first_step=10, action="exclude")
+
+
+def test_local_exclusion_shrinks_dp_shard_and_kubernetes_avoids_the_host():
+    job = small_job(**{"name": "tp-job", "parallelism.nproc_per_node": 4,
+                       "parallelism.tp": 2, "model.n_heads": 4, "model.n_kv_heads": 2})
+    assert plan_after_stragglers(job).job == job  # nothing excluded yet
+    _exclude("tp-job", host="node-a", local_rank=3, rank=3)
+    plan = plan_after_stragglers(job)
+    p = plan.job.parallelism
+    # 3 ranks cannot hold tp 2: the largest layout that can is 2 ranks (dp_shard 1).
+    assert (p.world_size, p.tp, p.dp_shard) == (2, 2, 1)
+    assert plan.job.training.global_batch_size == job.training.global_batch_size
+    assert "world size 4 -> 2" in plan.note and plan.env == {}
+    k8s = plan_after_stragglers(job, target="kubernetes")
+    assert k8s.job == job and k8s.avoid_hosts == ("node-a",)
+    append_event("tp-job", "exclusions_cleared")
+    assert excluded_slots("tp-job") == [] and plan_after_stragglers(job).job == job
+
+
+def test_gpu_exclusion_names_the_devices_left_and_an_impossible_one_is_refused():
+    gpu = small_job(**{"name": "gpu-job", "parallelism.nproc_per_node": 4,
+                       "cluster.accelerator": "h100"})
+    _exclude("gpu-job", host="node-a", local_rank=1, rank=1)
+    # 3 ranks cannot split the global batch of 8: 2 ranks, on devices 0 and 2.
+    assert plan_after_stragglers(gpu).env == {"CUDA_VISIBLE_DEVICES": "0,2"}
+    tight = small_job(**{"name": "tight", "parallelism.nproc_per_node": 2,
+                         "parallelism.tp": 2, "model.n_heads": 4, "model.n_kv_heads": 2})
+    _exclude("tight", host="node-a", local_rank=0, rank=0)
+    with pytest.raises(ValueError, match="no smaller layout keeps tp 2"):
+        plan_after_stragglers(tight)
+
+
+def _feed(watch: StragglerWatch, *, n_ranks: int, slow_rank: int, steps: int = 40):
+    stops = []
+    for gathered in synthetic_timings(n_ranks=n_ranks, steps=steps, seed=3,
+                                      slow=[SlowRank(rank=slow_rank, factor=1.6)]):
+        stops.append(watch.update([vars(t) for t in gathered]))
+    watch.close(end_step=steps)
+    return [s for s in stops if s]
+
+
+def test_exclude_policy_asks_for_one_stop_and_refuses_what_the_layout_cannot_absorb():
+    job = small_job(**{"name": "excl", "parallelism.nproc_per_node": 4,
+                       "resilience.straggler_policy": "exclude"})
+    watch = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=1)
+    (stop,) = _feed(watch, n_ranks=4, slow_rank=2)
+    assert stop.startswith("straggler: rank 2 (node-0000) compute +")
+    (raised,), _ = read_events("excl", kinds=("straggler",))
+    assert raised["action"] == "exclude" and raised["local_rank"] == 2
+
+    tight = small_job(**{"name": "tight2", "parallelism.nproc_per_node": 2,
+                         "parallelism.tp": 2, "model.n_heads": 4, "model.n_kv_heads": 2,
+                         "resilience.straggler_policy": "exclude"})
+    watch = StragglerWatch.for_segment(tight, segment="s1", world_size=2, gather_every=1)
+    assert _feed(watch, n_ranks=2, slow_rank=1) == []  # keeps training
+    (refused,), _ = read_events("tight2", kinds=("straggler",))
+    assert refused["action"] == "exclude_refused" and "tp 2" in refused["refused"]
+    assert excluded_slots("tight2") == []
+
+
+def test_policy_off_or_a_single_rank_watches_nothing():
+    off = small_job(**{"name": "off", "resilience.straggler_policy": "off"})
+    assert StragglerWatch.for_segment(off, segment="s", world_size=4, gather_every=1) is None
+    assert StragglerWatch.for_segment(small_job(), segment="s", world_size=1,
+                                      gather_every=1) is None
+
+
+def test_straggler_summary_counts_each_event_once_with_its_final_cost():
+    job = small_job(**{"name": "costly", "parallelism.nproc_per_node": 4})
+    watch = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=10)
+    _feed(watch, n_ranks=4, slow_rank=1, steps=60)
+    summary = straggler_summary(job)
+    (event,) = summary["events"]
+    assert event["kind"] == "straggler_end" and event["action"] == "reported"
+    assert summary["idle_gpu_hours"] == pytest.approx(event["idle_gpu_hours"])
+    assert event["idle_gpu_hours"] > 0
+    assert summary["idle_dollars"] == pytest.approx(
+        summary["idle_gpu_hours"] * job.cluster.dollars_per_gpu_hour)
+
+
+def test_the_table_escapes_cells_and_a_fault_that_cannot_run_here_is_skipped(tmp_path,
+                                                                             monkeypatch):
+    done = FaultResult("x", injected="a | b", expected="e", outcome="o", steps_lost=2,
+                       resume_s=3.25)
+    done.check("held", True)
+    table = render_table([done, FaultResult("y", skipped="needs root")])
+    assert "| `x` | a \\| b | e | o | 2 | - | 3.2 s | pass |" in table
+    assert "skipped: needs root" in table
+    with pytest.raises(ValueError, match="unknown fault 'nope'"):
+        run_fault(None, "nope")
+
+
+def test_cli_lists_faults_and_rejects_unknown_ones_by_name():
+    listed = runner.invoke(app, ["chaos", "list"])
+    assert listed.exit_code == 0 and "hang-rank" in listed.output
+    bad = runner.invoke(app, ["chaos", "run", "--faults", "kill-rank,nope",
+                              "--out", os.devnull])
+    assert bad.exit_code == 2 and "unknown fault(s) nope" in bad.output
+
+
+def test_cli_shows_a_jobs_stragglers_and_clears_its_exclusions(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    import yaml
+
+    from fm_pipeline.config import dump_job
+
+    job = small_job(**{"name": "shown", "parallelism.nproc_per_node": 4})
+    job_file.write_text(yaml.safe_dump(dump_job(job)))
+    _exclude("shown", host="node-b", local_rank=1, rank=1)
+    shown = runner.invoke(app, ["chaos", "stragglers", "--job", str(job_file)])
+    assert shown.exit_code == 0 and "node-b" in shown.output and "exclude" in shown.output
+    cleared = runner.invoke(app, ["chaos", "clear-exclusions", "--job", str(job_file)])
+    assert cleared.exit_code == 0 and "cleared 1 exclusion" in cleared.output
+    assert excluded_slots("shown") == []
+
+
+def test_the_s3_endpoint_dies_on_the_marked_request_and_comes_back_with_its_data():
+    from fm_pipeline.resilience.s3_outage import OutageEndpoint
+    from fm_pipeline.storage import StoreError
+
+    with OutageEndpoint() as s3:
+        s3.create_bucket("fm-unit")
+        store = s3.store("fm-unit")
+        store.put_bytes(b"kept", "a/one")
+        s3.cut_when(b"step-00000004/")
+        with pytest.raises(StoreError):
+            store.put_bytes(b"x", "checkpoints/j/step-00000004/f")
+        assert s3.down and b"step-00000004/f" in s3.cut_request
+        with pytest.raises(StoreError):
+            store.get_bytes("a/one")  # refused while down
+        s3.restore()
+        assert store.get_bytes("a/one") == b"kept"
+        assert not store.exists("checkpoints/j/step-00000004/f")
+
+
+def test_namespaced_nodes_reach_each_other_and_nothing_is_left_after_a_failure():
+    from fm_pipeline.resilience.netns import NamespaceNetwork, availability, namespaces
+
+    if availability():
+        pytest.skip(availability())
+    server = ("import socket; s = socket.create_server(('{addr}', 29511)); "
+              "c, _ = s.accept(); c.sendall(b'hello'); c.close()")
+    client = ("import socket, time\nfor _ in range(50):\n    try:\n"
+              "        print(socket.create_connection(('{addr}', 29511)).recv(5).decode()); break\n"
+              "    except OSError: time.sleep(0.1)")
+    with pytest.raises(RuntimeError, match="boom"):
+        with NamespaceNetwork(2) as net:
+            addr = net.nodes[0].address
+            srv = subprocess.Popen(net.wrap(0, [sys.executable, "-c", server.format(addr=addr)]))
+            out = subprocess.run(net.wrap(1, [sys.executable, "-c", client.format(addr=addr)]),
+                                 capture_output=True, text=True, timeout=30)
+            srv.wait(timeout=10)
+            assert out.stdout.strip() == "hello"
+            names = [n.namespace for n in net.nodes] + [net.switch]
+            raise RuntimeError("boom")
+    assert not set(names) & set(namespaces())
+
+
+def test_events_are_plain_json_lines_the_api_lists():
+    from fm_pipeline.api.progress import job_events
+
+    append_event("api-job", "straggler", rank=3, severity=0.25)
+    (line,) = events_path("api-job").read_text().splitlines()
+    assert json.loads(line)["kind"] == "straggler"
+    (event,) = job_events("api-job")
+    assert event["kind"] == "straggler" and event["detail"]["rank"] == 3

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fm_pipeline.cli.errors import user_errors
@@ -85,7 +86,7 @@ def run(
             style = VERDICT_STYLE[result.verdict]
             note = result.skipped or result.error or "; ".join(result.failed_checks())
             console.print(f"[{style}]{result.verdict:>7}[/] {fault} ({result.wall_s:.0f} s)"
-                          + (f": {note}" if note else ""), highlight=False)
+                          + (f": {escape(note)}" if note else ""), highlight=False)
     command = "fm chaos run" + (f" --faults {faults}" if faults else "")
     write_fault_matrix(results, out, command=command)
     if json_out:

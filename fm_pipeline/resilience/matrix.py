@@ -31,6 +31,7 @@ class FaultResult:
     expected: str = ""
     outcome: str = ""  # what happened
     checks: list[tuple[str, bool]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # known gaps, not counted as failures
     steps_lost: int | None = None
     detect_s: float | None = None  # fault -> the launcher saw the segment end
     resume_s: float | None = None  # fault -> first step of the resumed segment
@@ -156,6 +157,7 @@ def render_checks(results: list[FaultResult]) -> str:
         if r.error:
             out.append(f"Scenario error: {r.error}")
         out += [f"- [{'x' if ok else ' '}] {_cell(text)}" for text, ok in r.checks]
+        out += [f"- note: {_cell(text)}" for text in r.notes]
         out.append("")
     return "\n".join(out)
 

@@ -2,16 +2,17 @@
 
     chaos_ws        one ChaosWorkspace (FM_HOME + the small data mix) for the session
     live_segment    start a LiveSegment of a job; anything left of it is killed at teardown
-    needs_root      skip with the reason when mounts / network namespaces are impossible
+    small_disk_at   a real tmpfs over a directory (the disk-full fault), or a skip
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 
 import pytest
 
 from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.resilience.injectors import Unavailable, small_disk
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 
@@ -38,6 +39,15 @@ def live_segment():
 
 
 @pytest.fixture
-def needs_root():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: mounts a tmpfs / creates network namespaces")
+def small_disk_at():
+    """mount(directory, size_bytes): a real tmpfs over `directory` until the test ends;
+    skips with the reason where mounting is impossible (not root, no CAP_SYS_ADMIN)."""
+    with contextlib.ExitStack() as stack:
+
+        def mount(directory, size_bytes: int):
+            try:
+                return stack.enter_context(small_disk(directory, size_bytes=size_bytes))
+            except Unavailable as e:
+                pytest.skip(str(e))
+
+        yield mount

@@ -28,6 +28,8 @@ def test_two_namespaced_nodes_lose_one_and_resume_from_the_shared_checkpoint(cha
                                     text=True).stdout
     with chaos_ws.active():
         result = kill_node(chaos_ws)
+    if "nodes in loopback" in result.injected:  # root, but the kernel refused namespaces
+        pytest.skip(result.injected.split("nodes in ", 1)[1])
     assert "nodes in network namespaces" in result.injected
     assert result.passed, result.failed_checks() or result.error
     assert result.steps_lost is not None and result.steps_lost >= 0

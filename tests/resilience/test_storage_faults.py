@@ -9,7 +9,6 @@ import pytest
 from fm_pipeline.checkpoint import CheckpointRef, validate
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
-from fm_pipeline.resilience.injectors import small_disk
 from fm_pipeline.resilience.scenarios.storage import DISK_BYTES, s3_down
 
 pytestmark = pytest.mark.slow
@@ -24,15 +23,15 @@ def test_s3_down_mid_upload_keeps_training_and_commits_nothing_partial(chaos_ws)
 
 
 def test_disk_full_fails_the_save_naming_it_and_the_partial_checkpoint_is_never_chosen(
-        chaos_ws, live_segment, needs_root):
+        chaos_ws, live_segment, small_disk_at):
     ws = chaos_ws
     with ws.active():
         job = ws.job("disk-full")
         ws.prepare(job)
-        with small_disk(runs_dir(job.name) / "checkpoints", size_bytes=DISK_BYTES):
-            result = live_segment(job).result()
-            newest, skipped = ws.newest_valid(job)
-            first = validate(CheckpointRef.local(ws.checkpoint_dir(job.name, 2)), job)
+        small_disk_at(runs_dir(job.name) / "checkpoints", DISK_BYTES)
+        result = live_segment(job).result()
+        newest, skipped = ws.newest_valid(job)
+        first = validate(CheckpointRef.local(ws.checkpoint_dir(job.name, 2)), job)
     assert result.outcome is Outcome.FAILED
     assert "CheckpointSaveError: checkpoint at step 4 did not commit" in result.reason
     assert "0.0 MB free where the checkpoint is written" in result.reason

@@ -16,6 +16,7 @@ can) say why they were skipped, or fall back to loopback.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -74,6 +75,8 @@ def run(
     from fm_pipeline.resilience.workspace import ChaosWorkspace
 
     selected = _parse_faults(faults)
+    # Discovery warns about every checkpoint a fault damaged; the table reports them.
+    logging.getLogger("fm_pipeline.checkpoint").setLevel(logging.ERROR)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     ws = ChaosWorkspace(home or Path(".fm") / "chaos" / stamp)
     console.print(f"chaos workspace: {ws.home}")

@@ -56,6 +56,17 @@ def test_local_exclusion_shrinks_dp_shard_and_kubernetes_avoids_the_host():
     assert "world size 4 -> 2" in plan.note and plan.env == {}
     k8s = plan_after_stragglers(job, target="kubernetes")
     assert k8s.job == job and k8s.avoid_hosts == ("node-a",)
+    # The next JobSet (strictly validated) keeps its pods off the flagged node.
+    from fm_pipeline.launch import KubernetesTarget, Placement, SegmentLaunch, render_segment
+    from fm_pipeline.resilience.mitigation import avoiding
+
+    rendered = render_segment(SegmentLaunch(k8s.job, end_step=2), KubernetesTarget(
+        store_uri="s3://bucket/fm", placement=avoiding(Placement(), k8s.avoid_hosts)))
+    pod = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                         "values": ["node-a"]}]
     append_event("tp-job", "exclusions_cleared")
     assert excluded_slots("tp-job") == [] and plan_after_stragglers(job).job == job
 

@@ -43,9 +43,11 @@ segments.jsonl, kind "segment", once per launch (rank 0, also on failure):
     ("completed" | "preempted" | "failed" | "nothing_to_do"), error, final_loss,
     mean_mfu, tokens_per_s (mean over the segment's steps after the first),
     tokens_seen, checkpoint (path of the last committed one), checkpoint_block_s (sum),
-    restored_from, resharded, restore_s, preempt_reason, preempt_to_exit_s (from the
-    request to the committed checkpoint), peak_memory_gib, wall_s, world_size,
-    parallelism, accelerator, peak_flops_per_device.
+    restored_from, resharded (the checkpoint was written under another topology),
+    rng_restored, restore_s, preempt_reason ("signal SIGTERM", "flag file ...", or the
+    straggler policy's reason), preempt_to_exit_s (from the request to the committed
+    checkpoint), peak_memory_gib, wall_s, world_size, parallelism, accelerator,
+    peak_flops_per_device.
 """
 
 from __future__ import annotations

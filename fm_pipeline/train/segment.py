@@ -211,7 +211,9 @@ def run_segment(job: JobSpec, *, end_step: int | None = None,
         "start_step": start, "target_step": target, "world_size": world,
         "parallelism": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"), dims.shape)),
         "restored_from": restored.source if restored else None,
-        "resharded": bool(restored) and not trainer.state.rng_restored,
+        "resharded": bool(restored) and (
+            _manifest_topology(restored.manifest) != trainer.state.topology),
+        "rng_restored": trainer.state.rng_restored,
         "restore_s": round(setup.restore_s, 3) if restored else None,
         "accelerator": accelerator, "peak_flops_per_device": peak,
     }

@@ -119,7 +119,11 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
         run = launcher.launch_segment(
             context, job=job, end_step=end, env=env,
             extras={"job": job.name, "start_step": start, "end_step": end})
-    except Failure as e:
+    except BaseException as e:
+        if not isinstance(e, Failure):  # cancelled, or the launcher itself broke
+            mlflow.finish_segment(ml_run, outcome="cancelled" if isinstance(
+                e, KeyboardInterrupt) else "failed", failure_reason=repr(e))
+            raise
         failed_at = _failed_at_step(job.name, launched_at)
         failure = _values(e.metadata)
         mlflow.finish_segment(ml_run, outcome=str(failure.get("outcome", "failed")),
@@ -131,10 +135,25 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     reported = run.materialize_result()
     summary = {"start_step": start, "end_step": end, **_values(reported.metadata)}
     report = segment_report(job, summary, duration_s=run.result.duration_s, plan=plan)
+    report["job_goodput"] = _job_goodput(context.instance, job.name, report,
+                                         reached_step=summary["end_step"])
     mlflow.finish_segment(ml_run, outcome="succeeded", summary={
         k: summary[k] for k in _SUMMARY_KEYS if k in summary})
     return MaterializeResult(metadata=_metadata(job, summary, report, resume_from=resume_from,
                                                 ml_run=ml_run, mlflow=mlflow))
+
+
+def _job_goodput(instance, job_name: str, report: dict, *, reached_step: int) -> float | None:
+    """The job's goodput including this segment: steps reached x median step time over
+    the wall time of every launch so far (failed ones included)."""
+    from fm_pipeline.assets.training.history import attempts
+    from fm_pipeline.orchestration import job_goodput
+
+    earlier = attempts(instance, job_name)
+    step_times = [a.step_time_s for a in earlier if a.step_time_s] + [report["step_time_s"]]
+    walls = [a.wall_s for a in earlier if a.wall_s] + [report["wall_s"]]
+    return job_goodput(reached_step=reached_step, step_times_s=[t for t in step_times if t],
+                       launch_wall_s=walls)
 
 
 def _metadata(job, summary: dict, report: dict, *, resume_from, ml_run, mlflow) -> dict:

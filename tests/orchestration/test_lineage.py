@@ -100,6 +100,8 @@ def test_segments_record_their_step_range_mfu_goodput_and_the_plan(ran):
         assert s["predicted_step_time_s"] > 0 and "plan" in s["plan_verdict"]
         assert Path(s["checkpoint"]).name == f"step-{s['end_step']:08d}"
     assert segments[1]["restored_from"].endswith("step-00000002")
+    # The job's goodput counts the failed launch's wall time too: below the segment's own.
+    assert 0 < segments[1]["job_goodput"] < segments[1]["goodput"]
 
 
 def test_the_injected_failure_is_recorded_and_resumed_from_the_last_valid_checkpoint(ran):
@@ -117,10 +119,7 @@ def test_the_injected_failure_is_recorded_and_resumed_from_the_last_valid_checkp
     assert report.reached_step == 4 and 0 < report.goodput < 1
 
 
-def test_each_checkpoint_is_validated_then_evaluated_per_domain(at_home):
-    ran = at_home
-    from fm_pipeline.eval import evaluate_at_init
-
+def test_each_checkpoint_is_validated_then_evaluated_per_domain(ran):
     assert [c["step"] for c in ran.materializations("checkpoint")] == [2, 4]
     for run in ran.driver.runs:  # segment runs check what they recorded, evaluations theirs
         if run.success and run.job_name in (SEGMENT_JOB, EVALUATION_JOB):
@@ -132,9 +131,8 @@ def test_each_checkpoint_is_validated_then_evaluated_per_domain(at_home):
         for domain in ("code", "prose"):
             assert e[f"{domain}/perplexity"] == pytest.approx(math.exp(e[f"{domain}/loss"]),
                                                               rel=1e-5)
-    init = evaluate_at_init(ran.job)
-    for domain in ("code", "prose"):
-        assert evals[4][f"{domain}/loss"] < init.domains[domain].loss  # training helped
+        assert 0 < e["loss"] < 20 and e["topology"].startswith("dp_replicate 1 x dp_shard 1")
+    # (tests/eval checks that training lowers each domain's loss below the initial model's)
 
 
 def test_the_newest_checkpoint_passed_a_restore_drill_on_another_topology(at_home):

@@ -61,7 +61,12 @@ from typing import Any
 
 import torch
 
-from fm_pipeline.planner.hardware import cuda_accelerator_name, get_accelerator, measured_cpu
+from fm_pipeline.planner.hardware import (
+    cuda_accelerator_name,
+    get_accelerator,
+    measure_matmul_flops,
+    measured_cpu,
+)
 
 METRICS_FILE = "metrics.jsonl"
 RANK_TIMINGS_FILE = "rank_timings.jsonl"
@@ -80,6 +85,9 @@ def peak_flops_per_device(device: torch.device, mixed_precision: str) -> tuple[f
         if name is None:
             return None, torch.cuda.get_device_name(device)
         return get_accelerator(name).peak_flops(dtype), name
+    threads = torch.get_num_threads()
+    if dtype == "fp32":  # the probe of one dtype is enough (half of measured_cpu's second)
+        return measure_matmul_flops("fp32"), f"cpu-{threads}t"
     cpu = measured_cpu()
     return cpu.peak_flops(dtype), cpu.name
 

@@ -1,14 +1,14 @@
-"""Turning written DCP files into a committed checkpoint: per-rank hashes, then the manifest.
+"""Turning written DCP files into a committed checkpoint: per-rank entries, then the manifest.
 
-Each rank hashes the files it wrote (`__<rank>_*.distcp`; rank 0 also `.metadata` and the
-probe batch), so hashing scales with the number of ranks. Rank 0 gathers the entries and
-writes `manifest.json` last; until then the directory is not a checkpoint.
+Each rank's files are checksummed as they are written (streams.py) and are durable when the
+write returns; the ranks' (name, size, checksum) entries are gathered to rank 0 over the
+checkpoint's gloo group, and rank 0 writes `manifest.json` last, once every rank reported
+success and the entries cover exactly the files `.metadata` references. Until then the
+directory is not a checkpoint. Nothing here needs to see another node's disk.
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +27,9 @@ from fm_pipeline.checkpoint.manifest import (
     Timings,
     atomic_write,
     code_version,
-    file_entry,
     now_iso,
 )
+from fm_pipeline.checkpoint.streams import write_file
 
 
 @dataclass(frozen=True)
@@ -49,36 +49,10 @@ class Probe:
             raise ValueError(f"probe loss must be finite, got {self.loss}")
 
 
-def write_probe(directory: Path, probe: Probe) -> None:
-    torch.save(probe.tokens.detach().to("cpu", torch.int64).clone(), directory / PROBE_FILE)
-
-
-def own_files(directory: Path, rank: int) -> list[str]:
-    names = sorted(p.name for p in directory.glob(f"__{rank}_*.distcp"))
-    if rank == 0:
-        names += [n for n in (DCP_METADATA, PROBE_FILE) if (directory / n).is_file()]
-    return names
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_and_hash(directory: Path, names: list[str], *,
-                   algorithm: str = "crc32c") -> list[FileEntry]:
-    """Make this rank's files durable and checksum them at once: fsync waits on the disk while
-    the checksum reads the same bytes from the page cache (both release the GIL)."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt-fsync") as pool:
-        synced = [pool.submit(_fsync, directory / n) for n in names]
-        entries = [file_entry(directory, n, algorithm) for n in names]
-        for f in synced:
-            f.result()
-    _fsync(directory)  # the renames of .metadata and of the files themselves
-    return entries
+def write_probe(directory: Path, probe: Probe, *, algorithm: str = "crc32c") -> FileEntry:
+    tokens = probe.tokens.detach().to("cpu", torch.int64).clone()
+    return write_file(directory / PROBE_FILE, lambda f: torch.save(tokens, f),
+                      algorithm=algorithm)
 
 
 @dataclass(frozen=True)
@@ -100,6 +74,7 @@ class SaveContext:
     blocked_s: float | None  # None for a sync save: blocked until the manifest is written
     async_save: bool
     stage_s: float = 0.0  # host copy after save() returned (overlapped staging)
+    probe_entry: FileEntry | None = None  # rank 0: probe.pt as written by save()
 
 
 def parallelism_info(job, *, world_size: int, mesh=None) -> ParallelismInfo:
@@ -134,12 +109,25 @@ def build_manifest(ctx: SaveContext, entries: list[FileEntry], *, write_s: float
     )
 
 
-def commit_local(directory: Path, manifest: Manifest) -> None:
-    """Write the manifest after checking it covers exactly the files on disk."""
-    on_disk = {p.name for p in directory.iterdir() if p.is_file() and is_content_file(p.name)}
+def commit_local(directory: Path, manifest: Manifest, *, referenced: set[str] | None,
+                 all_files_here: bool) -> None:
+    """Write the manifest after checking the gathered entries: they must be exactly the data
+    files `.metadata` references (plus `.metadata` and the probe), and the directory must hold
+    nothing else. `all_files_here`: every rank wrote into this directory (one copy), so every
+    listed file must be here too."""
     listed = {e.path for e in manifest.files}
-    if on_disk != listed:
-        raise RuntimeError(
-            f"{directory}: files on disk and gathered hashes differ: only on disk "
-            f"{sorted(on_disk - listed)}, only hashed {sorted(listed - on_disk)}")
+    if referenced is not None:
+        data = listed - {DCP_METADATA, PROBE_FILE}
+        if data != referenced:
+            raise RuntimeError(
+                f"{directory}: .metadata references {sorted(referenced - data)} that no rank "
+                f"reported, and ranks reported {sorted(data - referenced)} it does not reference")
+    on_disk = {p.name for p in directory.iterdir() if p.is_file() and is_content_file(p.name)}
+    problems = []
+    if extra := on_disk - listed:
+        problems.append(f"files no rank reported writing: {sorted(extra)}")
+    if all_files_here and (missing := listed - on_disk):
+        problems.append(f"reported files that are not on disk: {sorted(missing)}")
+    if problems:
+        raise RuntimeError(f"{directory}: " + "; ".join(problems))
     atomic_write(directory / MANIFEST, manifest.to_json())

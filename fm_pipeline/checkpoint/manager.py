@@ -10,9 +10,12 @@
 
 An async save blocks the loop only while the state is copied to host memory (staging, see
 staging.py: by default the copy overlaps the next forward/backward and the optimizer step
-waits for it); writing, fsync, hashing, the manifest, upload and retention then run in one
-background thread that talks to the other ranks over its own gloo group (the default group
-keeps serving training; sharing it would interleave collectives). At most one save is in
+waits for it); writing (checksummed and flushed to disk as it streams, streams.py), the
+manifest, upload and retention then run in one background thread that talks to the other
+ranks over its own gloo group (the default group keeps serving training; sharing it would
+interleave collectives). The commit is collective (commit.py): nodes need not share a
+filesystem, each node's directory holds its ranks' files (copies.py) and the store tier
+holds the whole checkpoint. At most one save is in
 flight: a second one waits (`on_busy="wait"`, default) or is skipped with a logged reason
 (`"skip"`); final saves always wait. All ranks call `save`, `restore_latest` and `close` at
 the same step.
@@ -38,18 +41,26 @@ from fm_pipeline.checkpoint.commit import (
     SaveContext,
     build_manifest,
     commit_local,
-    fsync_and_hash,
-    own_files,
     parallelism_info,
     write_probe,
 )
-from fm_pipeline.checkpoint.layout import MANIFEST, CheckpointRef, local_root, step_dir_name
-from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo
+from fm_pipeline.checkpoint.copies import discover_copies
+from fm_pipeline.checkpoint.layout import (
+    MANIFEST,
+    CheckpointRef,
+    delete_checkpoint,
+    list_local,
+    local_root,
+    step_dir_name,
+)
+from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo, atomic_write, fsync_dir
+from fm_pipeline.checkpoint.streams import ChecksummingWriter
 from fm_pipeline.checkpoint.retention import RetentionReport, apply_retention
 from fm_pipeline.checkpoint.tiering import (
     UploadReport,
     commit_remote,
     record_upload,
+    pending_uploads,
     remote_prefix,
     sync_to_store,
     upload_files,
@@ -57,6 +68,8 @@ from fm_pipeline.checkpoint.tiering import (
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
+
+WRITE_THREADS = 1  # DCP files per rank, written in parallel (see benchmarks/checkpoint.py)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -116,6 +129,12 @@ class CheckpointManager:
         self.rank, self.world_size = comm.rank(), comm.world_size()
         # Saves talk over their own group: the default one is busy with training collectives.
         self._group = dist.new_group(backend="gloo") if comm.initialized() else None
+        self.copies = discover_copies(self.root)  # do the nodes share the local tier?
+        if not self.copies.shared and not self.upload:
+            log.warning("the local checkpoint tier is not shared by all %d ranks (%d separate "
+                        "directories) and uploads are off: no single place will hold a whole "
+                        "checkpoint, so none can be restored", self.world_size,
+                        self.copies.count)
         self._stager = None
         if self.async_save:
             from fm_pipeline.checkpoint.state import OptimizerState
@@ -148,17 +167,19 @@ class CheckpointManager:
         directory = self.root / step_dir_name(step)
         if comm.any_rank(self.rank == 0 and (directory / MANIFEST).is_file()):
             return self._skip(step, f"{directory} is already a committed checkpoint")
-        if self.rank == 0:
+        probe_entry = None
+        if self.copies.leader:  # rank 0, and on nodes with their own disk their first rank
             if directory.exists():  # leftover of a crashed save of this step
                 shutil.rmtree(directory)
             directory.mkdir(parents=True)
-            if probe is not None:
-                write_probe(directory, probe)
+        if self.rank == 0 and probe is not None:
+            probe_entry = write_probe(directory, probe, algorithm=self.checksum)
         comm.barrier()
         state = {k: v.state_dict() if hasattr(v, "state_dict") else v
                  for k, v in self.app_state.items()}
-        ctx = self._context(step, tokens_seen, probe, t0,
-                            waited_s=events["previous_done"] - t0)
+        ctx = replace(self._context(step, tokens_seen, probe, t0,
+                                    waited_s=events["previous_done"] - t0),
+                      probe_entry=probe_entry)
         if self.async_save:
             staged = self._stager.stage(state)
             del state
@@ -209,24 +230,27 @@ class CheckpointManager:
 
     def _persist(self, state: dict | Future, directory: Path, ctx: SaveContext,
                  events: dict) -> SaveResult:
-        """Write, fsync + hash, commit, upload, retain. Runs on every rank (background thread
-        when async); every rank reaches every collective even when its own work failed."""
+        """Write (checksummed, durable), commit, upload, retain. Runs on every rank (background
+        thread when async); every rank reaches every collective even when its own work
+        failed."""
         entries, error, stage_s, write_s, checksum_s = [], None, 0.0, 0.0, 0.0
+        writer = ChecksummingWriter(directory, algorithm=self.checksum,
+                                    thread_count=WRITE_THREADS)
         try:
             if isinstance(state, Future):
                 state = state.result()
             t = events["write_started"] = time.perf_counter()
             stage_s = t - events.get("returned", t)
-            # Written to the page cache first; fsync then overlaps hashing (disk vs CPU). The
-            # per-record zip CRC32 of torch.save is skipped: the manifest checksums whole files.
+            # Each file is hashed as it streams and fsynced as it closes. The per-record zip
+            # CRC32 of torch.save is skipped: the manifest checksums whole files.
             with comm.quiet_single_process(), serialization_config.patch(
                     {"save.compute_crc32": False}):
                 dcp.save(state, process_group=self._group, no_dist=not comm.initialized(),
-                         storage_writer=dcp.FileSystemWriter(str(directory), sync_files=False))
+                         storage_writer=writer)
             events["write_finished"] = time.perf_counter()
             write_s = events["write_finished"] - t
-            entries = fsync_and_hash(directory, own_files(directory, self.rank),
-                                     algorithm=self.checksum)
+            entries = writer.entries() + ([ctx.probe_entry] if ctx.probe_entry else [])
+            fsync_dir(directory)  # the files' names
             events["durable"] = time.perf_counter()
             checksum_s = events["durable"] - events["write_finished"]
         # Any failure must still reach the gather below; DCP's CheckpointException is a
@@ -241,17 +265,27 @@ class CheckpointManager:
         result = None
         if self.rank == 0:
             ctx = replace(ctx, stage_s=max(g[4] for g in gathered))
-            result = self._commit(directory, ctx, gathered)
+            result = self._commit(directory, ctx, gathered, writer.referenced)
         result = comm.broadcast_from_rank0(result, self._group)
         result.events = {**events, "committed": time.perf_counter()}
+        if result.committed and not self.copies.shared:
+            self._copy_manifest(directory)
         if result.committed and self.upload:
             result.upload = self._upload(directory, ctx.step, [e.path for e in entries])
-        if self.rank == 0 and result.committed:
+        if result.committed:
             result.retention = self._retain_and_retry(ctx.step, result.upload)
         result.events["done"] = time.perf_counter()
         return result
 
-    def _commit(self, directory: Path, ctx: SaveContext, gathered: list) -> SaveResult:
+    def _copy_manifest(self, directory: Path) -> None:
+        """Nodes with their own disk keep the manifest next to their share of the files."""
+        data = comm.broadcast_from_rank0(
+            (directory / MANIFEST).read_bytes() if self.rank == 0 else None, self._group)
+        if self.copies.leader and self.rank != 0:
+            atomic_write(directory / MANIFEST, data)
+
+    def _commit(self, directory: Path, ctx: SaveContext, gathered: list,
+                referenced: set[str] | None) -> SaveResult:
         errors = [g[3] for g in gathered if g[3]]
         write_s = max(g[1] for g in gathered)
         checksum_s = max(g[2] for g in gathered)
@@ -263,7 +297,8 @@ class CheckpointManager:
                 entries = [e for g in gathered for e in g[0]]
                 manifest = build_manifest(ctx, entries, write_s=write_s, checksum_s=checksum_s,
                                           commit_s=time.perf_counter() - ctx.started_at)
-                commit_local(directory, manifest)
+                commit_local(directory, manifest, referenced=referenced,
+                             all_files_here=self.copies.shared)
                 result.committed, result.total_bytes = True, manifest.total_bytes
                 result.commit_s = manifest.timings.commit_s
             except Exception as e:
@@ -303,11 +338,43 @@ class CheckpointManager:
         return comm.broadcast_from_rank0(report, self._group)
 
     def _retain_and_retry(self, step: int, upload: UploadReport | None) -> list:
-        """Rank 0 only, no collectives: retry older pending uploads, then apply retention."""
+        """Rank 0 retries older pending uploads and applies retention; on nodes with their own
+        disk, the other copies then drop what rank 0 dropped."""
+        reports = self._retain_on_rank0(step, upload) if self.rank == 0 else []
+        if not self.copies.shared:
+            kept = None
+            if self.rank == 0 and reports and reports[0].tier == "local":
+                kept = (step, set(reports[0].kept))
+            kept = comm.broadcast_from_rank0(kept, self._group)
+            if kept is not None and self.copies.leader and self.rank != 0:
+                self._prune_copy(*kept)
+        return reports
+
+    def _warn_pending_uploads(self, step: int) -> None:
+        try:
+            pending = [r.step for r in pending_uploads(self.job.name, self.store, root=self.root)
+                       if r.step != step]
+        except StoreError:
+            return
+        if pending:
+            log.warning("checkpoints %s never reached %s and are not retried: their files are "
+                        "spread over the nodes' disks", pending, self.store.uri)
+
+    def _prune_copy(self, newest: int, kept: set[int]) -> None:
+        for ref in list_local(self.root):
+            if ref.step < newest and ref.step not in kept:
+                freed = delete_checkpoint(ref)
+                log.info("retention deleted this node's copy %s (%.1f MB)", ref.location,
+                         freed / 1e6)
+
+    def _retain_on_rank0(self, step: int, upload: UploadReport | None) -> list:
         ck = self.job.checkpoint
         reports = []
         if upload is not None and upload.committed:
-            sync_to_store(self.job.name, self.store, root=self.root, exclude_steps={step})
+            if self.copies.shared:
+                sync_to_store(self.job.name, self.store, root=self.root, exclude_steps={step})
+            else:
+                self._warn_pending_uploads(step)
         try:
             reports.append(apply_retention(self.job.name, keep_last=ck.keep_last,
                                            milestone_every=ck.milestone_every, job=self.job,

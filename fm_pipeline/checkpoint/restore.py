@@ -1,25 +1,33 @@
-"""Load a checkpoint into any topology: download if remote, verify, reshard, report.
+"""Load a checkpoint into any topology: fetch what is missing, verify while reading, reshard.
 
     result = restore_latest(app_state, job, store=store)   # all ranks; None on a fresh start
     result = restore(app_state, ref, job=job)               # a given checkpoint
 
-Collective: every rank calls it with the same checkpoint. A remote checkpoint is downloaded
-once per node (local rank 0) into the local tier and checked file by file; the checksums of
-a local one are verified with the work split across ranks. DCP then reads into whatever
-mesh `app_state` was built on (resharding), optimizer state and data-loader cursor included.
+Collective: every rank calls it with the same checkpoint. Each copy of the local tier (one per
+node with its own disk, one in all for a shared filesystem, see copies.py) must hold every
+file, because DCP resharding may read any rank's file: a remote checkpoint is downloaded
+once per copy, and a local one whose copy lacks files (written by other nodes) gets them
+from the store; each fetched file is checked against the manifest. DCP then reads each file
+once (reader.py), computing its checksum from the bytes it loads, into whatever mesh
+`app_state` was built on (resharding), optimizer state and data-loader cursor included.
+
+Verification happens while the bytes land in the live tensors. On a mismatch the load
+fails on every rank before any Stateful part's load_state_dict runs, and restore raises
+CheckpointInvalid naming the files; the tensors may be partly overwritten, so the caller
+must not train on (restore_latest loads an older checkpoint over them, or raises).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
 from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.copies import Copies, discover_copies
 from fm_pipeline.checkpoint.layout import (
     MANIFEST,
     CheckpointRef,
@@ -27,8 +35,9 @@ from fm_pipeline.checkpoint.layout import (
     step_dir_name,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, entry_problem
-from fm_pipeline.checkpoint.tiering import download_checkpoint
+from fm_pipeline.checkpoint.manifest import Manifest, parse_manifest
+from fm_pipeline.checkpoint.reader import VerifyingReader
+from fm_pipeline.checkpoint.tiering import complete_from_store, missing_files
 from fm_pipeline.checkpoint.validate import (
     CheckpointInvalid,
     Problem,
@@ -51,13 +60,13 @@ class RestoreResult:
     manifest: Manifest
     data_cursor: dict | None
     download_s: float
-    verify_s: float
-    load_s: float
+    verify_s: float  # hashing inside the load (overlapped with it, part of load_s)
+    load_s: float  # DCP load, checksums verified on the way
     skipped: list[str] = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
-        return self.download_s + self.verify_s + self.load_s
+        return self.download_s + self.load_s
 
     @property
     def bytes_per_s(self) -> float:
@@ -68,39 +77,72 @@ def _job_of(ref: CheckpointRef) -> str:
     return ref.prefix.split("/")[-2]
 
 
-def localize(ref: CheckpointRef, *, cache_root: Path | None = None) -> tuple[CheckpointRef, float]:
-    """The checkpoint as a local directory (downloading once per node). Collective."""
-    if ref.is_local:
-        return ref, 0.0
-    dest = Path(cache_root or local_root(_job_of(ref))) / ref.name
+def _local_dir(ref: CheckpointRef, cache_root: Path | None) -> Path:
+    return ref.dir if ref.is_local else Path(cache_root or local_root(_job_of(ref))) / ref.name
+
+
+def localize(ref: CheckpointRef, *, cache_root: Path | None = None,
+             store: ObjectStore | None = None, job_name: str | None = None,
+             copies: Copies | None = None) -> tuple[CheckpointRef, float]:
+    """The checkpoint as a complete local directory on every copy of the local tier, and the
+    seconds spent fetching. Collective. A remote checkpoint is fetched into `cache_root`
+    (default: the job's local tier), files already there and intact are kept; a local one
+    whose copy lacks files gets them from `store` (the job's checkpoint of the same step)."""
+    dest = _local_dir(ref, cache_root)
+    copies = copies or discover_copies(dest.parent)
     t0 = time.perf_counter()
+    expected = None
+    if ref.is_local and not copies.shared:  # other copies check against rank 0's manifest
+        expected = comm.broadcast_from_rank0(
+            ref.read_bytes(MANIFEST) if comm.rank() == 0 else None)
     error = None
-    if comm.local_rank() == 0:
+    if copies.leader:
         try:
-            download_checkpoint(ref, dest)
+            if not ref.is_local:
+                complete_from_store(ref, dest, verify_present=True)
+            else:
+                _complete_local(ref, dest, expected, store=store, job_name=job_name)
         except CheckpointInvalid as e:
-            error = ("invalid", [(p.where, p.message) for p in e.problems])
+            error = [(p.where, p.message) for p in e.problems]
         except (StoreError, FileNotFoundError, OSError) as e:
-            error = ("unreachable", [(ref.location, str(e))])
+            error = [(ref.location, f"cannot fetch the checkpoint: {e}")]
     errors = [e for e in comm.all_gather(error) if e is not None]
     if errors:
-        raise CheckpointInvalid(ref, [Problem(w, m) for _, probs in errors for w, m in probs])
+        raise CheckpointInvalid(ref, [Problem(w, m) for probs in errors for w, m in probs])
     return CheckpointRef.local(dest), time.perf_counter() - t0
 
 
-def verify_my_share(ref: CheckpointRef, manifest: Manifest) -> list[Problem]:
-    """Size and checksum of this rank's share of the files (rank r takes every r-th)."""
-    mine = sorted(manifest.files, key=lambda f: f.path)[comm.rank()::comm.world_size()]
-    found = ((e.path, entry_problem(ref.dir / e.path, e)) for e in mine)
-    return [Problem(path, msg) for path, msg in found if msg]
+def _complete_local(ref: CheckpointRef, dest: Path, expected: bytes | None, *,
+                    store: ObjectStore | None, job_name: str | None) -> None:
+    """Fetch from the store the files this copy lacks (sizes only: the load verifies the
+    files that are here as it reads them)."""
+    if store is None or job_name is None:
+        return  # nothing to fetch from: what is missing is reported by the load, by name
+    data = expected if expected is not None else ref.read_bytes(MANIFEST)
+    manifest = parse_manifest(data, where=ref.location)
+    missing = missing_files(dest, manifest)
+    if not missing:
+        return
+    remote = CheckpointRef.remote(store, f"{store_root(job_name)}/{ref.name}")
+    try:
+        if not remote.has(MANIFEST):
+            return  # not in the store: the load reports the missing files
+    except StoreError:
+        return
+    log.info("%s lacks %d file(s) of the checkpoint; fetching them from %s", dest,
+             len(missing), remote.location)
+    complete_from_store(remote, dest, expect_manifest=data, verify_present=False)
 
 
 def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = True,
-            cache_root: Path | None = None) -> RestoreResult:
+            cache_root: Path | None = None, store: ObjectStore | None = None) -> RestoreResult:
     """Load `ref` into the Stateful parts of `app_state` (all ranks). Raises CheckpointInvalid
     (naming files/fields) when the checkpoint is corrupt or belongs to another model; the
-    state may then be partly overwritten and must not be used."""
-    local, download_s = localize(ref, cache_root=cache_root)
+    state may then be partly overwritten and must not be used. `store`: where a copy that
+    lacks files (nodes with their own disks) fetches them."""
+    copies = discover_copies(_local_dir(ref, cache_root).parent)
+    local, download_s = localize(ref, cache_root=cache_root, store=store,
+                                 job_name=job.name if job is not None else None, copies=copies)
     manifest = read_manifest(local)
     if problems := model_problems(manifest, job):
         raise CheckpointInvalid(ref, problems)
@@ -108,39 +150,32 @@ def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = Tru
     if absent:
         raise ValueError(f"checkpoint {ref.location} has no state for {absent}; it holds "
                          f"{manifest.state_keys}")
+    reader = VerifyingReader(local.dir, manifest if verify else None, copy_key=copies.key)
     t0 = time.perf_counter()
-    # Checksums are verified while DCP loads (the second read of each byte hits the page
-    # cache); the verdict is collected before anything is returned.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fm-ckpt-verify",
-                            initializer=comm.single_threaded) as pool:
-        verified = pool.submit(_timed, verify_my_share, local, manifest) if verify else None
-        load_error = None
-        try:  # one intra-op thread: the copies are memory-bound and share cores with verify
-            with comm.quiet_single_process(), comm.intra_op_threads(1):
-                dcp.load(app_state, checkpoint_id=str(local.dir), no_dist=not comm.initialized())
-        except Exception as e:  # a corrupt file can break unpickling: report the cause
-            load_error = e
-        load_s = time.perf_counter() - t0
-        mine, verify_s = verified.result() if verified else ([], 0.0)
-    problems = [p for ps in comm.all_gather(mine) for p in ps]
+    load_error = None
+    try:  # one intra-op thread: the copies are memory-bound and share the cores
+        with comm.quiet_single_process(), comm.intra_op_threads(1):
+            dcp.load(app_state, storage_reader=reader, no_dist=not comm.initialized())
+    except (Exception, dcp.api.CheckpointException) as e:  # a BaseException
+        load_error = e
+    load_s = time.perf_counter() - t0
+    gathered = comm.all_gather((reader.problems, reader.verified))
+    problems = list(dict.fromkeys(p for ps, _ in gathered for p in ps))
     if problems:
         raise CheckpointInvalid(ref, problems)
     if load_error is not None:
         raise load_error
+    unverified = set(manifest.file_map()) - {n for _, names in gathered for n in names}
+    if verify and unverified:  # the reader's plan must cover every file
+        raise RuntimeError(f"restore of {ref.location} left {sorted(unverified)} unverified")
     result = RestoreResult(
         step=manifest.step, tokens_seen=manifest.tokens_seen, source=ref.location,
         local_path=str(local.dir), manifest=manifest, data_cursor=manifest.data.cursor,
-        download_s=download_s, verify_s=verify_s, load_s=load_s)
-    log.info("restored step %d from %s (%.1f MB in %.2fs: download %.2fs, verify %.2fs, "
-             "load %.2fs)", result.step, ref.location, manifest.total_bytes / 1e6,
-             result.seconds, download_s, verify_s, load_s)
+        download_s=download_s, verify_s=reader.hash_s, load_s=load_s)
+    log.info("restored step %d from %s (%.1f MB in %.2fs: download %.2fs, load %.2fs with "
+             "checksums)", result.step, ref.location, manifest.total_bytes / 1e6,
+             result.seconds, download_s, load_s)
     return result
-
-
-def _timed(fn, *args):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t0
 
 
 class NoRestorableCheckpoint(ValueError):
@@ -162,6 +197,8 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
                 committed |= ref.has(MANIFEST)
             except StoreError:
                 pass
+            if problems and _fetchable(ref, problems, store, job.name):
+                problems = []  # this node lacks files other nodes wrote; the store has them
             if problems:
                 skipped.append(f"{ref.location}: " + "; ".join(map(str, problems)))
             else:
@@ -174,7 +211,8 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
         else:
             ref = CheckpointRef.remote(store, f"{store_root(job.name)}/{step_dir_name(step)}")
         try:
-            result = restore(app_state, ref, job=job, verify=verify, cache_root=root)
+            result = restore(app_state, ref, job=job, verify=verify, cache_root=root,
+                             store=store)
         except CheckpointInvalid as e:
             log.warning("cannot restore %s, trying an older one: %s", ref.location, e)
             skipped.append(f"{ref.location}: " + "; ".join(map(str, e.problems)))
@@ -188,3 +226,13 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
             f"job {job.name!r} has committed checkpoints but none restores (the model state "
             "may be partly overwritten):\n" + "\n".join(f"  - {line}" for line in skipped))
     return None
+
+
+def _fetchable(ref: CheckpointRef, problems: list[Problem], store, job_name: str) -> bool:
+    """A local checkpoint whose only problem is files absent here, committed in the store."""
+    if not ref.is_local or store is None or any(p.kind != "missing" for p in problems):
+        return False
+    try:
+        return store.exists(f"{store_root(job_name)}/{ref.name}/{MANIFEST}")
+    except StoreError:
+        return False

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -24,11 +23,12 @@ from pathlib import Path
 from fm_pipeline.checkpoint.layout import (
     MANIFEST,
     CheckpointRef,
+    is_content_file,
     list_local,
     local_root,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, entry_problem
+from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, entry_problem, fsync_dir
 from fm_pipeline.checkpoint.marks import read_mark, write_mark
 from fm_pipeline.checkpoint.validate import CheckpointInvalid, Problem, read_manifest, validate
 from fm_pipeline.storage import ObjectStore, StoreError
@@ -187,44 +187,81 @@ def sync_to_store(job_name: str, store: ObjectStore, *, root: Path | None = None
     return reports
 
 
+def missing_files(directory: Path, manifest: Manifest) -> list[str]:
+    """Files of the manifest that are absent from `directory` or have another size."""
+    out = []
+    for entry in manifest.files:
+        try:
+            if (directory / entry.path).stat().st_size == entry.size:
+                continue
+        except FileNotFoundError:
+            pass
+        out.append(entry.path)
+    return out
+
+
 def download_checkpoint(remote: CheckpointRef, dest: Path) -> CheckpointRef:
-    """Fetch a remote checkpoint into `dest` (a step-XXXXXXXX directory), verified.
+    """Fetch a remote checkpoint into `dest` (a step-XXXXXXXX directory), verified: files
+    already there and intact are kept, the others fetched and checked, the manifest last."""
+    return complete_from_store(remote, dest, verify_present=True)
 
-    Files go to a private temp directory, each checked against the manifest's checksum;
-    the manifest is written last, then the directory is renamed into place. A valid
-    committed checkpoint already at `dest` is used as is."""
-    assert remote.store is not None, "download_checkpoint takes a remote checkpoint"
+
+def complete_from_store(remote: CheckpointRef, dest: Path, *, verify_present: bool,
+                        expect_manifest: bytes | None = None) -> CheckpointRef:
+    """Make `dest` a complete copy of the remote checkpoint, fetching only what it lacks.
+
+    Present files must have the manifest's size (and checksum, with `verify_present`) or are
+    fetched again; unlisted files are removed; each fetched file is written under a temporary
+    name, checked against the manifest and renamed into place; the manifest comes last, so
+    an interrupted fetch never looks committed. `expect_manifest`: the bytes the local copy's
+    manifest has; the store's must be the same checkpoint."""
+    assert remote.store is not None, "complete_from_store takes a remote checkpoint"
     dest = Path(dest)
-    if (dest / MANIFEST).is_file():
-        if not validate(dest):
-            return CheckpointRef.local(dest)
-        # A corrupt local copy of a checkpoint the store holds intact: keep it aside, refetch.
-        aside = dest.with_name(f".{dest.name}.corrupt-{uuid.uuid4().hex[:8]}")
-        os.rename(dest, aside)
-        log.warning("local copy %s is corrupt; moved to %s and downloading again", dest, aside)
     manifest_bytes = remote.read_bytes(MANIFEST)
+    if expect_manifest is not None and manifest_bytes != expect_manifest:
+        raise CheckpointInvalid(remote, [Problem(
+            MANIFEST, "differs from the local copy's manifest: the store holds another "
+                      "checkpoint of this step")])
     manifest = read_manifest(remote)
-    tmp = dest.with_name(f".{dest.name}.download-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
-    try:
-        def fetch(entry) -> Problem | None:
-            path = remote.store.get_file(f"{remote.prefix}/{entry.path}", tmp / entry.path)
-            problem = entry_problem(path, entry)
-            return Problem(entry.path, f"after download: {problem}") if problem else None
+    local_manifest = dest / MANIFEST
+    if local_manifest.is_file() and local_manifest.read_bytes() != manifest_bytes:
+        # Another checkpoint of this step (an older run): keep it aside, never mix the two.
+        aside = dest.with_name(f".{dest.name}.replaced-{uuid.uuid4().hex[:8]}")
+        os.rename(dest, aside)
+        log.warning("%s held another checkpoint of this step; moved to %s", dest, aside)
+    dest.mkdir(parents=True, exist_ok=True)
+    listed = manifest.file_map()
+    for p in dest.iterdir():
+        if p.is_file() and is_content_file(p.name) and p.name not in listed:
+            log.warning("removing %s: not part of the checkpoint in %s", p, remote.location)
+            p.unlink()
+    fetch = set(missing_files(dest, manifest))
+    if verify_present:
+        for entry in manifest.files:
+            if entry.path not in fetch and (why := entry_problem(dest / entry.path, entry)):
+                log.warning("local copy of %s is bad (%s); fetching it again",
+                            dest / entry.path, why)
+                fetch.add(entry.path)
 
+    def get(entry) -> Problem | None:
+        tmp = dest / f".{entry.path}.download-{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            remote.store.get_file(f"{remote.prefix}/{entry.path}", tmp)
+            if problem := entry_problem(tmp, entry):
+                return Problem(entry.path, f"after download: {problem}")
+            os.replace(tmp, dest / entry.path)
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    entries = [listed[n] for n in sorted(fetch)]
+    if entries:
         with ThreadPoolExecutor(max_workers=UPLOAD_WORKERS) as pool:
-            problems = [p for p in pool.map(fetch, manifest.files) if p is not None]
+            problems = [p for p in pool.map(get, entries) if p is not None]
         if problems:
             raise CheckpointInvalid(remote, problems)
-        atomic_write(tmp / MANIFEST, manifest_bytes)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not (dest / MANIFEST).is_file():
-                # A stale partial directory from a crashed save: replace it.
-                shutil.rmtree(dest, ignore_errors=True)
-                os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not local_manifest.is_file():
+        atomic_write(local_manifest, manifest_bytes)  # the copy is complete: commit it
+    else:
+        fsync_dir(dest)
     return CheckpointRef.local(dest)

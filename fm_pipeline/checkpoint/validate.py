@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 class Problem:
     where: str  # a file name, or "manifest.json <field>"
     message: str
+    kind: str = ""  # "missing" for a listed file that is absent; otherwise unclassified
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
@@ -95,7 +96,8 @@ def _file_problems(ref, manifest: Manifest, present: dict[str, int], *, checksum
     listed = manifest.file_map()
     content = {n: s for n, s in present.items() if is_content_file(n)}
     for name in sorted(listed.keys() - content.keys()):
-        problems.append(Problem(name, f"missing (the manifest lists {listed[name].size} bytes)"))
+        problems.append(Problem(name, f"missing (the manifest lists {listed[name].size} bytes)",
+                                kind="missing"))
     for name in sorted(content.keys() - listed.keys()):
         problems.append(Problem(name, "not listed in the manifest (extra file)"))
     same_size = []

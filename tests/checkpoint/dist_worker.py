@@ -29,7 +29,7 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True,
                         flatten_optimizer_state_dict=True)
 
 
-def build(world: int):
+def build(world: int, *, nnodes: int = 1, upload: bool = False):
     torch.manual_seed(0)
     model = TinyLM()
     mesh = None
@@ -38,7 +38,8 @@ def build(world: int):
         for layer in model.layers.values():
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    job = tiny_job(parallelism={"nproc_per_node": world, "dp_shard": world})
+    job = tiny_job(parallelism={"nnodes": nnodes, "nproc_per_node": world // nnodes,
+                                "dp_shard": world}, upload=upload)
     return job, mesh, Trainer(model)
 
 
@@ -50,18 +51,24 @@ def dump(trainer: Trainer, path: Path) -> None:
                     "lr_epoch": trainer.sched.last_epoch}, path)
 
 
+def train_and_save(trainer: Trainer, manager: CheckpointManager, rank: int):
+    """Steps 1-3, saving steps 1 and 3 (async); the committed result of step 3."""
+    for step in (1, 2, 3):
+        trainer.step(step, rank)
+        if step in (1, 3):
+            manager.save(step, tokens_seen=step * 32, final=step == 3)
+    result = manager.close()
+    assert result.committed and result.step == 3, result
+    return result
+
+
 def main(mode: str, out: Path, tag: str = "") -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     job, mesh, trainer = build(world)
     manager = CheckpointManager(job, trainer.app_state, mesh=mesh, async_save=True)
     if mode == "save":
-        for step in (1, 2, 3):
-            trainer.step(step, rank)
-            if step in (1, 3):
-                manager.save(step, tokens_seen=step * 32, final=step == 3)
-        result = manager.close()
-        assert result.committed and result.step == 3
+        train_and_save(trainer, manager, rank)
         dump(trainer, out / "source.pt")
     else:
         restored = manager.restore_latest()

@@ -127,3 +127,30 @@ def test_drill_topology_differs_from_the_source(ref, source, expected):
     chosen = choose_parallelism(manifest)
     assert chosen == expected
     assert not same_topology(drill_job(manifest, chosen).parallelism, manifest.parallelism)
+
+
+@pytest.mark.slow
+def test_pipeline_checkpoint_drills_with_pp_swapped_for_dp():
+    """Written by 2 pipeline stages (pp 2), restored by 2 FSDP ranks (dp_shard 2): every
+    parameter and optimizer entry, the probe loss and the cursor check out."""
+    import os
+    import subprocess
+    import sys
+
+    from fm_pipeline.checkpoint import read_manifest
+    from tests.conftest import REPO
+
+    root = local_root(drill_job().name)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", "-m", "tests.checkpoint.transformer_ckpt",
+                          str(root), "pp=2"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    ref = CheckpointRef.local(root / "step-00000002")
+    assert read_manifest(ref).parallelism.pp == 2
+    result = run_restore_drill(ref)
+    assert result.passed, result.summary() + json.dumps(result.checks, indent=1)[-3000:]
+    assert "pp 2" in result.source_topology and "pp" not in result.drill_topology
+    assert result.drill_topology == "world 2 (dp_shard 2)"
+    assert result.checks["params"]["n_mismatched"] == 0 and result.checks["optimizer"]["ok"]
+    assert result.checks["loss"]["ok"] and result.checks["cursor"]["ok"]

@@ -38,7 +38,7 @@ def render(
     s3_endpoint: str = typer.Option("", "--s3-endpoint", help="S3 endpoint URL for the pods"),
     shared_volume_claim: str = typer.Option(
         "", "--shared-volume-claim",
-        help="ReadWriteMany PVC for the local checkpoint tier (needed with nnodes > 1)"),
+        help="ReadWriteMany PVC shared by all nodes as the local checkpoint tier (optional)"),
     credentials_secret: str = typer.Option("", "--credentials-secret",
                                            help="Secret with AWS_* keys for the pods"),
     image: str = typer.Option("", "--image", help="container image (default: cluster.image)"),

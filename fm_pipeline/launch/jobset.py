@@ -48,9 +48,10 @@ class KubernetesTarget:
     """Where and how the segment's pods run; the job spec's `cluster` section fills the gaps.
 
     store_uri: the object store every node shares for data and checkpoints (s3://...).
-    shared_volume_claim: a ReadWriteMany PersistentVolumeClaim mounted at FM_HOME/runs, the
-        local checkpoint tier. Multi-node jobs need it: rank 0 commits a checkpoint only
-        after seeing every rank's files there (fm_pipeline.checkpoint.commit).
+    shared_volume_claim: optional ReadWriteMany PersistentVolumeClaim mounted at FM_HOME/runs,
+        a local checkpoint tier shared by all nodes. Without it each node keeps its own ranks'
+        files and the checkpoint commit is collective (fm_pipeline.checkpoint.commit); the
+        object store then holds the only whole copy, so checkpoint.upload must be on.
     credentials_secret: a Secret whose keys (AWS_ACCESS_KEY_ID, ...) become pod env.
     extra_env: added to every pod (the Dagster Pipes bootstrap variables, for one).
     """
@@ -112,11 +113,11 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
     name = target.name or launch.rdzv_id
     namespace = target.namespace or job.cluster.namespace
     nnodes = job.parallelism.nnodes
-    if nnodes > 1 and not target.shared_volume_claim:
+    if nnodes > 1 and not target.shared_volume_claim and not job.checkpoint.upload:
         raise ValueError(
-            f"a {nnodes}-node job needs shared_volume_claim (a ReadWriteMany volume for the "
-            "local checkpoint tier): rank 0 commits a checkpoint only after checking every "
-            "rank's files, which pods on different nodes cannot see on their own disks"
+            f"a {nnodes}-node job without shared_volume_claim needs checkpoint.upload=true: "
+            "each node keeps only its own ranks' checkpoint files, so the object store holds "
+            "the only whole copy to resume from"
         )
     last_host = f"{name}-{REPLICATED_JOB}-0-{nnodes - 1}"
     if len(last_host) > MAX_HOSTNAME:

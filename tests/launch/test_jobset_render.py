@@ -165,14 +165,28 @@ def test_a_broken_object_is_refused_with_the_field_named(two_nodes):
 def test_render_refuses_what_pods_cannot_run(two_nodes):
     with pytest.raises(ValueError, match="shared object store"):
         KubernetesTarget(store_uri="/tmp/local-store")
-    with pytest.raises(ValueError, match="2-node job needs shared_volume_claim"):
-        render_segment(SegmentLaunch(two_nodes, end_step=20), KubernetesTarget(store_uri=STORE))
+    no_upload = tiny_job(nnodes=2, nproc=2, checkpoint={"upload": False})
+    with pytest.raises(ValueError, match="without shared_volume_claim needs checkpoint.upload"):
+        render_segment(SegmentLaunch(no_upload, end_step=20), KubernetesTarget(store_uri=STORE))
     with pytest.raises(ValueError, match=r"pod hostname .* \(max 63\)"):
         render_segment(SegmentLaunch(two_nodes, end_step=20),
                        _target(name="x" * 60))
     with pytest.raises(ValueError, match="unknown accelerator 'tpu-v9'"):
         render_segment(SegmentLaunch(tiny_job(cluster={"accelerator": "tpu-v9"}), end_step=20),
                        _target())
+
+
+def test_multi_node_without_a_shared_claim_keeps_each_nodes_tier_on_its_own_disk(two_nodes):
+    """The checkpoint commit is collective and each node uploads its own files, so nodes need
+    no shared volume: without a claim no PVC is mounted and the pods still validate."""
+    rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
+                              KubernetesTarget(store_uri=STORE))
+    pod = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    with_claim = render_segment(SegmentLaunch(two_nodes, end_step=20), _target())
+    pod = with_claim.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+            if "persistentVolumeClaim" in v] == [CLAIM]
 
 
 def test_cli_writes_manifests_that_validate(tmp_path, two_nodes):

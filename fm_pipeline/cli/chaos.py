@@ -96,7 +96,7 @@ def run(
         json_out.write_text(json.dumps([r.to_dict() for r in results], indent=2))
     console.print(f"wrote {out}")
     if not sys.stdout.isatty():
-        console.print(render_table(results), highlight=False)
+        console.print(render_table(results), highlight=False, markup=False)
     if any(r.verdict in ("FAIL", "error") for r in results):
         raise typer.Exit(1)
 

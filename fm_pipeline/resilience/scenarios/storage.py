@@ -127,7 +127,7 @@ def disk_full(ws: ChaosWorkspace) -> FaultResult:
     result.check(f"the segment fails ({failed.outcome.value}, exit {failed.exit_code})",
                  not failed.ok and failed.exit_code not in (0, 75))
     result.check("the reason shows the disk is full (ENOSPC, or 0 MB free)",
-                 any(w in text for w in ("No space left", "ENOSPC", "Errno 28", " 0.0 MB free")))
+                 any(w in text for w in ("No space left", "ENOSPC", "Errno 28", "(0.0 MB free")))
     result.check(f"the incomplete checkpoint is skipped with its reason: "
                  f"{first_line(skipped[0].split(': ', 1)[-1], 90) if skipped else 'none'!r}",
                  bool(skipped) and "manifest.json" in skipped[0])

@@ -1,6 +1,6 @@
 """Checkpoint save/load throughput against the raw disk, and what an async save costs training.
 
-    python -m benchmarks.checkpoint [--model wide|20m|...] [--repeats 3]
+    python -m benchmarks.checkpoint [--model wide|20m|...] [--repeats 5] [--write-threads 2]
 
 One process stands for one rank: fm_pipeline's Transformer trained on random tokens. The
 default "wide" shape (2 layers, dim 1024, ~29M parameters, ~350 MB of model + AdamW state)
@@ -121,12 +121,13 @@ class Run:
         return time.perf_counter() - t0
 
 
-def measure(model: str, repeats: int, workdir: Path) -> dict:
+def measure(model: str, repeats: int, workdir: Path, *, write_threads: int = 1) -> dict:
     from fm_pipeline.checkpoint import CheckpointManager, CheckpointRef, restore
 
     run = Run(model, batch=2, seq=128)
     run.step()  # optimizer state exists from here on
-    sync = CheckpointManager(run.job, run.app_state, root=workdir / "sync", async_save=False)
+    sync = CheckpointManager(run.job, run.app_state, root=workdir / "sync", async_save=False,
+                             write_threads=write_threads)
     first = sync.save(1, tokens_seen=0).result()  # warm-up: allocations, imports
     nbytes = first.total_bytes
     payload = memoryview(os.urandom(1 << 20) * (nbytes >> 20) + os.urandom(nbytes % (1 << 20)))
@@ -157,7 +158,8 @@ def measure(model: str, repeats: int, workdir: Path) -> dict:
     del payload, in_place
 
     # Async: baseline steps, then a save, then the steps that overlap the background write.
-    manager = CheckpointManager(run.job, run.app_state, root=workdir / "async", async_save=True)
+    manager = CheckpointManager(run.job, run.app_state, root=workdir / "async", async_save=True,
+                                write_threads=write_threads)
     blocks, calls, waits, extras, base_steps, overlapped = [], [], [], [], [], []
     step = 100
     for _ in range(repeats):
@@ -180,7 +182,7 @@ def measure(model: str, repeats: int, workdir: Path) -> dict:
     med = statistics.median
     sync_save = med(save_s)
     out = {
-        "model": model, "bytes": nbytes, "repeats": repeats,
+        "model": model, "bytes": nbytes, "repeats": repeats, "write_threads": write_threads,
         "tensors": sum(1 for v in run.model.state_dict().values()) * 3,
         "disk_write_bytes_per_s": nbytes / med(write_s),
         "save_bytes_per_s": nbytes / sync_save,
@@ -212,12 +214,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="wide", help="'wide' (default) or a registry size")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--write-threads", type=int, default=1,
+                        help="DCP files per rank, written (and read) in parallel")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
     torch.manual_seed(0)
     workdir = Path(tempfile.mkdtemp(prefix="fm-bench-ckpt-", dir=args.dir))
     try:
-        out = measure(args.model, args.repeats, workdir)
+        out = measure(args.model, args.repeats, workdir, write_threads=args.write_threads)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     mb = 1e6

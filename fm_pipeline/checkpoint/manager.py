@@ -45,27 +45,13 @@ from fm_pipeline.checkpoint.commit import (
     write_probe,
 )
 from fm_pipeline.checkpoint.copies import discover_copies
-from fm_pipeline.checkpoint.layout import (
-    MANIFEST,
-    CheckpointRef,
-    delete_checkpoint,
-    list_local,
-    local_root,
-    step_dir_name,
-)
-from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo, atomic_write, fsync_dir
+from fm_pipeline.checkpoint.layout import MANIFEST, local_root, step_dir_name
+from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo, fsync_dir
+from fm_pipeline.checkpoint.publish import Publisher
+from fm_pipeline.checkpoint.retention import RetentionReport
 from fm_pipeline.checkpoint.streams import ChecksummingWriter
-from fm_pipeline.checkpoint.retention import RetentionReport, apply_retention
-from fm_pipeline.checkpoint.tiering import (
-    UploadReport,
-    commit_remote,
-    record_upload,
-    pending_uploads,
-    remote_prefix,
-    sync_to_store,
-    upload_files,
-)
-from fm_pipeline.storage import ObjectStore, StoreError
+from fm_pipeline.checkpoint.tiering import UploadReport
+from fm_pipeline.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +87,16 @@ class CheckpointManager:
     def __init__(self, job, app_state: dict, *, mesh=None, mix_key: str | None = None,
                  root: str | Path | None = None, store: ObjectStore | None = None,
                  upload: bool | None = None, async_save: bool | None = None,
-                 on_busy: str = "wait", staging: str = "overlap", checksum: str = "crc32c"):
+                 on_busy: str = "wait", staging: str = "overlap", checksum: str = "crc32c",
+                 write_threads: int = WRITE_THREADS):
         from fm_pipeline.checkpoint.manifest import CHECKSUMS
 
         if checksum not in CHECKSUMS:
             raise ValueError(f"checksum must be one of {sorted(CHECKSUMS)}, got {checksum!r}")
         self.checksum = checksum
+        if write_threads < 1:
+            raise ValueError(f"write_threads must be >= 1, got {write_threads}")
+        self.write_threads = write_threads
         if on_busy not in ("wait", "skip"):
             raise ValueError(f"on_busy must be 'wait' or 'skip', got {on_busy!r}")
         missing = {"model"} - app_state.keys()
@@ -135,6 +125,8 @@ class CheckpointManager:
                         "directories) and uploads are off: no single place will hold a whole "
                         "checkpoint, so none can be restored", self.world_size,
                         self.copies.count)
+        self._publisher = Publisher(job, store=self.store, root=self.root, copies=self.copies,
+                                    group=self._group, rank=self.rank)
         self._stager = None
         if self.async_save:
             from fm_pipeline.checkpoint.state import OptimizerState
@@ -235,7 +227,7 @@ class CheckpointManager:
         failed."""
         entries, error, stage_s, write_s, checksum_s = [], None, 0.0, 0.0, 0.0
         writer = ChecksummingWriter(directory, algorithm=self.checksum,
-                                    thread_count=WRITE_THREADS)
+                                    thread_count=self.write_threads)
         try:
             if isinstance(state, Future):
                 state = state.result()
@@ -269,20 +261,14 @@ class CheckpointManager:
         result = comm.broadcast_from_rank0(result, self._group)
         result.events = {**events, "committed": time.perf_counter()}
         if result.committed and not self.copies.shared:
-            self._copy_manifest(directory)
+            self._publisher.copy_manifest(directory)
         if result.committed and self.upload:
-            result.upload = self._upload(directory, ctx.step, [e.path for e in entries])
+            result.upload = self._publisher.upload(directory, ctx.step,
+                                                   [e.path for e in entries])
         if result.committed:
-            result.retention = self._retain_and_retry(ctx.step, result.upload)
+            result.retention = self._publisher.retain(ctx.step, result.upload)
         result.events["done"] = time.perf_counter()
         return result
-
-    def _copy_manifest(self, directory: Path) -> None:
-        """Nodes with their own disk keep the manifest next to their share of the files."""
-        data = comm.broadcast_from_rank0(
-            (directory / MANIFEST).read_bytes() if self.rank == 0 else None, self._group)
-        if self.copies.leader and self.rank != 0:
-            atomic_write(directory / MANIFEST, data)
 
     def _commit(self, directory: Path, ctx: SaveContext, gathered: list,
                 referenced: set[str] | None) -> SaveResult:
@@ -311,81 +297,6 @@ class CheckpointManager:
                      "hash %.2fs)", ctx.step, directory, result.total_bytes / 1e6,
                      result.blocked_s, write_s, checksum_s)
         return result
-
-    def _upload(self, directory: Path, step: int, own: list[str]) -> UploadReport:
-        """Each rank uploads the files it wrote; rank 0 commits the manifest last."""
-        prefix = remote_prefix(self.job.name, CheckpointRef.local(directory))
-        t0 = time.perf_counter()
-        errors = upload_files(directory, self.store, prefix, own)
-        gathered = comm.gather_to_rank0(errors, self._group)
-        report = None
-        if self.rank == 0:
-            from fm_pipeline.checkpoint.validate import read_manifest
-
-            local = CheckpointRef.local(directory)
-            all_errors = [e for errs in gathered for e in errs]
-            manifest = read_manifest(local)
-            if not all_errors:
-                try:
-                    commit_remote(self.store, prefix, manifest, local.read_bytes(MANIFEST))
-                except StoreError as e:
-                    all_errors.append(str(e))
-            report = UploadReport(step=step, store_uri=self.store.uri, prefix=prefix,
-                                  committed=not all_errors, files=len(manifest.files),
-                                  bytes=manifest.total_bytes, seconds=time.perf_counter() - t0,
-                                  error="; ".join(all_errors) if all_errors else None)
-            record_upload(local, report, self.store)
-        return comm.broadcast_from_rank0(report, self._group)
-
-    def _retain_and_retry(self, step: int, upload: UploadReport | None) -> list:
-        """Rank 0 retries older pending uploads and applies retention; on nodes with their own
-        disk, the other copies then drop what rank 0 dropped."""
-        reports = self._retain_on_rank0(step, upload) if self.rank == 0 else []
-        if not self.copies.shared:
-            kept = None
-            if self.rank == 0 and reports and reports[0].tier == "local":
-                kept = (step, set(reports[0].kept))
-            kept = comm.broadcast_from_rank0(kept, self._group)
-            if kept is not None and self.copies.leader and self.rank != 0:
-                self._prune_copy(*kept)
-        return reports
-
-    def _warn_pending_uploads(self, step: int) -> None:
-        try:
-            pending = [r.step for r in pending_uploads(self.job.name, self.store, root=self.root)
-                       if r.step != step]
-        except StoreError:
-            return
-        if pending:
-            log.warning("checkpoints %s never reached %s and are not retried: their files are "
-                        "spread over the nodes' disks", pending, self.store.uri)
-
-    def _prune_copy(self, newest: int, kept: set[int]) -> None:
-        for ref in list_local(self.root):
-            if ref.step < newest and ref.step not in kept:
-                freed = delete_checkpoint(ref)
-                log.info("retention deleted this node's copy %s (%.1f MB)", ref.location,
-                         freed / 1e6)
-
-    def _retain_on_rank0(self, step: int, upload: UploadReport | None) -> list:
-        ck = self.job.checkpoint
-        reports = []
-        if upload is not None and upload.committed:
-            if self.copies.shared:
-                sync_to_store(self.job.name, self.store, root=self.root, exclude_steps={step})
-            else:
-                self._warn_pending_uploads(step)
-        try:
-            reports.append(apply_retention(self.job.name, keep_last=ck.keep_last,
-                                           milestone_every=ck.milestone_every, job=self.job,
-                                           root=self.root, known_valid={step}))
-            if upload is not None and upload.committed:
-                reports.append(apply_retention(self.job.name, keep_last=ck.keep_last,
-                                               milestone_every=ck.milestone_every,
-                                               tier="store", store=self.store, job=self.job))
-        except (OSError, StoreError) as e:
-            log.error("retention after step %d failed: %s", step, e)
-        return reports
 
     def _finish(self, result: SaveResult) -> SaveResult:
         if self._stager is not None:

@@ -105,9 +105,10 @@ class Timings(_Strict):
     waited_s: float = Field(ge=0, description="part of blocked_s spent waiting for the "
                                               "previous save to finish")
     stage_s: float = Field(ge=0, description="host copy finishing after save() returned")
-    write_s: float = Field(ge=0, description="DCP write to the page cache, slowest rank")
-    checksum_s: float = Field(ge=0, description="fsync and SHA-256 of a rank's files, "
-                                                "overlapped, slowest rank")
+    write_s: float = Field(ge=0, description="DCP write, slowest rank; checksums are computed "
+                                             "and each file fsynced as it is written")
+    checksum_s: float = Field(ge=0, description="durability after the write (the directory's "
+                                                "fsync), slowest rank")
     commit_s: float = Field(ge=0, description="save() call to manifest written")
     async_save: bool
 

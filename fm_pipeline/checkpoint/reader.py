@@ -203,6 +203,10 @@ class _FileReader:
         self.buf = bytearray()
 
     def run(self) -> None:
+        if self.owner.entries and self.entry is None:
+            self.owner._problem(self.name, "referenced by .metadata but not listed in the "
+                                           "manifest")
+            return
         path = Path(self.owner.path) / self.name
         try:
             fd = os.open(path, os.O_RDONLY)

@@ -93,8 +93,7 @@ def localize(ref: CheckpointRef, *, cache_root: Path | None = None,
     t0 = time.perf_counter()
     expected = None
     if ref.is_local and not copies.shared:  # other copies check against rank 0's manifest
-        expected = comm.broadcast_from_rank0(
-            ref.read_bytes(MANIFEST) if comm.rank() == 0 else None)
+        expected = _rank0_manifest_bytes(ref)
     error = None
     if copies.leader:
         try:
@@ -104,12 +103,26 @@ def localize(ref: CheckpointRef, *, cache_root: Path | None = None,
                 _complete_local(ref, dest, expected, store=store, job_name=job_name)
         except CheckpointInvalid as e:
             error = [(p.where, p.message) for p in e.problems]
-        except (StoreError, FileNotFoundError, OSError) as e:
+        except (StoreError, OSError, ValueError) as e:  # every rank must reach the gather
             error = [(ref.location, f"cannot fetch the checkpoint: {e}")]
     errors = [e for e in comm.all_gather(error) if e is not None]
     if errors:
         raise CheckpointInvalid(ref, [Problem(w, m) for probs in errors for w, m in probs])
     return CheckpointRef.local(dest), time.perf_counter() - t0
+
+
+def _rank0_manifest_bytes(ref: CheckpointRef) -> bytes:
+    """Rank 0's manifest on every rank (collective), or FileNotFoundError on every rank."""
+    box = None
+    if comm.rank() == 0:
+        try:
+            box = (ref.read_bytes(MANIFEST), None)
+        except (OSError, StoreError) as e:
+            box = (None, f"{ref.location}: no readable {MANIFEST} on rank 0: {e}")
+    data, error = comm.broadcast_from_rank0(box)
+    if error is not None:
+        raise FileNotFoundError(error)
+    return data
 
 
 def _complete_local(ref: CheckpointRef, dest: Path, expected: bytes | None, *,
@@ -143,7 +156,10 @@ def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = Tru
     copies = discover_copies(_local_dir(ref, cache_root).parent)
     local, download_s = localize(ref, cache_root=cache_root, store=store,
                                  job_name=job.name if job is not None else None, copies=copies)
-    manifest = read_manifest(local)
+    if copies.shared:
+        manifest = read_manifest(local)
+    else:  # a copy may still lack its manifest (nothing to fetch it from): rank 0's is the one
+        manifest = parse_manifest(_rank0_manifest_bytes(local), where=local.location)
     if problems := model_problems(manifest, job):
         raise CheckpointInvalid(ref, problems)
     absent = sorted(set(app_state) - set(manifest.state_keys))

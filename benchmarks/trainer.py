@@ -10,15 +10,17 @@ in a fresh process each, with the same thread count:
              manager, metrics files, preemption watch, per-rank timing sync, float64
              grad norm); checkpointing only after the timed steps
   bare loop  forward, cross-entropy, backward, clip_grad_norm_, optimizer and scheduler step
-Throughput is wall clock from the end of warm-up step `--warmup` to the end of the last
-timed step (the trainer's from its metrics records' timestamps, so reporting counts too;
-one extra step follows so that the final checkpoint is not timed). Each side
-runs `--repeats` times, alternating; the best run of each is reported (the machine is
-shared and noisy; the best is the least disturbed).
+Throughput is tokens per step over the median wall-clock step interval of the timed steps
+(end of one step to the end of the next: the trainer's from its metrics records'
+timestamps, so its reporting between steps counts; one extra step follows so that the
+final checkpoint is not timed). Each side runs `--repeats` times, alternating; the best
+run of each is reported (the machine is shared and noisy: the median resists bursts of
+other load within a run, the best run resists slow periods).
 
 trainer_tokens_per_s, bare_loop_tokens_per_s, overhead_ratio = trainer / bare (target >=
-0.98), cpu_overhead_ratio (the same from tokens per CPU-second of each process: steadier
-when other work shares the cores), plus the trainer's MFU against the measured CPU peak.
+0.98), cpu_overhead_ratio (the same from each process's CPU seconds per step, all threads:
+a second view; OpenMP threads spin while descheduled, so it is noisy under load too), plus
+the trainer's MFU against the measured CPU peak.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,17 +92,18 @@ def run_bare(job_path: Path, env: dict) -> dict:
 
 
 def _throughput(stamps: list[tuple[int, float]], tokens_per_step: int) -> float:
-    """Tokens per second from the end of step `--warmup` to the end of the timed steps."""
+    """Tokens per second from the median step interval (end of step k-1 to end of step k)
+    over the timed steps: bursts of other load on a shared machine hit a few steps, not
+    the median."""
     at = dict(stamps)
-    s0, s1 = ARGS.warmup, ARGS.warmup + ARGS.steps
-    (t0, t1) = at[s0], at[s1]
-    return (s1 - s0) * tokens_per_step / (t1 - t0)
+    timed = range(ARGS.warmup + 1, ARGS.warmup + ARGS.steps + 1)
+    return tokens_per_step / statistics.median(at[s] - at[s - 1] for s in timed)
 
 
 def _cpu_throughput(cpu: list[tuple[int, float]], tokens_per_step: int) -> float:
-    """Tokens per CPU second of the process over the timed steps (each step's own CPU time)."""
+    """Tokens per CPU second of the process: the median step's own CPU time (all threads)."""
     timed = [c for s, c in cpu if ARGS.warmup < s <= ARGS.warmup + ARGS.steps]
-    return len(timed) * tokens_per_step / sum(timed)
+    return tokens_per_step / statistics.median(timed)
 
 
 def bare_loop(job_path: Path) -> None:
@@ -195,7 +199,6 @@ def main() -> None:
         "trainer_tokens_per_s": round(max(trainer), 1),
         "bare_loop_tokens_per_s": round(max(bare), 1),
         "overhead_ratio": round(max(trainer) / max(bare), 4),
-        # Tokens per CPU-second of the process: far steadier than wall time on a shared CPU.
         "cpu_overhead_ratio": round(max(trainer_cpu) / max(bare_cpu), 4),
         "trainer_runs_tokens_per_s": [round(x, 1) for x in trainer],
         "bare_runs_tokens_per_s": [round(x, 1) for x in bare],

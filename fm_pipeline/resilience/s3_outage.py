@@ -24,6 +24,7 @@ import threading
 from fm_pipeline.storage import open_store
 
 
+MOTO_START_TIMEOUT_S = 30.0
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                      "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -83,9 +84,19 @@ class OutageEndpoint:
         import logging
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request
-        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port,
-                                        verbose=False)
-        self._moto.start()
+        # A fresh port each time: the old one may still be held (TIME_WAIT, a slow
+        # shutdown), and moto's start() would then wait forever for a server that never
+        # bound. The relay reads moto_port per connection; moto's state is in-process.
+        self.moto_port = _free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port,
+                                    verbose=False)
+        starter = threading.Thread(target=server.start, daemon=True, name="moto-start")
+        starter.start()
+        starter.join(MOTO_START_TIMEOUT_S)
+        if starter.is_alive():
+            raise RuntimeError(f"moto's S3 server did not start on 127.0.0.1:"
+                               f"{self.moto_port} within {MOTO_START_TIMEOUT_S:.0f} s")
+        self._moto = server
 
     def store(self, bucket: str, prefix: str = "fm"):
         return open_store(f"s3://{bucket}/{prefix}", endpoint_url=self.url)
@@ -123,9 +134,10 @@ class OutageEndpoint:
             self._moto = None
 
     def restore(self) -> None:
+        # moto starts outside the lock: relay threads winding down need it meanwhile.
+        self._marker = None
+        self._start_moto()
         with self._lock:
-            self._marker = None
-            self._start_moto()
             self._listener = socket.create_server(("127.0.0.1", self.port))
             self._down.clear()
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True,

@@ -28,8 +28,12 @@ class SegmentReporter:
         self.pipes: PipesSink | None = None
         uri = tracking_uri()
         if uri:
-            self.mlflow = MlflowSink(uri, job_name=job_name, params=params,
-                                     run_name=f"{job_name}-steps-{start_step}-{target_step}")
+            try:
+                self.mlflow = MlflowSink(uri, job_name=job_name, params=params,
+                                         run_name=f"{job_name}-steps-{start_step}-{target_step}")
+            except Exception as e:  # tracking must never take training down
+                log.warning("MLflow at %s unusable, this segment is not tracked there "
+                            "(metrics.jsonl still is): %s", uri, e)
         if pipes_requested():
             self.pipes = PipesSink()
         self._progress = None

@@ -34,8 +34,29 @@ def tracking_uri() -> str | None:
     return os.environ.get(names.ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
+PROBE_TIMEOUT_S = 3.0
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Raise ConnectionError at once if an HTTP tracking server does not answer: MLflow's
+    own client retries for about four minutes before giving up, and a segment must not
+    wait that long to start because tracking is down."""
+    if not uri.startswith(("http://", "https://")):
+        return  # a file or database store: nothing to reach
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # it answered (an old server without /health, or a proxy in front)
+    except OSError as e:
+        raise ConnectionError(f"no answer from the MLflow server at {uri}: {e}") from None
+
+
 class MlflowSink:
     def __init__(self, uri: str, *, job_name: str, params: dict[str, Any], run_name: str):
+        probe_server(uri)
         self.client = runs.open_client(uri)
         self.own_run = not os.environ.get(names.ENV_RUN_ID)
         self.run_id = os.environ.get(names.ENV_RUN_ID) or runs.open_trainer_run(

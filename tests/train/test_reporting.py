@@ -46,3 +46,20 @@ def test_four_ranks_to_one_process_with_mlflow_and_pipes(layouts_run, tmp_path):
     (custom,) = [m for m in got if m["method"] == "report_custom_message"]
     assert custom["params"]["payload"]["segment"]["final_loss"] == pytest.approx(
         ws.metrics("single-from-fsdp4")[-1]["loss"])
+
+
+def test_an_unreachable_mlflow_server_is_a_warning_not_a_four_minute_stall(tmp_path, caplog,
+                                                                             monkeypatch):
+    import socket
+
+    from fm_pipeline.train.report import SegmentReporter
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("FM_MLFLOW_URI", dead)
+    reporter = SegmentReporter(job_name="j", runs_dir=tmp_path, params={}, start_step=0,
+                               target_step=2)
+    assert reporter.mlflow is None
+    assert f"MLflow at {dead} unusable" in caplog.text
+    assert "no answer from the MLflow server" in caplog.text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(autouse=True)
-def fm_home(tmp_path, monkeypatch) -> Path:
+def fm_home(tmp_path, monkeypatch) -> Iterator[Path]:
     """Every test gets its own state directory; nothing leaks into the repo's .fm/."""
     home = tmp_path / "fm_home"
     home.mkdir()
@@ -27,7 +29,17 @@ def fm_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("FM_MLFLOW_URI", raising=False)
     monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
     (home / "dagster").mkdir()
-    return home
+    yield home
+    _forget_dagster_instance()
+
+
+def _forget_dagster_instance() -> None:
+    """An instance entered without being exited (DagsterInstance.get() in a test, a run
+    executed in process) leaves itself as the current definitions-state storage of this
+    thread; once it is garbage-collected, the next test that loads Definitions fails with
+    "undefined DagsterInstance weakref". Each test starts without one."""
+    if "dagster._core.storage.defs_state.base" in sys.modules:
+        sys.modules["dagster._core.storage.defs_state.base"]._current_storage.set(None)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
     fm data prepare --job configs/demo.yaml
     fm demo
+    fm report demo-1
 
 Each sub-command group lives in its own module and is registered here.
 """
@@ -17,6 +18,7 @@ from fm_pipeline.cli import data as data_cli
 from fm_pipeline.cli import demo as demo_cli
 from fm_pipeline.cli import k8s as k8s_cli
 from fm_pipeline.cli import plan as plan_cli
+from fm_pipeline.cli import report as report_cli
 from fm_pipeline.cli import simulate as simulate_cli
 
 app = typer.Typer(
@@ -33,6 +35,7 @@ app.add_typer(plan_cli.app, name="plan", help="Plan layout, memory, MFU, reliabi
 app.add_typer(simulate_cli.app, name="simulate", help="Simulate failures, checkpoints, stragglers and queues at cluster scale.")
 app.add_typer(chaos_cli.app, name="chaos", help="Inject faults into real runs; straggler events and exclusions.")
 app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_cli.demo)
+app.command("report", help="Plot a training job (loss, step time, MFU, tokens/s, held-out loss) and summarise it.")(report_cli.report)
 
 
 if __name__ == "__main__":

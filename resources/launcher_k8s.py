@@ -69,12 +69,14 @@ class KubernetesLauncher(ConfigurableResource):
         extras: Mapping[str, Any] | None = None,
         placement: Placement | None = None,
         env: Mapping[str, str] | None = None,
+        resume_from: str | None = None,
     ) -> SegmentRun:
         """Train `job` up to `end_step` on the cluster; raises dagster.Failure (metadata:
         outcome, exit_code, failed_rank, reason) unless the JobSet completed. `env` is added
-        to every pod's container environment (e.g. the MLflow run to log into)."""
+        to every pod's container environment (e.g. the MLflow run to log into);
+        `resume_from` (a store location the pods can read) replaces the newest valid."""
         launch = SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
-                               overrides=tuple(overrides))
+                               overrides=tuple(overrides), resume_from=resume_from)
         client = self.jobset_client()
         reader = PipesK8sPodLogsMessageReader()
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),

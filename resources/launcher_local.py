@@ -54,13 +54,16 @@ class LocalLauncher(ConfigurableResource):
         extras: Mapping[str, Any] | None = None,
         placement: Placement | None = None,
         env: Mapping[str, str] | None = None,
+        resume_from: str | None = None,
     ) -> SegmentRun:
         """Train `job` up to `end_step`; raises dagster.Failure (metadata: outcome, exit_code,
         failed_rank, reason) unless the segment reached its end step. `placement` is
         accepted for the same call as KubernetesLauncher; one machine has nothing to place.
-        `env` is added to every worker's environment (e.g. the MLflow run to log into)."""
+        `env` is added to every worker's environment (e.g. the MLflow run to log into);
+        `resume_from` (a checkpoint directory or store location) replaces the newest valid."""
         launch = SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
-                               overrides=tuple(overrides), max_restarts=self.max_restarts)
+                               overrides=tuple(overrides), max_restarts=self.max_restarts,
+                               resume_from=resume_from)
         with open_pipes_session(
             context=context,
             context_injector=PipesTempFileContextInjector(),

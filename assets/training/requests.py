@@ -20,19 +20,23 @@ from fm_pipeline.assets.training.names import (
 )
 
 SUBMIT, NEXT_SEGMENT = "submit", "next_segment"
+API_RESUME = "api_resume"  # the control plane started the job again (after a stop or failure)
 RESUME_AFTER_FAILURE, RESUME_AFTER_PREEMPTION = "resume_after_failure", "resume_after_preemption"
 
 
 def segment_request(job, *, start_step: int, end_step: int, trigger: str,
                     run_key: str | None = None, tags: Mapping[str, str] | None = None,
-                    fail_at: str = "") -> RunRequest:
-    """Train `job` from its newest valid checkpoint (expected at `start_step`) to `end_step`."""
+                    fail_at: str = "", resume_from: str = "") -> RunRequest:
+    """Train `job` from its newest valid checkpoint (expected at `start_step`), or from the
+    checkpoint `resume_from` (a directory or store location at `start_step`), to `end_step`."""
     if not 0 <= start_step < end_step <= job.training.steps:
         raise ValueError(f"segment {start_step} -> {end_step} is outside job {job.name}'s "
                          f"steps 0..{job.training.steps}")
     config = {"end_step": end_step}
     if fail_at:
         config["fail_at"] = fail_at
+    if resume_from:
+        config["resume_from"] = resume_from
     return RunRequest(
         run_key=run_key, partition_key=job.name,
         run_config={"ops": {"training_segment": {"config": config}}},

@@ -9,7 +9,9 @@ launcher's recovered outcome, exit code and reason plus the step it failed at: t
 failure sensor (sensors.py) reads them to decide whether and when to resume.
 
 Run config (ops.training_segment.config): end_step (0: the next segment boundary after the
-newest valid checkpoint), fail_at ("RANK:STEP" fault injection, FM_FAULT_FAIL_AT).
+checkpoint it starts from), fail_at ("RANK:STEP" fault injection, FM_FAULT_FAIL_AT),
+resume_from (a committed checkpoint of the job, directory or store location, to start from
+instead of the newest valid one: the trainer's --resume-from).
 """
 
 import time
@@ -47,6 +49,9 @@ class SegmentConfig(Config):
         "newest valid checkpoint"))
     fail_at: str = Field(default="", description=(
         "fault injection RANK:STEP: that rank raises after STEP (local launcher; demo, drills)"))
+    resume_from: str = Field(default="", description=(
+        "start from this committed checkpoint (directory or store location) instead of the "
+        "newest valid one; empty: the newest valid"))
 
 
 def newest_valid_step(job, store) -> tuple[int, str | None]:
@@ -55,6 +60,20 @@ def newest_valid_step(job, store) -> tuple[int, str | None]:
 
     found = latest_valid(job, store=store, checksums=False)
     return (found.found.step, found.found.location) if found.found else (0, None)
+
+
+def checkpoint_step(job, store, location: str) -> int:
+    """The step of the job's checkpoint at `location` (either tier); ValueError if it is not
+    one of the job's checkpoints."""
+    from fm_pipeline.checkpoint.validate import candidates
+
+    refs = candidates(job.name, store=store)
+    for ref in refs:
+        if ref.location.rstrip("/") == location.rstrip("/"):
+            return ref.step
+    known = ", ".join(sorted({r.location for r in refs})) or "none"
+    raise ValueError(f"resume_from {location!r} is not a checkpoint of job {job.name} "
+                     f"(its checkpoints: {known})")
 
 
 def _failed_at_step(job_name: str, since: float) -> int | None:
@@ -89,7 +108,15 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
 
     target = store.open()
     job = registered_job(target, context.partition_key)
-    start, resume_from = newest_valid_step(job, target)
+    if config.resume_from:
+        try:
+            start = checkpoint_step(job, target, config.resume_from)
+        except ValueError as e:
+            raise Failure(description=str(e), allow_retries=False, metadata={
+                "outcome": "bad_config", "reason": str(e)}) from None
+        resume_from = config.resume_from
+    else:
+        start, resume_from = newest_valid_step(job, target)
     end = config.end_step or segment_end(job, start)
     if start >= job.training.steps or end <= start:
         raise Failure(description=(f"job {job.name} is at step {start}; a segment to step {end} "
@@ -115,9 +142,10 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     context.log.info(f"{job.name}: segment steps {start} -> {end} "
                      f"(resuming from {resume_from or 'scratch'})")
     launched_at = time.time()
+    chosen = {"resume_from": config.resume_from} if config.resume_from else {}
     try:
         run = launcher.launch_segment(
-            context, job=job, end_step=end, env=env,
+            context, job=job, end_step=end, env=env, **chosen,
             extras={"job": job.name, "start_step": start, "end_step": end})
     except BaseException as e:
         if not isinstance(e, Failure):  # cancelled, or the launcher itself broke

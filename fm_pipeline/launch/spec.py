@@ -92,13 +92,15 @@ def local_paths(segment_dir: Path) -> SegmentPaths:
 
 @dataclass(frozen=True)
 class SegmentLaunch:
-    """Train `job` from its latest valid checkpoint up to `end_step`, as one torchrun job."""
+    """Train `job` from its latest valid checkpoint (or `resume_from`) up to `end_step`, as
+    one torchrun job."""
 
     job: JobSpec
     end_step: int
     module: str = TRAINER_MODULE
     overrides: tuple[str, ...] = field(default=())  # trainer --set dotted.key=value
     max_restarts: int = 0  # torchrun's in-place restarts; Kubernetes restarts via JobSet
+    resume_from: str | None = None  # trainer --resume-from: this checkpoint, not the newest
 
     def __post_init__(self):
         if self.end_step < 1:
@@ -131,6 +133,8 @@ class SegmentLaunch:
 
     def torchrun_argv(self, rendezvous: Rendezvous, *, paths: SegmentPaths) -> list[str]:
         trainer_args = ["--job", str(paths.job_file), "--end-step", str(self.end_step)]
+        if self.resume_from:
+            trainer_args += ["--resume-from", self.resume_from]
         for item in self.overrides:
             trainer_args += ["--set", item]
         return [

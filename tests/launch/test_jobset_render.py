@@ -220,3 +220,14 @@ def test_cli_invalid_job_spec_writes_no_manifest(tmp_path):
     assert not out.exists()
     result = CliRunner().invoke(k8s_app, ["render", "--job", str(job_file), "--out", str(out)])
     assert result.exit_code == 2 and not out.exists()
+
+
+def test_a_chosen_checkpoint_reaches_the_trainer_as_resume_from(two_nodes, tmp_path):
+    chosen = "s3://fm-test/runs/checkpoints/tiny/step-00000010"
+    launch = SegmentLaunch(two_nodes, end_step=20, resume_from=chosen)
+    pod = _container(render_segment(launch, _target()))["command"]
+    local_argv, _ = prepare_segment(launch, tmp_path / "seg")
+    for argv in (pod, local_argv):
+        assert argv[-4:] == ["--end-step", "20", "--resume-from", chosen]
+    assert "--resume-from" not in prepare_segment(
+        SegmentLaunch(two_nodes, end_step=20), tmp_path / "other")[0]

@@ -89,8 +89,10 @@ class PipelineDriver:
 
     # -- runs ----------------------------------------------------------------------------
 
-    def execute(self, job_name: str, request: RunRequest, *, origin: str) -> ExecutedRun:
-        """Run one request in process (in a worker thread while progress is reported)."""
+    def execute(self, job_name: str, request: RunRequest, *, origin: str,
+                run_id: str | None = None) -> ExecutedRun:
+        """Run one request in process (in a worker thread while progress is reported);
+        `run_id`: the Dagster run id to use (a caller that must name the run beforehand)."""
         if len(self.runs) >= self.max_runs:
             raise RuntimeError(f"more than {self.max_runs} runs: a sensor keeps requesting")
         request = self._with_fault(job_name, request)
@@ -98,7 +100,7 @@ class PipelineDriver:
         if request.run_key and origin != "submit":
             tags.update({RUN_KEY_TAG: request.run_key, SENSOR_NAME_TAG: origin})
         job_def = self.definitions.resolve_job_def(job_name)
-        run_id = str(uuid.uuid4())
+        run_id = run_id or str(uuid.uuid4())
         box: dict = {}
 
         def target() -> None:
@@ -155,14 +157,19 @@ class PipelineDriver:
             self.cursors[name] = data.cursor
         return list(data.run_requests or [])
 
-    def _failure_sensor(self) -> list[RunRequest]:
-        """The run-failure sensor on every failed segment run it has not seen yet."""
+    def _failure_sensor(self, only: str | None = None) -> list[RunRequest]:
+        """The run-failure sensor on every failed segment run it has not seen yet (`only`: of
+        that job, among the runs this driver executed)."""
         sensor_def = self.definitions.resolve_sensor_def(FAILURE_SENSOR)
+        mine = {r.run_id for r in self.runs}
         requests = []
-        for name in self.instance.get_dynamic_partitions(JOBS_PARTITION):
+        names = [only] if only else self.instance.get_dynamic_partitions(JOBS_PARTITION)
+        for name in names:
             for record in segment_run_records(self.instance, name, limit=20):
                 run = record.dagster_run
                 if run.status != DagsterRunStatus.FAILURE or run.run_id in self._seen_failures:
+                    continue
+                if only and run.run_id not in mine:
                     continue
                 self._seen_failures.add(run.run_id)
                 logs = self.instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
@@ -177,10 +184,11 @@ class PipelineDriver:
                     requests.append(result)
         return requests
 
-    def pending_resume_s(self) -> float | None:
-        """Seconds until the earliest resume waiting out its backoff; None if there is none."""
+    def pending_resume_s(self, only: str | None = None) -> float | None:
+        """Seconds until the earliest resume waiting out its backoff (`only`: of that job);
+        None if there is none."""
         waits = []
-        for name in self.instance.get_dynamic_partitions(JOBS_PARTITION):
+        for name in [only] if only else self.instance.get_dynamic_partitions(JOBS_PARTITION):
             records = segment_run_records(self.instance, name, limit=1)
             if records and records[0].dagster_run.tags.get(TAG_DECISION) == RESUME_PENDING:
                 at = float(records[0].dagster_run.tags.get(TAG_RESUME_AT, "0"))
@@ -193,6 +201,18 @@ class PipelineDriver:
         due += [(EVALUATION_JOB, EVALUATION_SENSOR, r) for r in self._sensor(EVALUATION_SENSOR)]
         due += [(SEGMENT_JOB, PROGRESS_SENSOR, r) for r in self._sensor(PROGRESS_SENSOR)]
         return due
+
+    def tick_job(self, name: str, *, evaluate: bool = True) -> list[tuple[str, str, RunRequest]]:
+        """One round of the sensors for one training job, as `tick` does for all: failures of
+        the runs this driver executed, then its evaluations and next segment. The REST API
+        drives each of its jobs this way, one driver per API run."""
+        due = [(SEGMENT_JOB, FAILURE_SENSOR, r) for r in self._failure_sensor(only=name)]
+        if evaluate:
+            due += [(EVALUATION_JOB, EVALUATION_SENSOR, r)
+                    for r in self._sensor(EVALUATION_SENSOR) if r.partition_key == name]
+        due += [(SEGMENT_JOB, PROGRESS_SENSOR, r)
+                for r in self._sensor(PROGRESS_SENSOR) if r.partition_key == name]
+        return [(j, origin, r) for j, origin, r in due if not self.already_ran(r, origin=origin)]
 
     def already_ran(self, request: RunRequest, *, origin: str) -> bool:
         if not request.run_key:

@@ -9,6 +9,10 @@ Tags on segment runs (set by whoever requests them: the submit helpers, the sens
     fm/job, fm/trigger (submit | next_segment | resume_after_failure |
     resume_after_preemption), fm/start_step, fm/end_step, fm/resumes_run, fm/resume_from,
     fm/tenant, fm/priority
+Tags of runs the REST API started (api_orchestrator.py), carried by the sensors to every
+segment that follows: fm/api_job_id, fm/api_run (the API run's sequence number, 1, 2, ...);
+fm/stop (preempt | cancel) marks a run the control plane stopped: the sensors neither
+resume it nor start its next segment (the control plane decides when the job resumes).
 Tags the failure sensor adds to a failed segment run (the decision, visible in the UI):
     fm/outcome, fm/exit_code, fm/failed_at_step, fm/failure, fm/decision (resumed |
     resume_pending | stopped), fm/decision_reason, fm/resume_at (Unix seconds)
@@ -30,6 +34,11 @@ TAG_RESUMES = "fm/resumes_run"
 TAG_RESUME_FROM = "fm/resume_from"
 TAG_TENANT = "fm/tenant"
 TAG_PRIORITY = "fm/priority"
+TAG_API_JOB = "fm/api_job_id"
+TAG_API_RUN = "fm/api_run"
+TAG_STOP = "fm/stop"
+# Tags a sensor copies from the run it follows onto the segment it requests.
+CARRIED_TAGS = (TAG_API_JOB, TAG_API_RUN)
 
 TAG_OUTCOME = "fm/outcome"
 TAG_EXIT_CODE = "fm/exit_code"

@@ -32,6 +32,7 @@ from fm_pipeline.assets.training.checkpoints import CHECKPOINT
 from fm_pipeline.assets.training.history import attempt_of, attempts, segment_run_records
 from fm_pipeline.assets.training.jobs import checkpoint_evaluation_job, training_segment_job
 from fm_pipeline.assets.training.names import (
+    CARRIED_TAGS,
     JOBS_PARTITION,
     PARTITION_TAG,
     RESUME_PENDING,
@@ -46,6 +47,7 @@ from fm_pipeline.assets.training.names import (
     TAG_RESUME_AT,
     TAG_RESUME_FROM,
     TAG_RESUMES,
+    TAG_STOP,
     short,
 )
 from fm_pipeline.assets.training.requests import (
@@ -63,8 +65,15 @@ from fm_pipeline.resources.training_policy import TrainingPolicyResource
 SEGMENT_ASSET = "training_segment"
 
 
-def resume_request(job, *, failed_run_id: str, outcome: str, store) -> RunRequest | None:
-    """The segment that continues from the newest valid checkpoint; None at the target."""
+def carried(tags) -> dict[str, str]:
+    """The tags a following segment inherits from the run before it (the API's run)."""
+    return {k: tags[k] for k in CARRIED_TAGS if k in tags}
+
+
+def resume_request(job, *, failed_run_id: str, outcome: str, store,
+                   tags=None) -> RunRequest | None:
+    """The segment that continues from the newest valid checkpoint; None at the target.
+    `tags`: the failed run's, whose carried tags the resume keeps."""
     start, location = newest_valid_step(job, store)
     following = next_segment(job, reached_step=start)
     if following is None:
@@ -72,7 +81,7 @@ def resume_request(job, *, failed_run_id: str, outcome: str, store) -> RunReques
     trigger = RESUME_AFTER_PREEMPTION if outcome == "preempted" else RESUME_AFTER_FAILURE
     return segment_request(job, start_step=following[0], end_step=following[1],
                            trigger=trigger, run_key=f"resume-{failed_run_id}",
-                           tags={TAG_RESUMES: failed_run_id,
+                           tags={**carried(tags or {}), TAG_RESUMES: failed_run_id,
                                  TAG_RESUME_FROM: short(location or "scratch")})
 
 
@@ -96,7 +105,8 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
     if not name:
         return SkipReason(f"run {run.run_id} has no training job partition")
     instance = context.instance
-    failed = attempt_of(instance, instance.get_run_record_by_id(run.run_id))
+    record = instance.get_run_record_by_id(run.run_id)
+    failed = attempt_of(instance, record)
     if failed is None:  # the event arrived before the run's status was stored
         return SkipReason(f"run {run.run_id} has not finished yet")
     earlier = [a for a in attempts(instance, name) if a.run_id != run.run_id]
@@ -107,6 +117,12 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
                                else -1),
             TAG_FAILURE: short(failed.reason), TAG_DECISION_REASON: short(decision.reason)}
     context.log.info(f"{name}: run {run.run_id[:8]} {failed.outcome}: {decision.reason}")
+    stop = record.dagster_run.tags.get(TAG_STOP)  # fresh: the tag may postdate the event
+    if stop:  # the control plane stopped it: it, not the retry policy, decides what next
+        reason = f"stopped by the control plane ({stop}); it decides when the job resumes"
+        _record(instance, name, run.run_id, {**tags, TAG_DECISION: STOPPED,
+                                             TAG_DECISION_REASON: reason})
+        return SkipReason(f"{name}: {reason}")
     if not decision.resume:
         _record(instance, name, run.run_id, {**tags, TAG_DECISION: STOPPED})
         return SkipReason(f"{name}: stopped: {decision.reason}")
@@ -116,7 +132,7 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
         return SkipReason(f"{name}: resume after backoff, at {decision.not_before:.0f}")
     job = registered_job(store.open(), name)
     request = resume_request(job, failed_run_id=run.run_id, outcome=failed.outcome,
-                             store=store.open())
+                             store=store.open(), tags=run.tags)
     if request is None:
         _record(instance, name, run.run_id, {**tags, TAG_DECISION: STOPPED,
                                              TAG_DECISION_REASON: "target step reached"})
@@ -137,6 +153,9 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
         if not records:
             continue
         run = records[0].dagster_run
+        if run.tags.get(TAG_STOP):
+            notes.append(f"{name}: stopped by the control plane ({run.tags[TAG_STOP]})")
+            continue
         if run.status == DagsterRunStatus.SUCCESS:
             job = registered_job(target, name)
             reached, _ = newest_valid_step(job, target)
@@ -146,7 +165,7 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
                 continue
             requests.append(segment_request(
                 job, start_step=following[0], end_step=following[1], trigger=NEXT_SEGMENT,
-                run_key=f"next-after-{run.run_id}"))
+                run_key=f"next-after-{run.run_id}", tags=carried(run.tags)))
         elif run.status == DagsterRunStatus.FAILURE and \
                 run.tags.get(TAG_DECISION) == RESUME_PENDING:
             resume_at = float(run.tags.get(TAG_RESUME_AT, "0"))
@@ -155,7 +174,8 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
                 continue
             job = registered_job(target, name)
             request = resume_request(job, failed_run_id=run.run_id,
-                                     outcome=run.tags.get(TAG_OUTCOME, "failed"), store=target)
+                                     outcome=run.tags.get(TAG_OUTCOME, "failed"), store=target,
+                                     tags=run.tags)
             instance.add_run_tags(run.run_id, {TAG_DECISION: RESUMED})
             if request is not None:
                 requests.append(request)

@@ -123,6 +123,8 @@ class ControlPlane:
                 self.store.update(job_id, queue_state="queued", cancelled_at=None,
                                   resume_checkpoint=location)
                 self.policy.submit(_request(self.store.get(job_id)))
+            if location:  # retention must not delete it before the restart reads it
+                self._pin(job_id, location)
             self._event(job_id, "resume_requested", by=who, checkpoint=location or "latest valid")
             self.reconcile()
             return "restarting"
@@ -337,6 +339,15 @@ class ControlPlane:
         raise FieldError([("checkpoint", (
             f"{wanted!r} is not a committed checkpoint of job {job_id} (committed: {known})"
         ))])
+
+
+    def _pin(self, job_id: str, location: str) -> None:
+        from fm_pipeline.checkpoint import write_mark
+        from fm_pipeline.checkpoint.validate import candidates
+
+        for ref in candidates(job_id, store=self._object_store()):
+            if ref.location == location:
+                write_mark(ref, "pin", {"reason": "a resume from this checkpoint was requested"})
 
 
 def _request(record: JobRecord) -> JobRequest:

@@ -5,8 +5,10 @@
     fm api kueue render --tenants configs/tenants.yaml --out .fm/kueue
 
 `serve` uses configs/tenants.yaml, the FM_HOME object store and queue database, and the
-local orchestrator (torchrun segments on this machine). Logs never show tokens: every
-handler masks anything that looks like one.
+Dagster orchestrator: each API run is a chain of training_segment_job runs on the project's
+Dagster instance (DAGSTER_HOME, what `make ui` shows), driven in this process by the
+training sensors. `--orchestrator local` runs torchrun segments without Dagster.
+Logs never show tokens: every handler masks anything that looks like one.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def serve(
     tenants: Path = typer.Option(None, "--tenants", help="tenants YAML (default: embedded)"),
     max_body_bytes: int = typer.Option(64 * 1024, "--max-body-bytes", min=1024),
     tick_s: float = typer.Option(2.0, "--tick-s", min=0.1, help="seconds between reconciles"),
+    orchestrator: str = typer.Option(
+        "dagster", "--orchestrator",
+        help="dagster: runs on the Dagster instance (DAGSTER_HOME), driven by the training "
+             "sensors; local: torchrun segments in threads, run records in runs.json"),
 ) -> None:
     """Serve the API (OpenAPI at /openapi.json, docs at /docs)."""
     import uvicorn
@@ -61,22 +67,38 @@ def serve(
     from fm_pipeline.api.app import create_app
     from fm_pipeline.api.auth import TokenStore
     from fm_pipeline.api.control_plane import ControlPlane
-    from fm_pipeline.api.local_orchestrator import LocalOrchestrator
     from fm_pipeline.api.store import JobStore
     from fm_pipeline.scheduling import load_tenants
 
     config = load_tenants(tenants)
     tokens = TokenStore()
-    plane = ControlPlane(tenants=config, orchestrator=LocalOrchestrator(), store=JobStore())
+    plane = ControlPlane(tenants=config, orchestrator=_orchestrator(orchestrator),
+                         store=JobStore())
     issued = tokens.entries()
     console.print(
         f"fm-pipeline control plane on [bold]http://{host}:{port}[/] "
         f"(tenants {', '.join(config.tenant_names)}; pool {config.pool['gpu']} GPUs; "
-        f"{len(issued)} API token(s))", highlight=False)
+        f"{len(issued)} API token(s); {orchestrator} orchestrator)", highlight=False)
     if not issued:
         console.print("no API tokens yet: `fm api token issue --tenant NAME` (or --admin)")
     uvicorn.run(create_app(plane, tokens, max_body_bytes=max_body_bytes, tick_s=tick_s),
                 host=host, port=port, log_config=_log_config())
+
+
+ORCHESTRATORS = ("dagster", "local")
+
+
+def _orchestrator(kind: str):
+    """The Dagster one comes from the Dagster layer: the API's core never imports dagster."""
+    if kind == "local":
+        from fm_pipeline.api.local_orchestrator import LocalOrchestrator
+
+        return LocalOrchestrator()
+    if kind == "dagster":
+        from fm_pipeline.assets.training.api_orchestrator import DagsterOrchestrator
+
+        return DagsterOrchestrator.for_project()
+    raise ValueError(f"--orchestrator {kind!r}: expected one of {', '.join(ORCHESTRATORS)}")
 
 
 @token_app.command("issue")

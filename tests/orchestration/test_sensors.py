@@ -200,3 +200,38 @@ def test_every_new_checkpoint_is_evaluated_once(instance):
     again = checkpoint_evaluation_sensor(build_sensor_context(
         instance=instance, definitions=defs, cursor=first.cursor))
     assert isinstance(again, SkipReason)
+
+
+def test_a_run_the_control_plane_stopped_is_left_to_it_and_api_tags_are_carried(instance):
+    p = Pipeline(instance, job_spec("api-job"), policy=TrainingPolicyResource(backoff_base_s=0))
+    api_tags = {"fm/api_job_id": "api-job", "fm/api_run": "1"}
+    first = p.run(first_segment_request(p.job, store=p.store.open(), tags=api_tags))
+    (nxt,) = _requests(p.progress())
+    assert {k: nxt.tags[k] for k in api_tags} == api_tags  # the next segment is the API run's
+    failed = p.run(nxt, fault="1:5")
+    resume = p.on_failure(failed)
+    assert {k: resume.tags[k] for k in api_tags} == api_tags  # and so is the resume
+
+    # Preempted by the control plane (fm/stop): no resume, no next segment from the sensors.
+    instance.add_run_tags(first.run_id, {"fm/stop": "preempt"})
+    preempted = p.run(resume, preempt_at=6)
+    instance.add_run_tags(preempted.run_id, {"fm/stop": "preempt"})
+    verdict = p.on_failure(preempted)
+    assert isinstance(verdict, SkipReason) and "stopped by the control plane" in \
+        verdict.skip_message
+    assert p.tags(preempted)[TAG_DECISION] == "stopped"
+    assert _requests(p.progress()) == []
+
+
+def test_a_segment_refuses_a_resume_from_that_is_not_one_of_its_checkpoints(instance):
+    p = Pipeline(instance, job_spec("bad-resume"), policy=TrainingPolicyResource())
+    request = first_segment_request(p.job, store=p.store.open())
+    config = request.run_config["ops"]["training_segment"]["config"]
+    config["resume_from"] = "/nowhere/step-00000002"
+    failed = p.run(request)
+    assert not failed.success
+    (event,) = [e for e in failed.all_events if e.is_step_failure]
+    failure = event.step_failure_data.user_failure_data
+    assert failure.metadata["outcome"].value == "bad_config"
+    assert "'/nowhere/step-00000002' is not a checkpoint of job bad-resume" in \
+        failure.description

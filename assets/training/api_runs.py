@@ -1,0 +1,125 @@
+"""The REST API's runs of a training job, read back from Dagster run records.
+
+One API run (one admission of the job by the control plane) is every segment run tagged
+with the same `fm/api_run` number: the run the API launched and each segment the sensors
+requested after it (they carry the tag). Its state is the newest of those runs, read with
+the decisions the sensors recorded on it:
+
+    last segment run                                    API run
+    queued / starting / started                         starting (first run) / running
+    succeeded at the target step                        succeeded
+    succeeded, not at the target                        running (next segment due), or
+                                                        preempted / cancelled (fm/stop)
+    failed, fm/stop=preempt, exit 75                    preempted
+    failed or canceled, fm/stop=cancel; canceled        cancelled
+    failed, decision "stopped"                          failed (outcome: reason; why)
+    failed, decision "resumed" / "resume_pending"       running (the resume is due)
+
+"running" needs someone to drive the job: `live` says whether a driver still does; a run
+nobody drives any more (the control plane that drove it in process stopped) is failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dagster import DagsterRunStatus, RunsFilter
+
+from fm_pipeline.api.orchestrator import RunInfo
+from fm_pipeline.assets.training.history import attempt_of
+from fm_pipeline.assets.training.names import (
+    SEGMENT_JOB,
+    STOPPED,
+    TAG_API_JOB,
+    TAG_API_RUN,
+    TAG_DECISION,
+    TAG_DECISION_REASON,
+    TAG_END,
+    TAG_RESUME_FROM,
+    TAG_STOP,
+)
+
+_WAITING = {DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING}
+LOST = "the control plane stopped while this run was active; resume it"
+
+
+def api_run_records(instance, job_name: str) -> dict[int, list]:
+    """The job's segment run records per API run number, oldest first within each."""
+    records = instance.get_run_records(
+        filters=RunsFilter(job_name=SEGMENT_JOB, tags={TAG_API_JOB: job_name}), ascending=True)
+    runs: dict[int, list] = {}
+    for record in records:
+        number = record.dagster_run.tags.get(TAG_API_RUN, "")
+        if number.isdigit():
+            runs.setdefault(int(number), []).append(record)
+    return dict(sorted(runs.items()))
+
+
+def api_job_names(instance) -> list[str]:
+    """Every training job the API has launched runs for."""
+    for key, values in instance.get_run_tags(tag_keys=[TAG_API_JOB]):
+        if key == TAG_API_JOB:
+            return sorted(values)
+    return []
+
+
+def run_info(instance, records: list, *, target_step: int, live: bool,
+             lost_reason: str = LOST) -> RunInfo:
+    """The API run made of `records` (oldest first)."""
+    first, last = records[0], records[-1]
+    state, reason = _state(instance, last, target_step=target_step, live=live,
+                           first=len(records) == 1)
+    if state in ("starting", "running"):
+        state, reason = (state, None) if live else ("failed", lost_reason)
+    ended_at = None
+    if state not in ("starting", "running"):
+        ended_at = last.end_time or last.update_timestamp.timestamp()
+    return RunInfo(run_id=first.dagster_run.run_id, state=state,
+                   started_at=_started(first), ended_at=ended_at, reason=reason,
+                   resumed_from=first.dagster_run.tags.get(TAG_RESUME_FROM))
+
+
+def _started(record) -> float:
+    return record.start_time or record.create_timestamp.timestamp()
+
+
+def _state(instance, record, *, target_step: int, live: bool,
+           first: bool) -> tuple[str, str | None]:
+    run = record.dagster_run
+    stop = run.tags.get(TAG_STOP)
+    if run.status in _WAITING:
+        return ("starting" if first else "running"), None
+    if run.status == DagsterRunStatus.CANCELED:
+        return "cancelled", "cancelled by the control plane" if stop else "cancelled in Dagster"
+    if run.status == DagsterRunStatus.SUCCESS:
+        if int(run.tags.get(TAG_END, "0")) >= target_step:
+            return "succeeded", f"reached the target step {target_step}"
+        return _stopped_between_segments(stop)
+    if run.status != DagsterRunStatus.FAILURE:  # started, canceling
+        return "running", None
+    failed = attempt_of(instance, record)
+    why = f"{failed.outcome}: {failed.reason}"
+    if stop == "cancel":
+        return "cancelled", f"cancelled by the control plane ({why})"
+    if stop == "preempt":
+        if failed.outcome == "preempted":
+            return "preempted", f"preempted at a checkpoint: {failed.reason}"
+        return "failed", why
+    if run.tags.get(TAG_DECISION) == STOPPED:
+        return "failed", f"{why} (not resumed: {run.tags.get(TAG_DECISION_REASON, '')})"
+    return "running", why  # a resume is due (decided, or about to be)
+
+
+def _stopped_between_segments(stop: str | None) -> tuple[str, str | None]:
+    if stop == "preempt":
+        return "preempted", "preempted before segment start"
+    if stop == "cancel":
+        return "cancelled", "cancelled before segment start"
+    return "running", None
+
+
+def run_infos(instance, job_name: str, *, target_step: int,
+              is_live: Callable[[int], bool]) -> list[RunInfo]:
+    """Every API run of the job, oldest first."""
+    return [run_info(instance, records, target_step=target_step, live=is_live(number))
+            for number, records in api_run_records(instance, job_name).items()]

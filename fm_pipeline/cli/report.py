@@ -30,14 +30,17 @@ def report(job: str = typer.Argument(..., help="the training job's name (FM_HOME
     console.print(f"figure: {path}", highlight=False)
 
 
-def write_report(job: str, *, out: Path | None = None, store=None, quiet: bool = False) -> Path:
-    """Write the job's figure and print its summary; the figure's path. Raises NoMetrics
-    (a ValueError naming the job) when the job has no step records."""
+def write_report(job: str, *, out: Path | None = None, store=None, baseline=None,
+                 quiet: bool = False) -> Path:
+    """Write the job's figure and print its summary; the figure's path. `baseline`: the
+    initial model's EvalResult, drawn at step 0 of the held-out panel. Raises NoMetrics (a
+    ValueError naming the job) when the job has no step records."""
     from fm_pipeline.report import plot_training, read_run_history
 
     if store is None:
         store = _default_store()
     history = read_run_history(job, store=store)
+    history.baseline = baseline.to_dict() if baseline is not None else None
     path = plot_training(history, out or runs_dir(job) / FIGURE)
     if not quiet:
         print_summary(history.summary())

@@ -81,6 +81,14 @@ class RunHistory:
     directory: Path
     launches: list[Launch]
     checkpoints: list[Checkpoint]
+    # The initial model's evaluation (EvalResult.to_dict() of evaluate_at_init), when the
+    # caller has one: the held-out curve then starts at step 0. Not stored on disk.
+    baseline: dict | None = None
+
+    def evaluations(self) -> list[Checkpoint]:
+        """Evaluated checkpoints, oldest first, after the initial model's when given."""
+        start = [Checkpoint(0, committed=False, evaluation=self.baseline)] if self.baseline else []
+        return [c for c in start + self.checkpoints if c.heldout()]
 
     def kept(self) -> list[dict]:
         """One record per step: the latest launch's (what the model's weights went through)."""

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from fm_pipeline.report.run_history import Launch, RunHistory  # noqa: E402
 
@@ -87,8 +88,8 @@ def _loss_panel(ax, history: RunHistory) -> None:
             xs, ys = _series(kept[-1:] + lost, "loss")
             ax.plot(xs, ys, ":", color=_colour(i), lw=1.4, alpha=_FADED)
     if history.lost_steps:
-        handles.append(Line2D([], [], ls=":", color="gray", alpha=_FADED * 2,
-                              label=f"redone after a resume ({history.lost_steps} steps lost)"))
+        handles.append(Patch(color="tab:red", alpha=0.12, label=f"lost work: trained (dotted), "
+                             f"then redone after a resume ({history.lost_steps} steps)"))
     kept = history.kept()
     saves = history.checkpoints if kept else []
     if saves:
@@ -129,6 +130,8 @@ def _event_lines(ax, history: RunHistory, *, labelled: bool) -> list:
         if launch.interrupted and not (last and launch.record is None):  # last may be running
             colour = _EVENT_COLOURS.get(launch.outcome, "tab:red")
             ax.axvline(launch.end_step, color=colour, lw=1.5, alpha=0.8)
+            if lost := history.lost_steps_of(launch):
+                ax.axvspan(launch.end_step - lost, launch.end_step, color="tab:red", alpha=0.12)
             seen.setdefault(launch.outcome, Line2D([], [], color=colour, lw=1.5,
                                                    label=f"{launch.outcome} at this step"))
             if labelled:
@@ -172,7 +175,7 @@ def _metric_panel(ax, history: RunHistory, key: str, label: str, *, scale: float
 
 
 def _heldout_panel(ax, history: RunHistory) -> None:
-    evaluated = [c for c in history.checkpoints if c.heldout()]
+    evaluated = history.evaluations()
     if not evaluated:
         _note(ax, "no held-out evaluations of this job's checkpoints")
         return
@@ -182,7 +185,8 @@ def _heldout_panel(ax, history: RunHistory) -> None:
         style = dict(color="black", ls="--") if domain == "all domains" else dict(color=f"C{i}")
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=domain,
                 **style)
-    ax.set_title("held-out loss per domain at each evaluated checkpoint", fontsize=10)
+    initial = " (step 0: the initial model)" if history.baseline else ""
+    ax.set_title(f"held-out loss per domain at each evaluated checkpoint{initial}", fontsize=10)
     ax.set_xlabel("checkpoint step")
     ax.set_ylabel("held-out loss (nats/token)")
     ax.grid(alpha=0.3)

@@ -121,3 +121,18 @@ def test_a_job_without_metrics_is_a_clear_error():
     assert not (runs_dir("never-ran") / "training.png").exists()
     with pytest.raises(NoMetrics, match="never-ran"):
         read_run_history("never-ran")
+
+
+def test_the_initial_models_evaluation_starts_the_heldout_curve_at_step_0(tmp_path):
+    from fm_pipeline.cli.report import write_report
+
+    write_run()
+    baseline = EvalResult(job=JOB, step=0, checkpoint=None, domains={
+        "code": DomainLoss(loss=8.1, tokens=4096, batches=8),
+        "prose": DomainLoss(loss=8.0, tokens=2048, batches=4)})
+    path = write_report(JOB, out=tmp_path / "with-init.png", baseline=baseline, quiet=True)
+    assert path.stat().st_size > 10_000
+    history = read_run_history(JOB)
+    history.baseline = baseline.to_dict()
+    assert [c.step for c in history.evaluations()] == [0, 30, 40]
+    assert history.evaluations()[0].heldout()["code"] == 8.1

@@ -81,15 +81,15 @@ def _loss_panel(ax, history: RunHistory) -> None:
             continue
         kept, lost = _split(history, launch)
         xs, ys = _series(kept, "loss")
-        label = f"launch {i + 1}: {launch.start_step}->{launch.end_step} ({launch.outcome})"
+        label = f"launch {i + 1}: {launch.start_step}->{launch.end_step} {launch.outcome}"
         handles += ax.plot(xs, ys, "-", color=_colour(i), lw=1.4, label=label)
         if lost:
             # The lost stretch starts at the launch's last kept point, so the curve is unbroken.
             xs, ys = _series(kept[-1:] + lost, "loss")
             ax.plot(xs, ys, ":", color=_colour(i), lw=1.4, alpha=_FADED)
     if history.lost_steps:
-        handles.append(Patch(color="tab:red", alpha=0.12, label=f"lost work: trained (dotted), "
-                             f"then redone after a resume ({history.lost_steps} steps)"))
+        handles.append(Patch(color="tab:red", alpha=0.12,
+                             label=f"lost: trained (dotted), redone ({history.lost_steps} steps)"))
     kept = history.kept()
     saves = history.checkpoints if kept else []
     if saves:
@@ -99,14 +99,16 @@ def _loss_panel(ax, history: RunHistory) -> None:
                    c=["black" if c.committed else "white" for c in saves])
         handles.append(Line2D([], [], ls="", marker="D", markerfacecolor="black",
                               markeredgecolor="black",
-                              label="checkpoint (hollow: saved, since removed)"))
+                              label="checkpoint (hollow: since removed)"))
     handles += _event_lines(ax, history, labelled=True)
     ax.set_ylabel("training loss")
     ax.set_xlabel("step")
     ax.set_title("training loss")
     ax.grid(alpha=0.3)
-    # Lower left: below a falling loss curve; the event labels sit along the top.
-    ax.legend(handles=handles, fontsize=8, loc="lower left")
+    # Headroom above the curve for the legend, below it for the event labels.
+    low, high = ax.get_ylim()
+    ax.set_ylim(low - 0.08 * (high - low), high + 0.45 * (high - low))
+    ax.legend(handles=handles, fontsize=8, loc="upper right", ncol=2)
 
 
 def _loss_at(kept: list[dict], step: int) -> float:
@@ -133,19 +135,19 @@ def _event_lines(ax, history: RunHistory, *, labelled: bool) -> list:
             if lost := history.lost_steps_of(launch):
                 ax.axvspan(launch.end_step - lost, launch.end_step, color="tab:red", alpha=0.12)
             seen.setdefault(launch.outcome, Line2D([], [], color=colour, lw=1.5,
-                                                   label=f"{launch.outcome} at this step"))
+                                                   label=f"{launch.outcome} after this step"))
             if labelled:
                 ax.annotate(f"{launch.outcome} after step {launch.end_step}",
-                            (launch.end_step, 1), xycoords=("data", "axes fraction"),
-                            xytext=(-3, -12), textcoords="offset points", color=colour,
+                            (launch.end_step, 0), xycoords=("data", "axes fraction"),
+                            xytext=(-3, 16), textcoords="offset points", color=colour,
                             fontsize=8, ha="right")
         if i and history.launches[i - 1].interrupted:
             ax.axvline(launch.start_step, color="tab:green", ls="--", lw=1.3, alpha=0.8)
             seen.setdefault("resumed", Line2D([], [], color="tab:green", ls="--", lw=1.3,
-                                              label="resumed from this step's checkpoint"))
+                                              label="resumed from this step"))
             if labelled:
-                ax.annotate(f"resumed from {launch.start_step}", (launch.start_step, 1),
-                            xycoords=("data", "axes fraction"), xytext=(-3, -24),
+                ax.annotate(f"resumed from {launch.start_step}", (launch.start_step, 0),
+                            xycoords=("data", "axes fraction"), xytext=(-3, 4),
                             textcoords="offset points", color="tab:green", fontsize=8,
                             ha="right")
     return list(seen.values())
@@ -185,8 +187,8 @@ def _heldout_panel(ax, history: RunHistory) -> None:
         style = dict(color="black", ls="--") if domain == "all domains" else dict(color=f"C{i}")
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=domain,
                 **style)
-    initial = " (step 0: the initial model)" if history.baseline else ""
-    ax.set_title(f"held-out loss per domain at each evaluated checkpoint{initial}", fontsize=10)
+    initial = ", step 0: the initial model" if history.baseline else ""
+    ax.set_title(f"held-out loss per domain (evaluated checkpoints{initial})", fontsize=10)
     ax.set_xlabel("checkpoint step")
     ax.set_ylabel("held-out loss (nats/token)")
     ax.grid(alpha=0.3)

@@ -12,7 +12,8 @@ real sensors and schedule (fm_pipeline.assets.training.driver ticks them between
 the daemon would): the next segment after a success, a resume after the injected failure
 (rank 1 raises at --fail-at-step; the retry policy decides, after its backoff), an
 evaluation for each new checkpoint, and one restore drill on a different topology.
-Ends with a summary: loss, MFU, tokens/s, goodput, evaluations, drill, where to look.
+Ends with a summary: loss, MFU, tokens/s, goodput, evaluations, drill, where to look, and
+the job's training figure (FM_HOME/runs/<job>/training.png, as `fm report <job>` writes it).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help
         baseline = _baseline(training, store, progress)
     report = job_report(instance, name)
     print_report(report, training, baseline=baseline, runs=len(driver.runs),
-                 wall_s=time.monotonic() - t0)
+                 wall_s=time.monotonic() - t0, figure=_figure(name, store, baseline))
 
 
 class RunRows:
@@ -164,11 +165,22 @@ def _baseline(job, store, progress: Progress):
     return result
 
 
+def _figure(job_name: str, store, baseline) -> Path | str:
+    """The job's training figure (fm report), or why there is none."""
+    from fm_pipeline.cli.report import write_report
+
+    try:
+        return write_report(job_name, store=store, baseline=baseline, quiet=True)
+    except (ValueError, OSError) as e:  # the runs above are the demo; the figure is a view
+        return f"not written: {e}"
+
+
 def _num(value, fmt: str = "{:.4f}") -> str:
     return fmt.format(value) if isinstance(value, (int, float)) else "-"
 
 
-def print_report(report, job, *, baseline, runs: int, wall_s: float) -> None:
+def print_report(report, job, *, baseline, runs: int, wall_s: float,
+                 figure: Path | str | None = None) -> None:
     segments = Table(title=f"training job {report.job}: segments (one Dagster run each)",
                      title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
     for col in ("steps", "requested by", "outcome", "loss", "MFU", "tokens/s",
@@ -247,6 +259,10 @@ def print_report(report, job, *, baseline, runs: int, wall_s: float) -> None:
         f"{mlflow_uri()}", highlight=False)
     console.print(f"[bold]Trainer files[/]: {fm_home() / 'runs' / report.job} (metrics.jsonl, "
                   "segments/, checkpoints/)", highlight=False)
+    if figure is not None:
+        console.print(f"[bold]Training figure[/]: {figure} (loss per launch with the failure and "
+                      f"resume, step time, MFU, tokens/s, held-out loss; fm report {report.job})",
+                      highlight=False)
 
 
 def _loss_ppl(loss, ppl) -> str:

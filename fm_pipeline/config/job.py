@@ -129,6 +129,9 @@ class TrainingSpec(_Strict):
     log_every: int = Field(default=1, gt=0)
     rank_timings_every: int = Field(default=10, gt=0, description="per-rank timings every K steps")
     preemption_grace_s: float = Field(default=25.0, gt=0)
+    compile: bool = Field(
+        default=False, description="torch.compile each transformer block (inductor; on CPU "
+                                   "it needs a C++ compiler)")
 
     @model_validator(mode="after")
     def _lr(self) -> "TrainingSpec":

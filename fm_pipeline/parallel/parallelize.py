@@ -8,10 +8,11 @@ outside in a fixed order, then materialisation and deterministic initialisation.
     pm = build_parallel_model(job, mesh=mesh, dims=dims, device=device)
     loss = pm.forward_backward(inputs, targets)      # grads accumulated for one step
 
-Order per model part: tensor/sequence parallel -> activation checkpointing -> FSDP2
-(torchtitan's order: FSDP must wrap what TP produced, and checkpointing must sit inside FSDP
-so recomputation re-gathers nothing). Pipeline parallelism decides first which parts
-(stages) this rank holds.
+Order per model part: tensor/sequence parallel -> activation checkpointing -> compile (per
+block, `training.compile`) -> FSDP2 (torchtitan's order: FSDP must wrap what TP produced,
+and checkpointing must sit inside FSDP so recomputation re-gathers nothing; compile sees the
+TP-sharded block and leaves FSDP's hooks eager). Pipeline parallelism decides first which
+parts (stages) this rank holds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from fm_pipeline.config import JobSpec
 from fm_pipeline.model import Transformer
 from fm_pipeline.parallel.activation_checkpoint import apply_activation_checkpoint
+from fm_pipeline.parallel.compile import apply_compile, check_compile_toolchain
 from fm_pipeline.parallel.fsdp import apply_fsdp
 from fm_pipeline.parallel.parallel_dims import ParallelDims
 from fm_pipeline.parallel.parallel_model import ParallelModel, cross_entropy_loss
@@ -45,11 +47,14 @@ def parallelize_part(
     dims: ParallelDims,
     activation_checkpoint: str,
     mixed_precision: str,
+    compile: bool = False,
 ) -> None:
-    """TP -> AC -> FSDP2 on one model part, in place."""
+    """TP -> AC -> compile -> FSDP2 on one model part, in place."""
     if dims.tp > 1:
         apply_tensor_parallel(part, mesh["tp"])
     apply_activation_checkpoint(part, activation_checkpoint)
+    if compile:
+        apply_compile(part)
     if dims.fsdp_enabled:
         apply_fsdp(part, dp_mesh(mesh, dims), mixed_precision=mixed_precision,
                    reshard_after_forward=dims.pp == 1)
@@ -77,12 +82,14 @@ def build_parallel_model(
     n_stages = p.pp * p.pp_virtual_stages
     pp_rank = mesh["pp"].get_local_rank()
     stages = stage_ids(pp_rank=pp_rank, pp=p.pp, virtual_stages=p.pp_virtual_stages)
+    if job.training.compile:
+        check_compile_toolchain(device)
     parts = []
     for stage in stages:
         with torch.device("meta"):
             part = build_stage_module(cfg, stage=stage, n_stages=n_stages)
         parallelize_part(part, mesh=mesh, dims=dims, activation_checkpoint=p.activation_checkpoint,
-                         mixed_precision=p.mixed_precision)
+                         mixed_precision=p.mixed_precision, compile=job.training.compile)
         part.to_empty(device=device)
         part.init_weights(seed=job.training.seed if seed is None else seed, write=write_local_part)
         parts.append(part)

@@ -25,8 +25,10 @@ LAYOUTS = {
                 "parallelism.mixed_precision": "bf16", "training.micro_batch_size": 4},
     "tp-ddp": {"parallelism.tp": 2, "parallelism.dp_replicate": 2, "parallelism.dp_shard": 1,
                "training.micro_batch_size": 4},
+    # Compiled blocks (training.compile) inside pipeline stages, FSDP and activation
+    # checkpointing: the same first loss as the eager layouts, checked like them.
     "pp-1f1b-fsdp": {"parallelism.pp": 2, "parallelism.dp_shard": 2,
-                     "parallelism.activation_checkpoint": "full"},
+                     "parallelism.activation_checkpoint": "full", "training.compile": True},
     "pp-interleaved-fsdp": {"parallelism.pp": 2, "parallelism.dp_shard": 2,
                             "parallelism.pp_schedule": "Interleaved1F1B",
                             "parallelism.pp_virtual_stages": 2},

@@ -108,6 +108,18 @@ def unpack_param_groups(packed: dict) -> dict:
     return out
 
 
+# How a param group's step runs on this device, not training state: a checkpoint written by
+# a fused (CUDA) optimizer must not turn a CPU run's foreach optimizer fused, nor the reverse.
+_IMPLEMENTATION_FLAGS = ("fused", "foreach")
+
+
+def _keep_implementation(loaded: dict, current: dict) -> dict:
+    """`loaded` with the running optimizer's fused/foreach flags in every param group."""
+    return {k: current[k] if k.startswith("param_groups.")
+            and k.rpartition(".")[2] in _IMPLEMENTATION_FLAGS else v
+            for k, v in loaded.items()}
+
+
 class OptimizerState(Stateful):
     """One optimizer per model part (or one optimizer for a single part), flattened FQN keys."""
 
@@ -132,10 +144,9 @@ class OptimizerState(Stateful):
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = unpack_param_groups(state_dict)
         for m, o in self._pairs():
-            own = get_optimizer_state_dict(m, o, options=OPTIM_OPTIONS).keys()
-            set_optimizer_state_dict(
-                m, o, optim_state_dict=_own(state_dict, own, "optimizer"), options=OPTIM_OPTIONS
-            )
+            own = get_optimizer_state_dict(m, o, options=OPTIM_OPTIONS)
+            theirs = _keep_implementation(_own(state_dict, own.keys(), "optimizer"), own)
+            set_optimizer_state_dict(m, o, optim_state_dict=theirs, options=OPTIM_OPTIONS)
 
 
 class LRSchedulerState(Stateful):

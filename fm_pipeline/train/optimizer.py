@@ -3,6 +3,10 @@
 One optimizer per model part (pipeline virtual stages each have their own), stepped
 together; the checkpoint stores them flattened by parameter name, so any split reloads.
 Weight decay applies to matrices (linear and embedding weights), not to norm gains.
+The implementation follows the device: fused (one kernel for all parameters) on CUDA,
+foreach (batched tensor ops) elsewhere. Both keep the same state (`step`, `exp_avg`,
+`exp_avg_sq` per parameter), so checkpoints move between them (OptimizerState keeps the
+running optimizer's choice when it loads one written by the other).
 """
 
 from __future__ import annotations
@@ -25,14 +29,20 @@ def lr_factor(step_index: int, training: TrainingSpec) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def adamw_implementation(device: torch.device) -> dict[str, bool]:
+    """AdamW's keyword for `device`: fused on CUDA, foreach elsewhere."""
+    return {"fused": True} if device.type == "cuda" else {"foreach": True}
+
+
 def build_optimizer(part: nn.Module, training: TrainingSpec) -> torch.optim.AdamW:
     decay = [p for p in part.parameters() if p.ndim >= 2]
     no_decay = [p for p in part.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": training.weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
+    device = next(part.parameters()).device  # a sharded (DTensor) parameter's local device
     return torch.optim.AdamW(groups, lr=training.lr, betas=(training.beta1, training.beta2),
-                             eps=1e-8, foreach=True)
+                             eps=1e-8, **adamw_implementation(device))
 
 
 def build_lr_scheduler(

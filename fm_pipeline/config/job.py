@@ -301,6 +301,12 @@ def _cross_field_problems(job: JobSpec):
         yield "parallelism.tp", (
             f"tp {p.tp} needs untied embeddings (model tie_embeddings is true); set "
             "model.tie_embeddings: false or tp: 1")
+    # Compiled blocks under TP fail in backward on torch 2.13 (a DTensor redistribute gets a
+    # plain tensor gradient): refused rather than discovered at the first step.
+    if t.compile and p.tp > 1:
+        yield "training.compile", (
+            f"true does not work with parallelism.tp {p.tp} yet (the backward of compiled "
+            "tensor-parallel blocks fails); set training.compile: false or parallelism.tp: 1")
     stages = p.pp * p.pp_virtual_stages
     if m.n_layers % stages:
         yield "parallelism.pp", (

@@ -38,6 +38,8 @@ def test_a_world_that_does_not_match_the_degrees_names_every_degree():
     ({"parallelism.pp": 2, "parallelism.pp_schedule": "Interleaved1F1B",
       "parallelism.pp_virtual_stages": 4}, "parallelism.pp",
      ["n_layers (4)", "pp x pp_virtual_stages", "2 x 4 = 8"]),
+    ({"parallelism.tp": 2, "training.compile": True}, "training.compile",
+     ["parallelism.tp 2", "training.compile: false"]),
 ])
 def test_impossible_layouts_are_refused_before_launch(overrides, field, words):
     with pytest.raises(JobSpecError) as e:

@@ -17,8 +17,9 @@ seen), which changes nothing in the FLOPs or the kernels. Steps before `--warmup
 allocator warm-up) are left out; step time is the median of the rest.
 
 JSON fields: mfu, tokens_per_s, step_time_s, peak_memory_gib, first_step_s (compile
-included), and with --compare-eager an `eager` object with the same fields. A machine
-without CUDA fails at once with exit code 2.
+included), and with --compare-eager an `eager` object with the same fields (eager runs
+first; a failed run leaves `error` instead of figures, the other still reports, exit 1). A
+machine without CUDA fails at once with exit code 2.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -135,9 +137,14 @@ def train(home: Path, job_path: Path, name: str, args) -> dict:
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         log(out.stdout[-3000:])
-        raise RuntimeError(f"trainer ({name}) exited {out.returncode}:\n{out.stderr[-5000:]}")
+        reason = next((ln for ln in out.stderr.splitlines() if ln.startswith("error:")),
+                      "see the traceback below")
+        raise RuntimeError(f"trainer ({name}) exited {out.returncode}: {reason}\n"
+                           f"{out.stderr[-5000:]}")
     steps = read_records(home / "runs" / name / "metrics.jsonl", "step")
     (segment,) = read_records(home / "runs" / name / "segments.jsonl", "segment")
+    # Its final checkpoint (15 GB for llama3-1b) is not needed: leave the disk to the next run.
+    shutil.rmtree(home / "runs" / name / "checkpoints", ignore_errors=True)
     return summarise(steps, segment, warmup=args.warmup, wall_s=wall)
 
 
@@ -168,13 +175,18 @@ def main(argv: list[str] | None = None) -> None:
     home = args.home or Path(tempfile.mkdtemp(prefix="fm-gpu-mfu-"))
     home.mkdir(parents=True, exist_ok=True)
     compile = not args.no_compile
-    runs = [compile] + ([False] if args.compare_eager and compile else [])
+    # Eager first: quick and certain, so a compile problem still leaves a baseline.
+    runs = ([False] if args.compare_eager and compile else []) + [compile]
     results = {}
     for compiled in runs:
         job_path = write_job(home, args, compile=compiled)
         job = load_job(job_path)
         log(f"training {job.name}: {args.steps} steps ...")
-        results[compiled] = train(home, job_path, job.name, args)
+        try:
+            results[compiled] = train(home, job_path, job.name, args)
+        except RuntimeError as e:  # the other run's figures are still worth printing
+            log(str(e))
+            results[compiled] = {"error": str(e).splitlines()[0], "step_time_s": None}
         log(f"{job.name}: {json.dumps(results[compiled])}")
     cfg = job.model_cfg
     main_run = results[compile]
@@ -188,10 +200,12 @@ def main(argv: list[str] | None = None) -> None:
     }
     if compile and False in results:
         report["eager"] = results[False]
-        if results[False]["step_time_s"]:
+        if results[False]["step_time_s"] and main_run["step_time_s"]:
             report["compile_speedup"] = round(
                 results[False]["step_time_s"] / main_run["step_time_s"], 3)
     print(json.dumps(report))
+    if any("error" in r for r in results.values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

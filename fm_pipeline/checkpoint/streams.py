@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from fm_pipeline.checkpoint.manifest import CHECKSUMS, FileEntry
 
 WRITEBACK_BYTES = 16 << 20
+COALESCE_BYTES = 64 << 10  # smaller writes are gathered (torch.save: ~30 per tensor record)
 DROP_BEHIND_BYTES = 64 << 20  # written back and dropped from the cache this far behind
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
 _SYNC_FILE_RANGE_WAIT = 1 | 2 | 4  # wait for earlier writeback, write, wait for this one
@@ -88,7 +89,9 @@ class HashingFile(io.RawIOBase):
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._hasher = Hasher(algorithm) if algorithm is not None else None
-        self._pos = 0
+        self._pos = 0  # bytes given to write(), the file's size once closed
+        self._small = bytearray()  # small writes not yet handed to the OS
+        self._written = 0  # bytes handed to the OS
         self._submitted = 0  # bytes already handed to writeback
         self._dropped = 0  # bytes on the disk and out of the page cache
         self._writeback_bytes = writeback_bytes
@@ -104,21 +107,42 @@ class HashingFile(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    def flush(self) -> None:
+        """Nothing to do: small writes reach the OS when 64 KB have gathered, before the
+        next large one, or at close (durability is the close's fsync anyway); torch.save
+        flushes after every record."""
+
     def write(self, b) -> int:
         view = memoryview(b).cast("B")
         if self._hasher is not None:
             self._hasher.update(view)
+        self._pos += len(view)
+        if len(view) < COALESCE_BYTES:  # zip headers, pickles: gathered into one write
+            self._small += view
+            if len(self._small) >= COALESCE_BYTES:
+                self._flush_small()
+            return len(view)
+        self._flush_small()
+        self._write_out(view)
+        return len(view)
+
+    def _flush_small(self) -> None:
+        if self._small:
+            self._write_out(memoryview(self._small))
+            self._small = bytearray()
+
+    def _write_out(self, view: memoryview) -> None:
         done = 0
         while done < len(view):
             done += os.write(self._fd, view[done:])
-        self._pos += done
-        if _sync_file_range is not None and self._pos - self._submitted >= self._writeback_bytes:
-            _sync_file_range(self._fd, self._submitted, self._pos - self._submitted,
+        self._written += done
+        if (_sync_file_range is not None
+                and self._written - self._submitted >= self._writeback_bytes):
+            _sync_file_range(self._fd, self._submitted, self._written - self._submitted,
                              _SYNC_FILE_RANGE_WRITE)
-            self._submitted = self._pos
+            self._submitted = self._written
             if self._drop_behind is not None:
                 self._drop_until(self._submitted - self._drop_behind)
-        return done
 
     def _drop_until(self, end: int) -> None:
         """Wait for [dropped, end) to reach the disk, then free its pages (a partly written
@@ -134,6 +158,7 @@ class HashingFile(io.RawIOBase):
         if self.closed:
             return
         try:
+            self._flush_small()
             os.fsync(self._fd)
             if self._drop_behind is not None and self._dropped:  # a big file: drop its tail
                 os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)

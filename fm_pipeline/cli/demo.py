@@ -83,6 +83,7 @@ def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help
         for job_name in ("data_mix_job", "training_plan_job"):
             if not driver.execute(job_name, spec_config, origin="demo").success:
                 raise typer.Exit(_failed(instance, driver.runs[-1].run_id))
+        data_run_id = driver.runs[0].run_id
         taken = set(registered_jobs(store))
         name = next(f"{spec.name}-{n}" for n in range(1, 10_000) if f"{spec.name}-{n}" not in taken)
         training = parse_job({**dump_job(spec), "name": name}, source=str(job))
@@ -94,9 +95,34 @@ def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help
         driver.run_until_idle()
         driver.drill()
         baseline = _baseline(training, store, progress)
+    print_data_mix(spec, store, _check_outcomes(instance, data_run_id))
     report = job_report(instance, name)
     print_report(report, training, baseline=baseline, runs=len(driver.runs),
                  wall_s=time.monotonic() - t0, figure=_figure(name, store, baseline))
+
+
+def _check_outcomes(instance, run_id: str) -> list:
+    """The data checks as Dagster evaluated them in the data mix run (not re-run here)."""
+    from dagster import AssetCheckSeverity, DagsterEventType
+
+    from fm_pipeline.data.validate import CheckOutcome
+
+    outcomes = []
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+        e = record.dagster_event.event_specific_data
+        outcomes.append(CheckOutcome(
+            name=e.check_name, passed=e.passed, description=e.description or "",
+            severity="warn" if e.severity == AssetCheckSeverity.WARN else "error"))
+    return outcomes
+
+
+def print_data_mix(spec, store, outcomes: list) -> None:
+    from fm_pipeline.cli.data import print_summary
+    from fm_pipeline.data import open_job_mix
+
+    console.print()
+    print_summary(open_job_mix(spec, store).manifest, store, outcomes)
+    console.print()
 
 
 class RunRows:

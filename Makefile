@@ -29,8 +29,10 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider
 
+# Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).
+BENCHMARKS ?= data trainer checkpoint planner simulation
 bench: venv
-	$(BIN)/python -m benchmarks.data
+	@for b in $(BENCHMARKS); do echo ">> benchmarks.$$b"; $(BIN)/python -m benchmarks.$$b || exit 1; done
 
 # The two UIs, on loopback: Dagster (webserver + daemon) and MLflow over FM_HOME's store.
 UI_PORT ?= 3000

@@ -50,6 +50,7 @@ from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo, fsync_dir
 from fm_pipeline.checkpoint.publish import Publisher
 from fm_pipeline.checkpoint.retention import RetentionReport
 from fm_pipeline.checkpoint.streams import ChecksummingWriter
+from fm_pipeline.checkpoint.supersede import set_aside_if_superseded
 from fm_pipeline.checkpoint.tiering import UploadReport
 from fm_pipeline.storage import ObjectStore
 
@@ -157,7 +158,9 @@ class CheckpointManager:
         self._harvest()
         events = {"save_called": t0, "previous_done": time.perf_counter()}
         directory = self.root / step_dir_name(step)
-        if comm.any_rank(self.rank == 0 and (directory / MANIFEST).is_file()):
+        # A checkpoint a rollback superseded is moved aside for the new one (supersede.py).
+        if comm.any_rank(self.rank == 0 and (directory / MANIFEST).is_file()
+                         and set_aside_if_superseded(directory) is None):
             return self._skip(step, f"{directory} is already a committed checkpoint")
         probe_entry = None
         if self.copies.leader:  # rank 0, and on nodes with their own disk their first rank

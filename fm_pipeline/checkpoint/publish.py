@@ -28,6 +28,7 @@ from fm_pipeline.checkpoint.manifest import atomic_write
 from fm_pipeline.checkpoint.retention import apply_retention
 from fm_pipeline.checkpoint.tiering import (
     UploadReport,
+    clear_remote_step,
     commit_remote,
     pending_uploads,
     record_upload,
@@ -60,7 +61,17 @@ class Publisher:
         """Each rank uploads the files it wrote; rank 0 commits the manifest last."""
         prefix = remote_prefix(self.job.name, CheckpointRef.local(directory))
         t0 = time.perf_counter()
-        errors = upload_files(directory, self.store, prefix, own)
+        cleared = None
+        if self.rank == 0:  # a superseded checkpoint of this step may be in the way
+            try:
+                clear_remote_step(self.store, prefix, (directory / MANIFEST).read_bytes())
+            except StoreError as e:
+                cleared = f"clearing {self.store.uri_of(prefix)}: {e}"
+        cleared = comm.broadcast_from_rank0(cleared, self.group)  # nobody uploads before
+        if cleared:
+            errors = [cleared] if self.rank == 0 else []
+        else:
+            errors = upload_files(directory, self.store, prefix, own)
         gathered = comm.gather_to_rank0(errors, self.group)
         report = None
         if self.rank == 0:

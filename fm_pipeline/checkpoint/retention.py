@@ -6,7 +6,8 @@
 
 Kept: the last `keep_last` committed checkpoints, every `milestone_every`-th step, anything
 marked drill-passed, evaluated or pinned (see marks.py), and always the newest checkpoint that
-passes validation (even if newer ones exist but are corrupt). Incomplete directories older
+passes validation (even if newer ones exist but are corrupt). Checkpoints a rollback
+superseded (supersede.py) are kept and counted in neither. Incomplete directories older
 than the newest committed checkpoint are leftovers of crashed saves and are removed; newer
 ones may be a save in flight and are left alone. Every deletion is logged with its size.
 """
@@ -27,6 +28,7 @@ from fm_pipeline.checkpoint.layout import (
     store_root,
 )
 from fm_pipeline.checkpoint.marks import keep_reason, read_marks
+from fm_pipeline.checkpoint.supersede import LedgerUnreadable, superseded_steps
 from fm_pipeline.checkpoint.validate import validate
 from fm_pipeline.storage import ObjectStore, StoreError
 
@@ -75,8 +77,16 @@ def plan_retention(refs: list[CheckpointRef], *, keep_last: int, milestone_every
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     committed = [r for r in refs if r.has(MANIFEST)]
-    newest_committed = max((r.step for r in committed), default=-1)
     reasons: dict[int, list[str]] = {r.step: [] for r in refs}
+    try:  # abandoned by a rollback: kept aside, and never counted as last-k or newest
+        superseded = superseded_steps(committed)
+    except LedgerUnreadable as e:
+        log.error("retention keeps everything: %s", e)
+        return {r.step: ["rollback ledger unreadable"] for r in refs}
+    for step in superseded:
+        reasons[step].append("superseded")
+    committed = [r for r in committed if r.step not in superseded]
+    newest_committed = max((r.step for r in committed), default=-1)
     for r in refs:
         if r not in committed:
             if r.step > newest_committed:

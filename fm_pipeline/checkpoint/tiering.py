@@ -23,6 +23,7 @@ from pathlib import Path
 from fm_pipeline.checkpoint.layout import (
     MANIFEST,
     CheckpointRef,
+    delete_checkpoint,
     is_content_file,
     list_local,
     local_root,
@@ -30,8 +31,9 @@ from fm_pipeline.checkpoint.layout import (
 )
 from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, entry_problem, fsync_dir
 from fm_pipeline.checkpoint.marks import read_mark, write_mark
+from fm_pipeline.checkpoint.supersede import LedgerUnreadable, superseded_reason, superseded_steps
 from fm_pipeline.checkpoint.validate import CheckpointInvalid, Problem, read_manifest, validate
-from fm_pipeline.storage import ObjectStore, StoreError
+from fm_pipeline.storage import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,37 @@ def remote_prefix(job_name: str, ref: CheckpointRef) -> str:
 
 
 def is_committed_remotely(store: ObjectStore, job_name: str, ref: CheckpointRef) -> bool:
-    return store.exists(f"{remote_prefix(job_name, ref)}/{MANIFEST}")
+    """The store holds this very checkpoint (the same manifest), not just one of its step:
+    after a rollback the store may still hold the superseded checkpoint of the step."""
+    try:
+        remote = store.get_bytes(f"{remote_prefix(job_name, ref)}/{MANIFEST}")
+    except ObjectNotFound:
+        return False
+    return remote == ref.read_bytes(MANIFEST)
+
+
+def clear_remote_step(store: ObjectStore, prefix: str, manifest_bytes: bytes) -> None:
+    """Before uploading a checkpoint: empty its prefix unless it already holds this very
+    checkpoint, so no stale file of another (superseded, or half-uploaded) one is left to
+    fail validation as an extra file. The old manifest goes first (delete_checkpoint)."""
+    head = f"{prefix}/"
+    if not any(True for _ in store.list(head)):
+        return
+    try:
+        old = store.get_bytes(f"{prefix}/{MANIFEST}")
+    except ObjectNotFound:
+        old = None
+    if old == manifest_bytes:
+        return
+    if old is None:
+        log.info("%s holds an incomplete upload; removing it first", store.uri_of(prefix))
+    else:
+        ref = CheckpointRef.remote(store, prefix)
+        why = superseded_reason(ref, old)
+        log.warning("%s holds %s; the new checkpoint of this step replaces it (deleted)",
+                    store.uri_of(prefix),
+                    f"a superseded checkpoint ({why})" if why else "another checkpoint")
+    delete_checkpoint(CheckpointRef.remote(store, prefix))
 
 
 def upload_checkpoint(local: CheckpointRef, store: ObjectStore, *, job_name: str,
@@ -117,7 +149,11 @@ def upload_checkpoint(local: CheckpointRef, store: ObjectStore, *, job_name: str
         raise CheckpointInvalid(local, problems)
     names = [f.path for f in manifest.files]
     nbytes = manifest.total_bytes
-    errors = upload_files(local.dir, store, prefix, names)
+    try:
+        clear_remote_step(store, prefix, local.read_bytes(MANIFEST))
+        errors = upload_files(local.dir, store, prefix, names)
+    except StoreError as e:
+        errors = [f"clearing {store.uri_of(prefix)}: {e}"]
     if not errors:
         try:
             commit_remote(store, prefix, manifest, local.read_bytes(MANIFEST))
@@ -153,9 +189,15 @@ def record_upload(local: CheckpointRef, report: UploadReport, store: ObjectStore
 def pending_uploads(job_name: str, store: ObjectStore, *, root: Path | None = None):
     """Committed local checkpoints without a remote manifest, newest first."""
     out = []
-    for ref in reversed(list_local(root or local_root(job_name))):
-        if not (ref.dir / MANIFEST).is_file():
-            continue
+    committed = [r for r in list_local(root or local_root(job_name)) if r.has(MANIFEST)]
+    try:
+        superseded = superseded_steps(committed)
+    except LedgerUnreadable as e:
+        log.error("no uploads: %s", e)
+        return []
+    for ref in reversed(committed):
+        if ref.step in superseded:
+            continue  # abandoned by a rollback: not worth a place in the store
         mark = read_mark(ref, "upload")
         if mark and mark.get("committed") and mark.get("store_uri") == store.uri:
             continue

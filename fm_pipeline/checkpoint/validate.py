@@ -5,8 +5,9 @@
 
 Checks: manifest present and well-formed; every listed file present with its size and
 checksum; no unlisted files; DCP `.metadata` readable and consistent with the files; model
-config matching the job's. On the store tier the checksums are verified by downloading
-(restore does that anyway); `checksums=False` checks everything else, cheaply.
+config matching the job's; not superseded by a rollback (supersede.py). On the store tier
+the checksums are verified by downloading (restore does that anyway); `checksums=False`
+checks everything else, cheaply.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fm_pipeline.checkpoint.layout import (
     store_root,
 )
 from fm_pipeline.checkpoint.manifest import Manifest, ManifestError, entry_problem, parse_manifest
+from fm_pipeline.checkpoint.supersede import LEDGER, LedgerUnreadable, superseded_reason
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 class Problem:
     where: str  # a file name, or "manifest.json <field>"
     message: str
-    kind: str = ""  # "missing" for a listed file that is absent; otherwise unclassified
+    kind: str = ""  # "missing": a listed file is absent; "superseded": see supersede.py
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
@@ -75,11 +77,17 @@ def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = Tru
     if MANIFEST not in present:
         return [Problem(MANIFEST, "missing: the save never committed (incomplete checkpoint)")]
     try:
-        manifest = read_manifest(ref)
+        data = ref.read_bytes(MANIFEST)
+        manifest = parse_manifest(data, where=ref.location)
     except ManifestError as e:
         return [Problem(f"{MANIFEST} {f}", msg) for f, msg in e.problems]
     except (FileNotFoundError, StoreError) as e:
         return [Problem(MANIFEST, f"unreadable: {e}")]
+    try:  # a rollback abandoned it: intact, but never to be selected (supersede.py)
+        if (why := superseded_reason(ref, data)) is not None:
+            return [Problem("superseded", why, kind="superseded")]
+    except (LedgerUnreadable, StoreError) as e:
+        return [Problem(LEDGER, str(e))]
 
     problems: list[Problem] = []
     if manifest.step != ref.step:

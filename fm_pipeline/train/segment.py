@@ -6,7 +6,8 @@ every `checkpoint.every_steps` and at the end, report; or stop early on preempti
 The end step defaults to the next multiple of `training.segment_steps` after the restored
 step, capped at `training.steps`. Ranks restore the newest valid checkpoint of the job (or
 `resume_from`, a checkpoint directory or store location), resharding it if the topology
-changed, and start from scratch when there is none.
+changed, and start from scratch when there is none. Resuming from an older checkpoint of the
+job supersedes its newer ones (checkpoint/supersede.py) before the first step.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from fm_pipeline.checkpoint import CheckpointManager, CheckpointRef, latest_valid, read_manifest
 from fm_pipeline.checkpoint import restore as restore_checkpoint
+from fm_pipeline.checkpoint.layout import MANIFEST
 from fm_pipeline.config import JobSpec, dump_job
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.model import count_params, flops_per_token
@@ -103,9 +105,46 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
         where = f"--resume-from {resume_from}" if ref is not None else f"job {job.name}"
         raise SegmentSetupError(f"cannot read the checkpoint of {where}: {box[1]}")
     with trainer.state.restoring_from(box[0]):
-        if ref is not None:
-            return restore_checkpoint(trainer.app_state, ref, job=job)
-        return manager.restore_latest()
+        if ref is None:
+            return manager.restore_latest()
+        error = None
+        try:
+            result = restore_checkpoint(trainer.app_state, ref, job=job)
+        except BaseException as e:  # every rank must learn it before rank 0 rolls back
+            error = e
+    failed: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(failed, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if any(failed):
+        rank = next(r for r, f in enumerate(failed) if f)
+        raise RuntimeError(f"restore of {ref.location} failed on rank {rank}: {failed[rank]}")
+    _roll_back(job, ref, result, manager)
+    return result
+
+
+def _roll_back(job: JobSpec, ref: CheckpointRef, restored, manager: CheckpointManager) -> None:
+    """After every rank restored `ref` and before the first step: the job's checkpoints newer
+    than it are superseded (rank 0, both tiers; the others wait), so that no discovery ever
+    resumes the abandoned continuation. A tier that cannot record it stops the segment."""
+    from fm_pipeline.checkpoint.supersede import supersede_newer
+
+    box: list[Any] = [None]
+    if dist.get_rank() == 0 and restored.manifest.job == job.name:
+        try:
+            local = CheckpointRef.local(restored.local_path)
+            superseded = supersede_newer(job.name, ref, local.read_bytes(MANIFEST),
+                                         root=manager.root, store=manager.store)
+            if superseded:
+                log.warning("resumed job %s from step %d: %d newer checkpoint(s) superseded",
+                            job.name, ref.step, len(superseded))
+        except Exception as e:
+            box[0] = f"{type(e).__name__}: {e}"
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise RuntimeError(f"resumed from {ref.location} but could not supersede the job's "
+                           f"newer checkpoints, so they would still be selected: {box[0]}; "
+                           "nothing was trained, retry when every tier is reachable")
 
 
 class RankTimingWindow:

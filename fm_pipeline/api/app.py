@@ -157,7 +157,8 @@ def create_app(plane: ControlPlane, tokens: TokenStore, *,
         return CheckpointList(checkpoints=[
             CheckpointInfo(step=c.step, location=c.location, tier=c.tier, committed=c.committed,
                            tokens_seen=c.tokens_seen, created_at=c.created_at,
-                           total_bytes=c.total_bytes, problem=c.problem, marks=list(c.marks))
+                           total_bytes=c.total_bytes, problem=c.problem, marks=list(c.marks),
+                           superseded=c.superseded)
             for c in seen
         ])
 

@@ -329,10 +329,11 @@ class ControlPlane:
             if wanted in (c.location, f"step-{c.step:08d}", str(c.step)):
                 if getattr(self.orchestrator, "supports_resume_from", True):
                     return c.location
-                if c.step != committed[0].step:
+                newest = progress.last_committed(committed) or c
+                if c.step != newest.step:
                     raise FieldError([("checkpoint", (
                         f"this deployment restarts from the newest valid checkpoint only "
-                        f"(step-{committed[0].step:08d}); omit checkpoint or name that one"
+                        f"(step-{newest.step:08d}); omit checkpoint or name that one"
                     ))])
                 return None  # the newest: what the orchestrator restores anyway
         known = ", ".join(f"step-{c.step:08d}" for c in committed) or "none yet"

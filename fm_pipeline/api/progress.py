@@ -41,11 +41,15 @@ class CheckpointSeen:
     problem: str | None = None
     marks: tuple[str, ...] = ()
     eval: dict | None = None
+    superseded: str | None = None  # why a rollback abandoned it (never resumed from)
 
 
 def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen]:
     """Every checkpoint directory of the job in both tiers, newest first, local before store."""
-    from fm_pipeline.checkpoint import read_marks, read_manifest
+    from fm_pipeline.checkpoint import read_marks
+    from fm_pipeline.checkpoint.layout import MANIFEST
+    from fm_pipeline.checkpoint.manifest import parse_manifest
+    from fm_pipeline.checkpoint.supersede import superseded_reason
     from fm_pipeline.checkpoint.validate import candidates
 
     try:
@@ -57,7 +61,9 @@ def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen
     for ref in refs:
         tier = "local" if ref.is_local else "store"
         try:
-            manifest = read_manifest(ref)
+            data = ref.read_bytes(MANIFEST)
+            manifest = parse_manifest(data, where=ref.location)
+            superseded = superseded_reason(ref, data)
         except (FileNotFoundError, ValueError, StoreError) as e:
             seen.append(CheckpointSeen(ref.step, ref.location, tier, False, problem=str(e)))
             continue
@@ -66,12 +72,15 @@ def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen
             step=ref.step, location=ref.location, tier=tier, committed=True,
             tokens_seen=manifest.tokens_seen, created_at=manifest.created_at,
             total_bytes=manifest.total_bytes, marks=tuple(sorted(marks)), eval=marks.get("eval"),
+            superseded=superseded,
+            problem=f"superseded: {superseded}" if superseded else None,
         ))
     return seen
 
 
 def last_committed(seen: list[CheckpointSeen]) -> CheckpointSeen | None:
-    return next((c for c in seen if c.committed), None)
+    """The newest committed checkpoint a resume would consider (superseded ones are not)."""
+    return next((c for c in seen if c.committed and c.superseded is None), None)
 
 
 def _tail_lines(path: Path) -> list[str]:

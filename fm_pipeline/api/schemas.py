@@ -96,6 +96,9 @@ class CheckpointInfo(BaseModel):
     total_bytes: int | None
     problem: str | None
     marks: list[str]
+    superseded: str | None = Field(default=None, description=(
+        "why a rollback abandoned it: the job was resumed from an older checkpoint; it is "
+        "kept but never resumed from"))
 
 
 class CheckpointList(BaseModel):

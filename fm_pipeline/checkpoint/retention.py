@@ -88,6 +88,8 @@ def plan_retention(refs: list[CheckpointRef], *, keep_last: int, milestone_every
     committed = [r for r in committed if r.step not in superseded]
     newest_committed = max((r.step for r in committed), default=-1)
     for r in refs:
+        if r.step in superseded:
+            continue
         if r not in committed:
             if r.step > newest_committed:
                 reasons[r.step].append("incomplete, possibly in flight")

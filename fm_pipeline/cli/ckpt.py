@@ -67,29 +67,43 @@ def _resolve(checkpoint: str | None, job, store):
 def list_(job: Path = JOB, store: str | None = STORE,
           verify: bool = typer.Option(False, "--verify", help="also re-hash every file")) -> None:
     """Every checkpoint of the job in both tiers: status, size, tokens, topology, marks."""
-    from fm_pipeline.checkpoint import read_manifest, read_marks, validate
-    from fm_pipeline.checkpoint.drill import describe_topology
+    from fm_pipeline.checkpoint import local_root, read_marks, validate
+    from fm_pipeline.checkpoint.supersede import set_aside
     from fm_pipeline.checkpoint.validate import candidates
 
     spec, target = load_job(job), _store(store)
     table = Table(title=f"checkpoints of {spec.name}")
     for col in ("step", "tier", "status", "MB", "tokens", "written at", "marks"):
         table.add_column(col)
-    for ref in sorted(candidates(spec.name, store=target), key=lambda r: (r.step, not r.is_local)):
+    refs = sorted(candidates(spec.name, store=target), key=lambda r: (r.step, not r.is_local))
+    for ref, why in set_aside(local_root(spec.name)):  # moved out of a new save's way
+        status = f"[yellow]superseded: {why or 'moved aside'}[/] ({ref.dir.parent.name})"
+        table.add_row(str(ref.step), "local (aside)", status, *_facts(ref), "")
+    for ref in refs:
         problems = validate(ref, spec, checksums=verify)
         status = "[green]valid[/]" if not problems else f"[red]{problems[0]}[/]"
-        size = tokens = topo = ""
+        if problems and problems[0].kind == "superseded":
+            status = f"[yellow]{problems[0]}[/]"
+        facts = ("", "", "")
         if not any(p.where.startswith("manifest.json") for p in problems):
-            m = read_manifest(ref)
-            size, tokens = f"{m.total_bytes / 1e6:.1f}", f"{m.tokens_seen:,}"
-            topo = describe_topology(m.parallelism.model_dump())
+            facts = _facts(ref)
         marks = read_marks(ref)
         shown = [f"drill {'passed' if v.get('passed') else 'FAILED'}" if k == "drill"
                  else f"upload {'ok' if v.get('committed') else 'PENDING'}" if k == "upload"
                  else k for k, v in sorted(marks.items())]
-        table.add_row(str(ref.step), "local" if ref.is_local else "store", status, size, tokens,
-                      topo, ", ".join(shown))
+        table.add_row(str(ref.step), "local" if ref.is_local else "store", status, *facts,
+                      ", ".join(shown))
     console.print(table)
+
+
+def _facts(ref) -> tuple[str, str, str]:
+    """MB, tokens and topology from a readable manifest."""
+    from fm_pipeline.checkpoint import read_manifest
+    from fm_pipeline.checkpoint.drill import describe_topology
+
+    m = read_manifest(ref)
+    return (f"{m.total_bytes / 1e6:.1f}", f"{m.tokens_seen:,}",
+            describe_topology(m.parallelism.model_dump()))
 
 
 @app.command("validate")

@@ -5,8 +5,8 @@ copies in the local tier and the object store, and the facts a user wants beside
     copy = preferred_copy(steps[20], tier="store")       # the durable copy when there is one
     describe(copy)                                       # step, tokens, bytes, topology, ...
 
-"Committed" means the manifest exists (it is written last); whether the files still match
-it is the validation check's job, not this listing's.
+"Committed" means the manifest exists (it is written last) and no rollback superseded it
+(supersede.py); whether the files still match it is the validation check's job.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from fm_pipeline.checkpoint import CheckpointRef, read_manifest
 from fm_pipeline.checkpoint.drill import describe_topology
 from fm_pipeline.checkpoint.layout import MANIFEST
+from fm_pipeline.checkpoint.supersede import superseded_steps
 from fm_pipeline.checkpoint.validate import candidates
 from fm_pipeline.storage import ObjectStore, StoreError
 
@@ -25,10 +26,13 @@ def committed_steps(job_name: str, store: ObjectStore | None) -> dict[int, list[
         refs = candidates(job_name, store=store)
     except StoreError:  # the local tier still answers while the store is down
         refs = candidates(job_name, store=None)
-    for ref in sorted(refs, key=lambda r: (r.step, not r.is_local)):
-        if ref.has(MANIFEST):
-            steps.setdefault(ref.step, []).append(ref)
-    return steps
+    for tier in (True, False):
+        committed = [r for r in refs if r.is_local == tier and r.has(MANIFEST)]
+        superseded = superseded_steps(committed)  # a rollback abandoned them
+        for ref in committed:
+            if ref.step not in superseded:
+                steps.setdefault(ref.step, []).append(ref)
+    return dict(sorted(steps.items()))
 
 
 def preferred_copy(copies: list[CheckpointRef], *, tier: str = "local") -> CheckpointRef:

@@ -1,0 +1,63 @@
+"""Superseded checkpoints (a rollback, see supersede.py) in one process: a re-save of the step
+replaces a store copy that holds a stale file of another layout, retention keeps them out of
+last-k, and the chosen checkpoint stays selectable."""
+
+from __future__ import annotations
+
+import logging
+
+from fm_pipeline.checkpoint import (
+    CheckpointManager,
+    CheckpointRef,
+    apply_retention,
+    latest_valid,
+    local_root,
+    restore,
+    validate,
+)
+from fm_pipeline.checkpoint.layout import MANIFEST
+from fm_pipeline.checkpoint.supersede import supersede_newer
+from fm_pipeline.storage import open_store
+from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+
+PREFIX = "checkpoints/ckpt-test"
+
+
+def test_a_resave_replaces_the_superseded_store_copy_and_its_stale_files(fm_home, caplog):
+    store = open_store(fm_home / "store")
+    job = tiny_job(upload=True)
+    trainer = Trainer(TinyLM())
+    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False)
+    for step in (1, 2, 3):
+        trainer.step(step)
+        manager.save(step, tokens_seen=32 * step)
+    # A shard only the old layout wrote (e.g. a second rank's): a stale extra file.
+    store.put_bytes(b"old layout", f"{PREFIX}/step-00000002/__1_0.distcp")
+    root = local_root(job.name)
+
+    chosen = CheckpointRef.local(root / "step-00000001")
+    restore(trainer.app_state, chosen, job=job)
+    gone = supersede_newer(job.name, chosen, chosen.read_bytes(MANIFEST), root=root,
+                           store=store)
+    assert len(gone) == 4  # steps 2 and 3, in both tiers
+    for tier in ("local", "store"):
+        found = latest_valid(job, store=store, tiers=(tier,), checksums=False)
+        assert found.found.step == 1, tier
+        assert [str(p) for p in validate(found.found, job)] == []
+    # Retention keeps superseded checkpoints and does not count them: keep_last=1 keeps 1.
+    report = apply_retention(job.name, keep_last=1, job=job)
+    assert report.deleted == {} and report.kept[1] and report.kept[3] == ["superseded"]
+
+    trainer.step(2)
+    with caplog.at_level(logging.WARNING):
+        manager.save(2, tokens_seen=64)
+    manager.close()
+    assert "holds a superseded checkpoint" in caplog.text and "replaces it" in caplog.text
+    remote = CheckpointRef.remote(store, f"{PREFIX}/step-00000002")
+    assert "__1_0.distcp" not in remote.files() and validate(remote, job) == []
+    assert len(list(root.glob("superseded/*/step-00000002"))) == 1
+    for tier in ("local", "store"):
+        found = latest_valid(job, store=store, tiers=(tier,), checksums=False)
+        assert found.found.step == 2, tier
+        assert any("step-00000003" in line and "resumed from step 1" in line
+                   for line in found.skipped_lines())

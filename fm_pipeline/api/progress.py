@@ -46,9 +46,8 @@ class CheckpointSeen:
 
 def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen]:
     """Every checkpoint directory of the job in both tiers, newest first, local before store."""
-    from fm_pipeline.checkpoint import read_marks
+    from fm_pipeline.checkpoint import read_manifest, read_marks
     from fm_pipeline.checkpoint.layout import MANIFEST
-    from fm_pipeline.checkpoint.manifest import parse_manifest
     from fm_pipeline.checkpoint.supersede import superseded_reason
     from fm_pipeline.checkpoint.validate import candidates
 
@@ -61,9 +60,8 @@ def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen
     for ref in refs:
         tier = "local" if ref.is_local else "store"
         try:
-            data = ref.read_bytes(MANIFEST)
-            manifest = parse_manifest(data, where=ref.location)
-            superseded = superseded_reason(ref, data)
+            manifest = read_manifest(ref)
+            superseded = superseded_reason(ref, ref.read_bytes(MANIFEST))
         except (FileNotFoundError, ValueError, StoreError) as e:
             seen.append(CheckpointSeen(ref.step, ref.location, tier, False, problem=str(e)))
             continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timezone
 
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
@@ -135,6 +136,7 @@ def test_seed_calls_preemption_and_resume_from_a_checkpoint_through_dagster(
                  if c["committed"]}
     older = min(committed)  # retention keeps the newest few
     assert older < max(committed)
+    asked_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     r = client.post(f"/v1/training/jobs/{job_id}/resume",
                     json={"checkpoint": f"step-{older:08d}"}, headers=prod)
     assert r.status_code == 202 and r.json()["status"] == "restarting", r.text
@@ -150,6 +152,13 @@ def test_seed_calls_preemption_and_resume_from_a_checkpoint_through_dagster(
     assert last.tags["fm/resume_from"].endswith(f"step-{older:08d}")
     # One Dagster segment run per API run: no sensor resumed a stopped run on its own.
     assert len(dagster_runs(instance, job_id)) == 3
+    # The job went on from `older`: every checkpoint after it is either of the new timeline
+    # or superseded (kept, never resumed from), none of the abandoned one is selectable.
+    for c in client.get(f"/v1/training/jobs/{job_id}/checkpoints",
+                        headers=prod).json()["checkpoints"]:
+        if c["committed"] and c["step"] > older:
+            assert (c["created_at"] > asked_at if c["superseded"] is None else
+                    f"resumed from step {older} at" in c["superseded"]), c
 
 
 def test_cancel_ends_the_dagster_run_canceled_and_nothing_resumes_it(dagster_env):

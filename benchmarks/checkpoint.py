@@ -26,7 +26,8 @@ Targets: save_ratio and load_ratio >= 0.8, stall_ratio <= 0.03. Last stdout line
 
 Two more baselines explain the ratios (they are not what the targets are measured against):
   disk_write_streamed_bytes_per_s  the raw write done the way the checkpoint writes: in 16 MB
-                          pieces, each handed to the disk at once (sync_file_range), + fsync
+                          pieces, each handed to the disk at once (sync_file_range) and
+                          dropped from the page cache 64 MB behind, + fsync
   disk_read_into_place_bytes_per_s the raw cold read into one buffer of the full byte count
                           (pre-faulted, like a model's tensors): a restore has to put every
                           byte somewhere, the 8 MB reused buffer of the baseline does not

@@ -109,6 +109,34 @@ class DagsterOrchestrator:
         resources = {"launcher": launcher, **kwargs.pop("resources", {})}
         return cls(DagsterInstance.get(), resources=resources, **kwargs)
 
+    def recover_orphans(self) -> list[str]:
+        """Segment runs an earlier API process drove and left unfinished (it died): their
+        trainers, which may outlive it, are asked to checkpoint and stop (the preemption
+        flag), and the Dagster runs are marked failed with the reason, so the UI agrees with
+        the API ("failed: ... resume it"). Call once, before serving. Returns the run ids."""
+        from dagster import DagsterRunStatus, RunsFilter
+
+        from fm_pipeline.assets.training.api_runs import LOST
+
+        names = api_job_names(self.instance)
+        if not names:
+            return []
+        unfinished = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED,
+                      DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+                      DagsterRunStatus.CANCELING]
+        records = self.instance.get_run_records(filters=RunsFilter(
+            job_name=SEGMENT_JOB, statuses=unfinished, tags={TAG_API_JOB: names}))
+        for record in records:
+            run = record.dagster_run
+            job_name = run.tags[TAG_API_JOB]
+            for segment_dir in _running_segments(job_name):
+                (segment_dir / "preempt").touch()
+            self.instance.report_run_failed(run, message=LOST)
+            log.warning("job %s: Dagster run %s was left %s by a control plane that stopped; "
+                        "marked failed, its trainer asked to checkpoint and stop", job_name,
+                        run.run_id, run.status.value)
+        return [r.dagster_run.run_id for r in records]
+
     # -- Orchestrator ------------------------------------------------------------------
 
     def submit(self, job: JobSpec) -> str:

@@ -97,7 +97,9 @@ def _orchestrator(kind: str):
     if kind == "dagster":
         from fm_pipeline.assets.training.api_orchestrator import DagsterOrchestrator
 
-        return DagsterOrchestrator.for_project()
+        orchestrator = DagsterOrchestrator.for_project()
+        orchestrator.recover_orphans()  # runs a previous `fm api serve` left behind
+        return orchestrator
     raise ValueError(f"--orchestrator {kind!r}: expected one of {', '.join(ORCHESTRATORS)}")
 
 

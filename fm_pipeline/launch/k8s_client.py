@@ -39,7 +39,9 @@ class SegmentTimeout(TimeoutError):
 @dataclass
 class JobSetStatus:
     name: str
-    phase: str  # Pending, Suspended (queued by Kueue), Running, Completed, Failed, Deleted
+    # Pending, Suspended (queued by Kueue), Running, Stopping (deleted, its pods in their
+    # grace period), Completed, Failed, Deleted
+    phase: str
     restarts: int = 0
     message: str = ""
 
@@ -55,6 +57,9 @@ def jobset_status(obj: dict | None, name: str) -> JobSetStatus:
     conditions = {c.get("type"): c for c in status.get("conditions") or []
                   if c.get("status") == "True"}
     restarts = int(status.get("restarts") or 0)
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return JobSetStatus(name, "Stopping", restarts,
+                            "deleted; waiting for its pods to end their grace period")
     terminal = status.get("terminalState")
     for phase in ("Completed", "Failed"):
         if terminal == phase or phase in conditions:
@@ -143,6 +148,29 @@ class JobSetClient:
                 if e.status != 404:
                     raise
         return existed
+
+    def stop(self, name: str, namespace: str, *, grace_period_s: int) -> bool:
+        """Preempt a running segment: delete only the JobSet, in the foreground. Its pods
+        then end as on any preemption (preStop touches the trainer's flag, SIGTERM follows,
+        SIGKILL after terminationGracePeriodSeconds), the JobSet stays (Stopping) until they
+        are gone, so a follower still reads the leader's log and exit, and the next JobSet
+        of that name cannot start beside a stale rank (as BlockingRecreate). The ConfigMap
+        and Service go with it (owner references) or with `delete` after the follow.
+        False if there was no JobSet."""
+        from kubernetes.client import V1DeleteOptions
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            # The garbage collector deletes the pods with their own terminationGracePeriod-
+            # Seconds; `grace_period_s` says the same for anything that honours it.
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, body=V1DeleteOptions(
+                    propagation_policy="Foreground", grace_period_seconds=grace_period_s))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return False
+        return True
 
     # -- observe ----------------------------------------------------------------------------
 

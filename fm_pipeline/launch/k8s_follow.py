@@ -24,6 +24,7 @@ from fm_pipeline.launch.outcome import (
     parse_torchrun_summary,
 )
 from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.train.exit_codes import PREEMPTED
 
 if TYPE_CHECKING:
     from fm_pipeline.launch.k8s_client import JobSetClient, JobSetStatus
@@ -164,11 +165,19 @@ def last_error_line(text: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def segment_result(followed: FollowResult, launch: SegmentLaunch) -> SegmentResult:
-    """The same SegmentResult the local launcher gives, from what `follow` saw."""
+def segment_result(followed: FollowResult, launch: SegmentLaunch, *,
+                   stopped: str | None = None) -> SegmentResult:
+    """The same SegmentResult the local launcher gives, from what `follow` saw. `stopped`:
+    the reason the JobSet was deleted on request (k8s_stop), if it was."""
     status = followed.status
     common = dict(job=launch.job.name, end_step=launch.end_step,
                   duration_s=round(followed.duration_s, 3))
+    if stopped and status.phase == "Deleted" and not followed.failures:
+        # Deleted before any pod failed: queued, or its pods ended without a record.
+        return SegmentResult(outcome=Outcome.PREEMPTED, exit_code=PREEMPTED, reason=(
+            f"stopped on request ({stopped}): the JobSet was deleted before any pod reported "
+            "an exit; the next segment resumes from the newest valid checkpoint"),
+            torchrun_exit_code=PREEMPTED, evidence="JobSet deleted on request", **common)
     if status.phase == "Completed":
         return SegmentResult(outcome=Outcome.SUCCEEDED, exit_code=0, torchrun_exit_code=0,
                              reason=f"reached end step after {status.restarts} JobSet restart(s)",
@@ -183,6 +192,8 @@ def segment_result(followed: FollowResult, launch: SegmentLaunch) -> SegmentResu
     reason = root.reason or f"JobSet {status.phase.lower()}"
     if status.restarts:
         reason += f" (after {status.restarts} JobSet restart(s))"
+    if stopped:
+        reason += f"; the JobSet was deleted on request ({stopped})"
     return SegmentResult(outcome=outcome_of(root.exit_code), exit_code=root.exit_code,
                          reason=reason, torchrun_exit_code=last.container_exit_code,
                          failed_rank=root.rank, traceback=root.traceback,

@@ -8,7 +8,8 @@ No Dagster here: the CLI, chaos tests and the API call this; the Dagster resourc
 (fm_pipeline.resources.launcher_local) calls it inside a Pipes session. Everything a
 segment leaves is under runs_dir(job)/segments/<end_step>-<time>/: job.yaml, torchrun.log
 (torchrun's and the workers' output), torchrun/ (per-worker error files), error.json,
-result.json. Touching `preempt` there asks the trainer to checkpoint and exit (75).
+result.json. Touching `preempt` there (preempt_running_segments) asks the trainer to
+checkpoint and exit (75).
 Interrupting the caller (Ctrl-C, a cancelled Dagster run) sends torchrun SIGTERM, which
 it forwards to the workers: they checkpoint, exit, and the result says "preempted".
 """
@@ -143,6 +144,25 @@ def stop(proc: subprocess.Popen, *, grace_s: float) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         proc.wait()
+
+
+def running_segment_dirs(job_name: str) -> list[Path]:
+    """The job's segment directories whose torchrun has not finished (no result.json yet)."""
+    root = runs_dir(job_name) / "segments"
+    if not root.is_dir():
+        return []
+    return [d for d in root.iterdir() if d.is_dir() and (d / "job.yaml").is_file()
+            and not (d / "result.json").exists()]
+
+
+def preempt_running_segments(job_name: str) -> list[Path]:
+    """Touch the preemption flag (the trainer's FM_PREEMPT_FILE) of every running segment of
+    the job: each checkpoints at its next step boundary and exits 75. The trainer ignores a
+    flag older than itself, so a caller that may be early touches it again until the end."""
+    running = running_segment_dirs(job_name)
+    for segment_dir in running:
+        local_paths(segment_dir).preempt_flag.touch()
+    return running
 
 
 def descendants(pid: int) -> list[int]:

@@ -8,7 +8,13 @@ controller and the kubelet (creating pods, writing their logs, terminating them)
 Endpoints: JobSet create/get/delete; ConfigMap and Service create/delete; pod list and
 watch by label selector; pod log (with follow: the response stays open until the pod
 terminates).
-Every request is recorded in `requests` as (method, path, query).
+Every request is recorded in `requests` as (method, path, query), every delete's options
+in `delete_options` as (path, body).
+
+Deleting a JobSet removes it and its pods at once, unless `graceful_deletion` is on: then
+a foreground delete marks the JobSet and its pods deleted (deletionTimestamp, the pods'
+grace period) and leaves them to the test's "kubelet", which ends the pods and removes them
+(`delete_pod`); the JobSet goes when its last pod has, as the garbage collector would.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from urllib.parse import parse_qs, urlparse
 from tests.conftest import free_port
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
 def _now() -> str:
@@ -39,6 +46,8 @@ class KubeApiDouble:
         self.pod_events: list[dict] = []  # watch events; resourceVersion = index + 1
         self.logs: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self.requests: list[tuple[str, str, dict]] = []
+        self.delete_options: list[tuple[str, dict | None]] = []
+        self.graceful_deletion = False
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
@@ -129,6 +138,21 @@ class KubeApiDouble:
             gone = self.pods.pop((ns, pod), None)
             if gone:
                 self._pod_event("DELETED", gone)
+                jobset = gone["metadata"]["labels"].get(JOBSET_LABEL)
+                owner = self.jobsets.get((ns, jobset))
+                if owner and owner["metadata"].get("deletionTimestamp") and \
+                        not self._pods_of(ns, jobset):
+                    del self.jobsets[(ns, jobset)]  # foreground deletion: the last pod went
+
+    def wait_for_pod_deletion(self, ns: str, pod: str, timeout_s: float = 60) -> int:
+        """Until the pod is marked deleted (as the kubelet learns it); its grace period."""
+        self.wait_until(lambda: self.pods.get((ns, pod), {}).get("metadata", {}).get(
+            "deletionTimestamp"), f"pod {pod} deleted", timeout_s)
+        return self.pods[(ns, pod)]["metadata"]["deletionGracePeriodSeconds"]
+
+    def _pods_of(self, ns: str, jobset: str) -> list[tuple[str, str]]:
+        return [k for k, p in self.pods.items()
+                if k[0] == ns and p["metadata"]["labels"].get(JOBSET_LABEL) == jobset]
 
     # -- request handling -------------------------------------------------------------------
 
@@ -168,13 +192,32 @@ class KubeApiDouble:
         if method == "GET":
             return 200, self.jobsets[(ns, name)]
         if method == "DELETE":
+            self.delete_options.append((f"{JOBSETS}{ns}/jobsets/{name}", body))
+            if self.graceful_deletion and (body or {}).get("propagationPolicy") == "Foreground":
+                return 200, self._delete_gracefully(ns, name, body)
             obj = self.jobsets.pop((ns, name))
-            for key in [k for k, p in self.pods.items() if k[0] == ns and p["metadata"]["labels"]
-                        .get("jobset.sigs.k8s.io/jobset-name") == name]:
+            for key in self._pods_of(ns, name):
                 self._pod_event("DELETED", self.pods.pop(key))  # foreground: pods go too
             self.lock.notify_all()
             return 200, obj
         return 405, _status(405, method)
+
+    def _delete_gracefully(self, ns: str, name: str, body: dict) -> dict:
+        """Mark the JobSet and its pods deleted; pods get the grace period of the delete
+        (what the pod template's terminationGracePeriodSeconds would give), default 30."""
+        obj = self.jobsets[(ns, name)]
+        if not obj["metadata"].get("deletionTimestamp"):
+            obj["metadata"].update(deletionTimestamp=_now(), finalizers=["foregroundDeletion"])
+            grace = body.get("gracePeriodSeconds")
+            for key in self._pods_of(ns, name):
+                self.pods[key]["metadata"].update(
+                    deletionTimestamp=_now(),
+                    deletionGracePeriodSeconds=30 if grace is None else grace)
+                self._pod_event("MODIFIED", self.pods[key])
+            if not self._pods_of(ns, name):
+                del self.jobsets[(ns, name)]
+        self.lock.notify_all()
+        return obj
 
     def _core(self, method: str, kind: str, ns: str, name: str, body: dict | None):
         if method == "POST" and not name:

@@ -15,7 +15,6 @@ from fm_pipeline.launch.k8s_follow import segment_result
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import tiny_job
-from tests.launch.kube_api_double import KubeApiDouble
 
 NS = "training"
 
@@ -33,12 +32,6 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
   traceback : preempted (signal SIGTERM) at step 17; checkpoint step-00000017
 ============================================================
 """
-
-
-@pytest.fixture
-def api():
-    with KubeApiDouble() as server:
-        yield server
 
 
 @pytest.fixture
@@ -174,3 +167,26 @@ def test_cancelling_while_following_deletes_the_jobset(api, jobsets, rendered):
     assert (NS, name) not in api.jobsets and not api.pods and not api.core
     deletes = [path for method, path, _ in api.requests if method == "DELETE"]
     assert any(path.endswith(f"/jobsets/{name}") for path in deletes)
+
+
+def test_a_jobset_stopped_while_queued_ends_preempted_with_nothing_to_save(
+        api, jobsets, rendered):
+    from fm_pipeline.launch.k8s_stop import followed_jobset, stop_jobsets
+
+    api.graceful_deletion = True
+    name = rendered.name
+    jobsets.submit(rendered)
+    api.set_jobset_status(NS, name, conditions=[{"type": "Suspended", "status": "True"}])
+    with followed_jobset("tiny", rendered) as record:
+        assert stop_jobsets(jobsets, "tiny", reason="cancel") == [name]
+        assert stop_jobsets(jobsets, "tiny", reason="cancel") == []  # once
+        followed = jobsets.follow(name, NS, poll_s=0.05, timeout_s=30)
+        stopped = record.stop_reason()
+    assert not record.path.exists() and followed.status.phase == "Deleted"
+    ((_, options),) = api.delete_options
+    assert options["propagationPolicy"] == "Foreground"
+    assert options["gracePeriodSeconds"] == 40  # preemption_grace_s 25 + 15
+    result = segment_result(followed, SegmentLaunch(tiny_job(nnodes=2, nproc=1), end_step=20),
+                            stopped=stopped)
+    assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75
+    assert "stopped on request (cancel)" in result.reason

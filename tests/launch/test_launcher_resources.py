@@ -8,7 +8,6 @@ import subprocess
 import threading
 
 import pytest
-import yaml
 from dagster import Field, Permissive, asset, materialize
 
 from fm_pipeline.launch.jobset import RenderedSegment
@@ -16,8 +15,7 @@ from fm_pipeline.launch.pod_local import pod_process
 from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 from fm_pipeline.resources.launcher_local import LocalLauncher
 from tests.conftest import REPO, free_port
-from tests.launch.conftest import TINY_WORKER, tiny_job
-from tests.launch.kube_api_double import KubeApiDouble
+from tests.launch.conftest import TINY_WORKER, kubeconfig, tiny_job
 
 NS = "training"
 JOB = tiny_job(nnodes=1, nproc=2, cluster={"namespace": NS})
@@ -64,23 +62,6 @@ def test_local_launcher_failure_carries_the_real_exit_code(monkeypatch):
     assert "seq_len 4096" in description and "exit code 2" in description
 
 
-@pytest.fixture
-def api():
-    with KubeApiDouble() as server:
-        yield server
-
-
-def _kubeconfig(tmp_path, api) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "double", "cluster": {"server": api.url}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "double", "user": "u"}}],
-    }))
-    return str(path)
-
-
 def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list, tmp_path) -> None:
     """Play JobSet controller + kubelet for a 1-node JobSet, one restart attempt per
     behaviour (None: as the submitted pod env says): run the submitted pod's exact command
@@ -121,7 +102,7 @@ def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list, tmp_path) -> 
 
 def _k8s_launcher(tmp_path, api) -> KubernetesLauncher:
     return KubernetesLauncher(store_uri="s3://fm-bucket/fm",
-                              kubeconfig_file=_kubeconfig(tmp_path, api),
+                              kubeconfig_file=kubeconfig(tmp_path, api),
                               trainer_module=TINY_WORKER, poll_interval_s=0.05, timeout_s=120)
 
 

@@ -9,6 +9,13 @@ and submits the segment (fm_pipeline.launch.jobset, k8s_client), and follows it:
 leader pod's log is read by dagster-k8s's PipesK8sPodLogsMessageReader, re-attaching to the
 new leader after a JobSet restart. A cancelled run (or a timeout) deletes the JobSet; a
 finished one is deleted unless `delete_on_completion` is off.
+
+    launcher.stop_segments("job-1", reason="preempt")     # any process on this machine
+
+stops the job's followed JobSets gracefully (fm_pipeline.launch.k8s_stop): the JobSet is
+deleted in the foreground, its pods get the preStop hook (the trainer's preemption flag),
+SIGTERM and their grace period, and the launch keeps reading the leader's log until they
+are gone: a trainer that checkpointed and exited 75 makes the segment `preempted`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from fm_pipeline.config import JobSpec
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.k8s_client import JobSetClient
 from fm_pipeline.launch.k8s_follow import segment_result
+from fm_pipeline.launch.k8s_stop import followed_jobset, followed_jobsets, stop_jobsets
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
 from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
@@ -99,20 +107,32 @@ class KubernetesLauncher(ConfigurableResource):
                                         namespace=ns)
 
             try:
-                followed = client.follow(
-                    name, ns, on_leader_pod=read_leader, poll_s=self.poll_interval_s,
-                    timeout_s=self.timeout_s,
-                    on_status=lambda s: context.log.info(
-                        f"JobSet {name}: {s.phase}, {s.restarts} restart(s) {s.message}"),
-                )
+                with followed_jobset(job.name, rendered) as record:
+                    followed = self._follow(context, client, name, ns, read_leader)
+                    stopped = record.stop_reason()
             except BaseException:
                 # Cancelled run, timeout, lost API server: nothing may keep running unowned.
                 client.delete(name, ns)
                 raise
             if self.delete_on_completion:
                 client.delete(name, ns)
-        result = segment_result(followed, launch)
+        result = segment_result(followed, launch, stopped=stopped)
         context.log.info(f"segment {job.name} -> step {end_step}: {result.outcome.value}")
         if not result.ok:
             raise segment_failure(result)
         return SegmentRun(result=result, pipes=PipesClientCompletedInvocation(session))
+
+    def stop_segments(self, job_name: str, *, reason: str) -> list[str]:
+        """Stop the job's running segments as a preemption does (see the module docstring);
+        returns the JobSets asked to stop now. Repeating it is cheap (one delete each)."""
+        if not followed_jobsets(job_name):
+            return []  # nothing launched from this machine: no API server to reach
+        return stop_jobsets(self.jobset_client(), job_name, reason=reason)
+
+    def _follow(self, context, client: JobSetClient, name: str, ns: str, read_leader):
+        return client.follow(
+            name, ns, on_leader_pod=read_leader, poll_s=self.poll_interval_s,
+            timeout_s=self.timeout_s,
+            on_status=lambda s: context.log.info(
+                f"JobSet {name}: {s.phase}, {s.restarts} restart(s) {s.message}"),
+        )

@@ -11,7 +11,8 @@ them, only global rank 0 opens Pipes) and runs the core launcher
 inherits torchrun's output (and it cannot be read back) or pipes it without reading it
 (and a chatty run blocks), while the failure summary in that output is the only record of
 a worker killed by a signal. Cancelling the run sends torchrun SIGTERM: ranks checkpoint
-and exit as preempted before the step stops.
+and exit as preempted before the step stops. `stop_segments(job, reason=...)`, from any
+process of this machine, touches the running segments' preemption flags instead.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dagster import (
 from pydantic import Field
 
 from fm_pipeline.config import JobSpec
-from fm_pipeline.launch.local import run_segment_locally
+from fm_pipeline.launch.local import preempt_running_segments, run_segment_locally
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
 from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
@@ -80,3 +81,9 @@ class LocalLauncher(ConfigurableResource):
         if not result.ok:
             raise segment_failure(result)
         return SegmentRun(result=result, pipes=PipesClientCompletedInvocation(session))
+
+    def stop_segments(self, job_name: str, *, reason: str) -> list[str]:
+        """Ask the job's running segments to checkpoint and exit 75 (their preemption flag;
+        `reason` is for the caller's log). The trainer ignores a flag older than itself:
+        a caller that may be early (a segment still starting) repeats this until the end."""
+        return [str(d) for d in preempt_running_segments(job_name)]

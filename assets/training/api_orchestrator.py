@@ -13,9 +13,11 @@ or stops. Every segment run carries fm/api_job_id, fm/api_run (1, 2, ... per adm
 fm/tenant, fm/priority, fm/trigger and, when it starts from a checkpoint, fm/resume_from.
 
 preempt / cancel tag the API run's segment run fm/stop=preempt|cancel (the sensors then
-leave the job to the control plane) and touch the running segment's preemption flag: the
-trainer checkpoints at the next step boundary and exits 75. A cancelled run is then marked
-canceled in Dagster. In the UI, filter Runs by `fm/api_job_id=<job id>`.
+leave the job to the control plane) and ask the launcher resource to stop the job's running
+segments (`stop_segments`: a local launch's preemption flag, a Kubernetes launch's JobSet
+deleted gracefully, so its pods get the preStop flag and SIGTERM): the trainer checkpoints
+at the next step boundary and exits 75. A cancelled run is then marked canceled in Dagster.
+In the UI, filter Runs by `fm/api_job_id=<job id>`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from dagster import AssetRecordsFilter, DagsterInstance, RunRequest
 
@@ -44,12 +45,16 @@ from fm_pipeline.assets.training.names import (
 from fm_pipeline.assets.training.requests import API_RESUME, SUBMIT, segment_request
 from fm_pipeline.assets.training.segment import checkpoint_step, newest_valid_step
 from fm_pipeline.config import JobSpec
-from fm_pipeline.config.paths import runs_dir, store_uri
+from fm_pipeline.config.paths import store_uri
 from fm_pipeline.orchestration import next_segment
+from fm_pipeline.resources.launcher import launcher_from_env
+from fm_pipeline.resources.launcher_local import LocalLauncher
 from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
-FLAG_EVERY_S = 1.0  # the trainer ignores a flag older than itself: touch it until the end
+# Asked again until the run ends: a segment may still be starting (the trainer ignores a
+# flag older than itself; a JobSet not yet submitted cannot be deleted).
+STOP_EVERY_S = 1.0
 
 
 @dataclass
@@ -94,8 +99,6 @@ class DagsterOrchestrator:
         import os
 
         from fm_pipeline.config.paths import dagster_home
-        from fm_pipeline.resources.launcher import launcher_from_env
-        from fm_pipeline.resources.launcher_local import LocalLauncher
 
         home = dagster_home()
         home.mkdir(parents=True, exist_ok=True)
@@ -129,8 +132,10 @@ class DagsterOrchestrator:
         for record in records:
             run = record.dagster_run
             job_name = run.tags[TAG_API_JOB]
-            for segment_dir in _running_segments(job_name):
-                (segment_dir / "preempt").touch()
+            try:
+                self._launcher().stop_segments(job_name, reason="orphaned")
+            except Exception as e:  # e.g. the cluster is unreachable: still mark the run
+                log.warning("job %s: could not stop its segments: %s", job_name, e)
             self.instance.report_run_failed(run, message=LOST)
             log.warning("job %s: Dagster run %s was left %s by a control plane that stopped; "
                         "marked failed, its trainer asked to checkpoint and stop", job_name,
@@ -298,19 +303,33 @@ class DagsterOrchestrator:
                 return
             active.stop = how
         self._tag_stop(active)
-        threading.Thread(target=self._keep_flagging, args=(active,), daemon=True,
-                         name=f"flag-{job_name}").start()
+        threading.Thread(target=self._keep_stopping, args=(active,), daemon=True,
+                         name=f"stop-{job_name}").start()
 
     def _tag_stop(self, active: _ApiRun) -> None:
         """Tag the segment run at once, so a daemon's failure sensor sees it too."""
         if active.segment_run_id and self.instance.get_run_by_id(active.segment_run_id):
             self.instance.add_run_tags(active.segment_run_id, {TAG_STOP: active.stop})
 
-    def _keep_flagging(self, active: _ApiRun) -> None:
+    def _keep_stopping(self, active: _ApiRun) -> None:
+        """Stop the run's segments through the launcher, whichever it is, until it ends."""
+        launcher = self._launcher()
         while active.live:
-            for segment_dir in _running_segments(active.job.name):
-                (segment_dir / "preempt").touch()
-            time.sleep(FLAG_EVERY_S)
+            try:
+                stopped = launcher.stop_segments(active.job.name, reason=active.stop)
+            except Exception as e:  # e.g. the API server did not answer: try again
+                log.warning("job %s: stopping its segment failed: %s", active.job.name, e)
+            else:
+                if stopped and not isinstance(launcher, LocalLauncher):
+                    log.info("job %s: %s asked to stop (%s)", active.job.name,
+                             ", ".join(stopped), active.stop)
+            time.sleep(STOP_EVERY_S)
+
+    def _launcher(self):
+        """The launcher resource the segments run with (stop_segments on both kinds)."""
+        if "launcher" in self.resources:
+            return self.resources["launcher"]
+        return launcher_from_env()
 
     def _target_step(self, job_name: str) -> int | None:
         from fm_pipeline.orchestration import registered_job
@@ -319,12 +338,3 @@ class DagsterOrchestrator:
             return None
         return registered_job(open_store(store_uri()), job_name).training.steps
 
-
-def _running_segments(job_name: str) -> list[Path]:
-    """The job's segment directories whose torchrun has not finished (no result.json): the
-    local launcher points the trainer's FM_PREEMPT_FILE at <dir>/preempt."""
-    root = runs_dir(job_name) / "segments"
-    if not root.is_dir():
-        return []
-    return [d for d in root.iterdir() if d.is_dir() and (d / "job.yaml").is_file()
-            and not (d / "result.json").exists()]

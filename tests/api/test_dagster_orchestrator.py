@@ -7,6 +7,7 @@ from Dagster run records; the tests check those records and their tags too."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime, timezone
 
@@ -180,3 +181,75 @@ def test_cancel_ends_the_dagster_run_canceled_and_nothing_resumes_it(dagster_env
     # The sensors, as the daemon would tick them, request nothing for it.
     assert PipelineDriver(instance).tick_job(job.name, evaluate=False) == []
     assert orch.list() == ["job-cancelled"]
+
+
+class StoppableLauncher:
+    """Stands in for the launcher resource (local or Kubernetes): a segment runs until
+    `stop_segments` names its job, then ends as a trainer that checkpointed and exited 75
+    would. A stop that comes before the segment started is missed, as a flag older than
+    the trainer or a JobSet not yet submitted would be."""
+
+    def __init__(self):
+        self.stops: list[tuple[str, str]] = []
+        self.launched: list[int] = []
+        self._running: str | None = None
+        self._stopped = threading.Event()
+
+    def launch_segment(self, context, *, job, end_step, **_):
+        from fm_pipeline.launch.outcome import Outcome, SegmentResult
+        from fm_pipeline.resources.launcher_results import segment_failure
+
+        self._stopped.clear()
+        self._running = job.name
+        self.launched.append(end_step)
+        try:
+            assert self._stopped.wait(60), "the control plane never stopped the segment"
+        finally:
+            self._running = None
+        raise segment_failure(SegmentResult(
+            job=job.name, end_step=end_step, outcome=Outcome.PREEMPTED, exit_code=75,
+            reason="preempted at step 3; checkpoint step-00000003", torchrun_exit_code=1,
+            duration_s=1.0))
+
+    def stop_segments(self, job_name: str, *, reason: str) -> list[str]:
+        self.stops.append((job_name, reason))
+        if self._running != job_name:
+            return []
+        self._stopped.set()
+        return [job_name]
+
+
+def test_preempt_and_cancel_stop_the_segment_through_the_launcher(fm_home, mix_store,
+                                                                  monkeypatch):
+    """Whatever runs the segment (a JobSet on Kubernetes here, in effect), the control plane
+    stops it through the launcher's stop_segments, with the reason."""
+    from fm_pipeline.data.testing import small_job
+
+    monkeypatch.setenv("FM_STORE_URI", mix_store["root"])
+    (fm_home / "dagster" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    instance = DagsterInstance.get()
+    launcher = StoppableLauncher()
+    orch = DagsterOrchestrator(instance, resources={"launcher": launcher},
+                               evaluate_checkpoints=False)
+    job = small_job(**{"name": "job-on-k8s", "training.steps": 40,
+                       "training.segment_steps": 40, "tenant": "research"})
+    try:
+        orch.submit(job)
+        wait_for("the segment to launch", lambda: launcher._running)
+        orch.preempt(job.name)
+        run = orch.wait(job.name, timeout=60)
+        assert run.state == "preempted" and "preempted at step 3" in run.reason
+        assert launcher.stops[0] == (job.name, "preempt")
+        (record,) = dagster_runs(instance, job.name)
+        assert record.dagster_run.tags["fm/stop"] == "preempt"
+        assert record.dagster_run.tags["fm/decision"] == "stopped"
+
+        orch.resume(job)
+        wait_for("the resumed segment to launch", lambda: launcher._running)
+        orch.cancel(job.name)
+        run = orch.wait(job.name, timeout=60)
+        assert run.state == "cancelled"
+        assert launcher.stops[-1] == (job.name, "cancel")
+        assert launcher.launched == [40, 40]  # nothing resumed a stopped run on its own
+    finally:
+        instance.dispose()

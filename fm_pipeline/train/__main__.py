@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from fm_pipeline.train.host_memory import keep_freed_host_memory
     from fm_pipeline.train.segment import SegmentSetupError, run_segment
+
+    keep_freed_host_memory()  # no page faults re-growing the heap every step
 
     @record  # an uncaught exception lands, with its traceback, in torchrun's error file
     def train():

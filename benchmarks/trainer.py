@@ -5,7 +5,9 @@
 
 Both sides train the same model from the same initial weights on the same batches of the
 same data mix (MixLoader), with AdamW, the warmup+cosine LR schedule and gradient clipping,
-in a fresh process each, with the same thread count:
+in a fresh process each, with the same thread count and malloc thresholds
+(fm_pipeline.train.host_memory: without them either side may lose ~2% to page faults,
+depending on where glibc happens to trim its heap):
   trainer    `python -m fm_pipeline.train` (a world of one: process group, checkpoint
              manager, metrics files, preemption watch, per-rank timing sync, float64
              grad norm); checkpointing only after the timed steps
@@ -113,8 +115,10 @@ def bare_loop(job_path: Path) -> None:
     from fm_pipeline.config import load_job
     from fm_pipeline.data import MixLoader, open_job_mix
     from fm_pipeline.model import Transformer
+    from fm_pipeline.train.host_memory import keep_freed_host_memory
     from fm_pipeline.train.optimizer import build_lr_scheduler, build_optimizer
 
+    keep_freed_host_memory()  # as the trainer: without it, glibc may re-fault the heap each step
     job = load_job(job_path)
     t = job.training
     model = Transformer(job.model_cfg)

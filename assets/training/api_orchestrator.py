@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from dagster import AssetRecordsFilter, DagsterInstance, RunRequest
 
-from fm_pipeline.api.orchestrator import RunInfo
+from fm_pipeline.api.orchestrator import RunInfo, ThreadedRuns
 from fm_pipeline.assets.training.api_runs import api_job_names, api_run_records, run_infos
 from fm_pipeline.assets.training.checkpoints import CHECKPOINT
 from fm_pipeline.assets.training.driver import EVALUATION_SENSOR, PipelineDriver
@@ -77,7 +77,7 @@ class _ApiRun:
         return self.thread is not None and self.thread.is_alive()
 
 
-class DagsterOrchestrator:
+class DagsterOrchestrator(ThreadedRuns):
     supports_resume_from = True
 
     def __init__(self, instance: DagsterInstance | None = None, *, resources: dict | None = None,
@@ -185,14 +185,6 @@ class DagsterOrchestrator:
 
     def list(self) -> list[str]:
         return api_job_names(self.instance)
-
-    def wait(self, job_name: str, timeout: float | None = None) -> RunInfo:
-        """Block until the job's active run ends (tests and scripts)."""
-        with self._lock:
-            active = self._active.get(job_name)
-        if active is not None and active.thread is not None:
-            active.thread.join(timeout)
-        return self.status(job_name)[-1]
 
     # -- starting ----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from fm_pipeline.api import progress
-from fm_pipeline.api.orchestrator import RunInfo
+from fm_pipeline.api.orchestrator import RunInfo, ThreadedRuns
 from fm_pipeline.config import JobSpec
 from fm_pipeline.config.paths import runs_dir, store_uri
 from fm_pipeline.storage import open_store
@@ -38,7 +38,7 @@ class _Active:
     segment_dir: Path | None = None
 
 
-class LocalOrchestrator:
+class LocalOrchestrator(ThreadedRuns):
     # SegmentLaunch has no --resume-from yet: runs restore the newest valid checkpoint.
     supports_resume_from = False
 
@@ -78,14 +78,6 @@ class LocalOrchestrator:
     def list(self) -> list[str]:
         root = runs_dir("x").parent
         return sorted(p.parent.name for p in root.glob(f"*/{RUNS_FILE}"))
-
-    def wait(self, job_name: str, timeout: float | None = None) -> RunInfo:
-        """Block until the job's active run ends (tests and the CLI use it)."""
-        with self._lock:
-            active = self._active.get(job_name)
-        if active is not None and active.thread is not None:
-            active.thread.join(timeout)
-        return self.status(job_name)[-1]
 
     # -- internals ---------------------------------------------------------------------
 

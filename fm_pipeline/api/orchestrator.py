@@ -51,3 +51,17 @@ class Orchestrator(Protocol):
 
     def list(self) -> list[str]:
         """Names of the jobs this orchestrator has runs for."""
+
+
+class ThreadedRuns:
+    """What both orchestrators share: one worker thread per active run, in `_active` (job
+    name -> an object with `.thread`) under `_lock`."""
+
+    def wait(self, job_name: str, timeout: float | None = None) -> RunInfo:
+        """Block until the job's active run ends (tests, scripts and the CLI use it)."""
+        with self._lock:
+            active = self._active.get(job_name)
+        if active is not None and active.thread is not None:
+            active.thread.join(timeout)
+        return self.status(job_name)[-1]
+

@@ -18,9 +18,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from fm_pipeline.plotting import save_figure  # noqa: E402
 from fm_pipeline.report.run_history import Launch, RunHistory  # noqa: E402
 
 _EVENT_COLOURS = {"failed": "tab:red", "preempted": "tab:orange", "no end record": "tab:gray"}
@@ -202,9 +204,4 @@ def _note(ax, text: str) -> None:
 
 
 def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)

@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fm_pipeline.plotting import save_figure  # noqa: E402
 from fm_pipeline.sim.results import BUCKETS, SimResult  # noqa: E402
 
 _LABELS = {
@@ -26,12 +27,7 @@ _LABELS = {
 
 
 def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_timeline(result: SimResult, path: str | Path, *, max_points: int = 4000) -> Path:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import subprocess
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fm_pipeline.storage.durable import atomic_write, fsync_dir  # noqa: F401 (re-exported)
 
 FORMAT = "fm-checkpoint/1"
 
@@ -205,31 +205,6 @@ def entry_problem(path: Path, entry: FileEntry) -> str | None:
         return (f"{CHECKSUMS[entry.algorithm]} mismatch: file has {digest[:12]}, the manifest "
                 f"says {entry.checksum[:12]} (corrupted)")
     return None
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (created and renamed files) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Whole file or nothing, durable once this returns."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,6 +8,7 @@ from fm_pipeline.storage.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
+    PreconditionFailed,
     StoreError,
     sha256_file,
 )
@@ -26,5 +27,6 @@ def open_store(uri: str | Path, *, endpoint_url: str | None = None) -> ObjectSto
 
 
 __all__ = [
-    "ObjectInfo", "ObjectNotFound", "ObjectStore", "StoreError", "open_store", "sha256_file",
+    "ObjectInfo", "ObjectNotFound", "ObjectStore", "PreconditionFailed", "StoreError",
+    "open_store", "sha256_file",
 ]

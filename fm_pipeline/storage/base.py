@@ -20,6 +20,10 @@ class ObjectNotFound(StoreError):
     pass
 
 
+class PreconditionFailed(StoreError):
+    """A conditional write or delete lost its race: the object is not what the caller saw."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
@@ -66,6 +70,28 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def delete(self, key: str) -> None: ...
+
+    # Conditional writes: the building block of leases (one writer per object, decided by
+    # the store). `etag` is opaque; only compare it with what these methods returned.
+    @abstractmethod
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object and its current etag; ObjectNotFound when absent."""
+
+    @abstractmethod
+    def put_if(self, data: bytes, key: str, *, etag: str | None) -> str:
+        """Write only if the object is absent (`etag` None) or still has `etag`; returns the
+        new etag. PreconditionFailed when another writer got there first."""
+
+    @abstractmethod
+    def delete_if(self, key: str, *, etag: str) -> None:
+        """Delete only if the object still has `etag`; PreconditionFailed otherwise."""
+
+    def copy(self, src: str, dest: str) -> ObjectInfo:
+        """Copy one object inside the store (S3: server-side)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="fm-store-copy-") as tmp:
+            return self.put_file(self.get_file(src, Path(tmp) / "object"), dest)
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under `prefix`; returns the bytes freed."""

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from fm_pipeline.storage.base import ObjectInfo, ObjectNotFound, ObjectStore, StoreError, check_key
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from fm_pipeline.storage.base import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+    StoreError,
+    check_key,
+)
+from fm_pipeline.storage.durable import fsync_dir
 
 
 class LocalStore(ObjectStore):
@@ -46,7 +49,7 @@ class LocalStore(ObjectStore):
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
         except OSError as e:
             raise StoreError(f"cannot write {self.uri_of(key)}: {e}") from e
         return ObjectInfo(key=key, size=dest.stat().st_size)
@@ -85,12 +88,54 @@ class LocalStore(ObjectStore):
             return []
         out = []
         for p in base.rglob("*"):
-            if not p.is_file() or p.name.endswith(".tmp"):
+            if not p.is_file() or p.name.endswith(".tmp") or (
+                    p.name.startswith(".") and p.name.endswith(".lock")):
                 continue
             key = p.relative_to(self.root).as_posix()
             if key.startswith(prefix):
                 out.append(ObjectInfo(key=key, size=p.stat().st_size))
         return sorted(out, key=lambda i: i.key)
+
+    @contextlib.contextmanager
+    def _exclusive(self, key: str):
+        """Conditional operations on one key serialise on an flock of a sidecar file (works
+        across processes, and across hosts where the filesystem honours flock)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield path
+        finally:
+            os.close(fd)
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        with self._exclusive(key) as path:
+            if not path.is_file():
+                raise ObjectNotFound(f"no object {self.uri_of(key)}")
+            data = path.read_bytes()
+        return data, hashlib.sha256(data).hexdigest()
+
+    def put_if(self, data: bytes, key: str, *, etag: str | None) -> str:
+        with self._exclusive(key) as path:
+            current = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+            if current != etag:
+                raise PreconditionFailed(f"{self.uri_of(key)} changed under a conditional write")
+            self.put_bytes(data, key)
+        return hashlib.sha256(data).hexdigest()
+
+    def delete_if(self, key: str, *, etag: str) -> None:
+        with self._exclusive(key) as path:
+            if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != etag:
+                raise PreconditionFailed(f"{self.uri_of(key)} changed under a conditional "
+                                         "delete")
+            self.delete(key)
+
+    def copy(self, src: str, dest: str) -> ObjectInfo:
+        path = self._path(src)
+        if not path.is_file():
+            raise ObjectNotFound(f"no object {self.uri_of(src)}")
+        return self.put_file(path, dest)
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -16,6 +16,7 @@ from fm_pipeline.storage.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
+    PreconditionFailed,
     StoreError,
     check_key,
     sha256_file,
@@ -83,6 +84,9 @@ class S3Store(ObjectStore):
         code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
         if code in ("404", "NoSuchKey", "NotFound"):
             return ObjectNotFound(f"no object {self.uri_of(key)}")
+        if code in ("412", "PreconditionFailed", "ConditionalRequestConflict"):
+            return PreconditionFailed(f"{self.uri_of(key)} changed under a conditional "
+                                      f"{verb} ({code})")
         return StoreError(f"cannot {verb} {self.uri_of(key)}{where}: {exc}")
 
     def put_file(self, local: str | Path, key: str) -> ObjectInfo:
@@ -175,6 +179,40 @@ class S3Store(ObjectStore):
         except Exception as e:
             raise self._error("list", prefix or "/", e) from e
         return sorted(out, key=lambda i: i.key)
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        try:
+            got = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return got["Body"].read(), got["ETag"]
+        except Exception as e:
+            raise self._error("read", key, e) from e
+
+    def put_if(self, data: bytes, key: str, *, etag: str | None) -> str:
+        # S3 conditional writes: If-None-Match "*" creates, If-Match replaces (RFC 7232).
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        try:
+            return self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                           **condition)["ETag"]
+        except Exception as e:
+            raise self._error("write", key, e) from e
+
+    def delete_if(self, key: str, *, etag: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=etag)
+        except Exception as e:
+            raise self._error("delete", key, e) from e
+
+    def copy(self, src: str, dest: str) -> ObjectInfo:
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._key(src))
+            # Managed copy (multipart past 5 GB); the SHA-256 metadata travels with it.
+            self._client.copy({"Bucket": self.bucket, "Key": self._key(src)}, self.bucket,
+                              self._key(dest), Config=self._transfer,
+                              ExtraArgs={"Metadata": head.get("Metadata", {}),
+                                         "MetadataDirective": "REPLACE"})
+        except Exception as e:
+            raise self._error("copy", src, e) from e
+        return ObjectInfo(key=dest, size=head["ContentLength"])
 
     def delete(self, key: str) -> None:
         try:

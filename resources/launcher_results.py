@@ -79,5 +79,5 @@ def segment_failure(result: SegmentResult) -> Failure:
             f"exit code {result.exit_code}: {result.reason}"
         ),
         metadata=result_metadata(result),
-        allow_retries=result.outcome is not Outcome.BAD_CONFIG,
+        allow_retries=result.outcome not in (Outcome.BAD_CONFIG, Outcome.LEASE_HELD),
     )

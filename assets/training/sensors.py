@@ -59,6 +59,7 @@ from fm_pipeline.assets.training.requests import (
 )
 from fm_pipeline.assets.training.segment import newest_valid_step
 from fm_pipeline.orchestration import decide_after_failure, next_segment, registered_job
+from fm_pipeline.orchestration.policy import LEASE_HELD
 from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
 
@@ -149,7 +150,9 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
     instance, target = context.instance, store.open()
     requests, notes = [], []
     for name in instance.get_dynamic_partitions(JOBS_PARTITION):
-        records = segment_run_records(instance, name, limit=1)
+        # A duplicate launch refused by the job's lease says nothing about the job's line.
+        records = [r for r in segment_run_records(instance, name, limit=5)
+                   if r.dagster_run.tags.get(TAG_OUTCOME) != LEASE_HELD]
         if not records:
             continue
         run = records[0].dagster_run

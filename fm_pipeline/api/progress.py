@@ -42,6 +42,7 @@ class CheckpointSeen:
     marks: tuple[str, ...] = ()
     eval: dict | None = None
     superseded: str | None = None  # why a rollback abandoned it (never resumed from)
+    invalid: str | None = None  # what a restore found corrupt in it (never resumed from)
 
 
 def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen]:
@@ -49,7 +50,7 @@ def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen
     from fm_pipeline.checkpoint import read_manifest, read_marks
     from fm_pipeline.checkpoint.layout import MANIFEST
     from fm_pipeline.checkpoint.supersede import superseded_reason
-    from fm_pipeline.checkpoint.validate import candidates
+    from fm_pipeline.checkpoint.validate import candidates, invalid_reason
 
     try:
         refs = candidates(job_name, store=store)
@@ -61,7 +62,9 @@ def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen
         tier = "local" if ref.is_local else "store"
         try:
             manifest = read_manifest(ref)
-            superseded = superseded_reason(ref, ref.read_bytes(MANIFEST))
+            manifest_bytes = ref.read_bytes(MANIFEST)
+            superseded = superseded_reason(ref, manifest_bytes)
+            corrupt = invalid_reason(ref, manifest_bytes)
         except (FileNotFoundError, ValueError, StoreError) as e:
             seen.append(CheckpointSeen(ref.step, ref.location, tier, False, problem=str(e)))
             continue
@@ -70,15 +73,17 @@ def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen
             step=ref.step, location=ref.location, tier=tier, committed=True,
             tokens_seen=manifest.tokens_seen, created_at=manifest.created_at,
             total_bytes=manifest.total_bytes, marks=tuple(sorted(marks)), eval=marks.get("eval"),
-            superseded=superseded,
-            problem=f"superseded: {superseded}" if superseded else None,
+            superseded=superseded, invalid=corrupt,
+            problem=f"superseded: {superseded}" if superseded else (
+                f"invalid: {corrupt}" if corrupt else None),
         ))
     return seen
 
 
 def last_committed(seen: list[CheckpointSeen]) -> CheckpointSeen | None:
     """The newest committed checkpoint a resume would consider (superseded ones are not)."""
-    return next((c for c in seen if c.committed and c.superseded is None), None)
+    return next((c for c in seen if c.committed and c.superseded is None and c.invalid is None),
+                None)
 
 
 def _tail_lines(path: Path) -> list[str]:

@@ -36,6 +36,8 @@ import torch.distributed.checkpoint as dcp
 import torch.utils.serialization.config as serialization_config
 
 from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.aside import in_the_way, set_aside
+from fm_pipeline.checkpoint.aside import stamp as aside_stamp
 from fm_pipeline.checkpoint.commit import (
     Probe,
     SaveContext,
@@ -45,13 +47,19 @@ from fm_pipeline.checkpoint.commit import (
     write_probe,
 )
 from fm_pipeline.checkpoint.copies import discover_copies
-from fm_pipeline.checkpoint.layout import MANIFEST, local_root, step_dir_name
+from fm_pipeline.checkpoint.layout import (
+    MANIFEST,
+    CheckpointRef,
+    local_root,
+    parse_step,
+    step_dir_name,
+)
 from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo, fsync_dir
 from fm_pipeline.checkpoint.publish import Publisher
 from fm_pipeline.checkpoint.retention import RetentionReport
 from fm_pipeline.checkpoint.streams import ChecksummingWriter
-from fm_pipeline.checkpoint.supersede import set_aside_if_superseded
 from fm_pipeline.checkpoint.tiering import UploadReport
+from fm_pipeline.checkpoint.verdict import record_verified
 from fm_pipeline.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -71,6 +79,7 @@ class SaveResult:
     path: str
     committed: bool
     error: str | None = None
+    lease_lost: bool = False  # the job's lease was taken over: stop, do not retry here
     blocked_s: float = 0.0  # in save(), plus staging_wait_s once harvested
     waited_s: float = 0.0
     staging_wait_s: float = 0.0  # optimizer steps waiting for an overlapped host copy
@@ -89,7 +98,7 @@ class CheckpointManager:
                  root: str | Path | None = None, store: ObjectStore | None = None,
                  upload: bool | None = None, async_save: bool | None = None,
                  on_busy: str = "wait", staging: str = "overlap", checksum: str = "crc32c",
-                 write_threads: int = WRITE_THREADS):
+                 write_threads: int = WRITE_THREADS, lease=None):
         from fm_pipeline.checkpoint.manifest import CHECKSUMS
 
         if checksum not in CHECKSUMS:
@@ -118,6 +127,7 @@ class CheckpointManager:
             store = open_store(store_uri())
         self.store = store  # restore looks here too, even when uploads are off
         self.rank, self.world_size = comm.rank(), comm.world_size()
+        self.lease = lease  # rundir.lease.JobLease on rank 0: no commit once it is lost
         # Saves talk over their own group: the default one is busy with training collectives.
         self._group = dist.new_group(backend="gloo") if comm.initialized() else None
         self.copies = discover_copies(self.root)  # do the nodes share the local tier?
@@ -127,7 +137,7 @@ class CheckpointManager:
                         "checkpoint, so none can be restored", self.world_size,
                         self.copies.count)
         self._publisher = Publisher(job, store=self.store, root=self.root, copies=self.copies,
-                                    group=self._group, rank=self.rank)
+                                    group=self._group, rank=self.rank, lease=lease)
         self._stager = None
         if self.async_save:
             from fm_pipeline.checkpoint.state import OptimizerState
@@ -158,10 +168,8 @@ class CheckpointManager:
         self._harvest()
         events = {"save_called": t0, "previous_done": time.perf_counter()}
         directory = self.root / step_dir_name(step)
-        # A checkpoint a rollback superseded is moved aside for the new one (supersede.py).
-        if comm.any_rank(self.rank == 0 and (directory / MANIFEST).is_file()
-                         and set_aside_if_superseded(directory) is None):
-            return self._skip(step, f"{directory} is already a committed checkpoint")
+        if (why := self._clear_the_way(directory)) is not None:
+            return self._skip(step, why)
         probe_entry = None
         if self.copies.leader:  # rank 0, and on nodes with their own disk their first rank
             if directory.exists():  # leftover of a crashed save of this step
@@ -188,6 +196,25 @@ class CheckpointManager:
         done.set_result(result)
         self._finish(result)
         return done
+
+    def _clear_the_way(self, directory: Path) -> str | None:
+        """A committed checkpoint already at this step (a resume that fell back past it, a
+        rollback): rank 0 judges it on its checksums; a superseded or invalid one is set aside
+        in every copy (kept, with the reason), a valid one makes this save skip (the reason
+        is returned)."""
+        decision = None
+        if self.rank == 0 and (directory / MANIFEST).is_file():
+            kind, why = in_the_way(CheckpointRef.local(directory), self.job,
+                                   partial_copy=not self.copies.shared)
+            decision = (kind, why, aside_stamp())
+        kind, why, when = comm.broadcast_from_rank0(decision) or (None, None, None)
+        if kind == "keep":
+            return why
+        if kind is not None and self.copies.leader and directory.is_dir():
+            set_aside(CheckpointRef.local(directory), kind=kind, when=when,
+                      reason=f"{why} (a new save of step {parse_step(directory.name)} took "
+                             "its place)")
+        return None
 
     def _skip(self, step: int, reason: str) -> None:
         log.warning("checkpoint at step %d skipped: %s", step, reason)
@@ -276,6 +303,8 @@ class CheckpointManager:
     def _commit(self, directory: Path, ctx: SaveContext, gathered: list,
                 referenced: set[str] | None) -> SaveResult:
         errors = [g[3] for g in gathered if g[3]]
+        if self.lease is not None and self.lease.lost:  # another segment now owns the job
+            errors.append(f"rank 0: {self.lease.lost}")
         write_s = max(g[1] for g in gathered)
         checksum_s = max(g[2] for g in gathered)
         result = SaveResult(step=ctx.step, path=str(directory), committed=False,
@@ -288,12 +317,15 @@ class CheckpointManager:
                                           commit_s=time.perf_counter() - ctx.started_at)
                 commit_local(directory, manifest, referenced=referenced,
                              all_files_here=self.copies.shared)
+                if self.copies.shared:  # so retention need not re-read it (verdict.py)
+                    record_verified(CheckpointRef.local(directory), how="written")
                 result.committed, result.total_bytes = True, manifest.total_bytes
                 result.commit_s = manifest.timings.commit_s
             except Exception as e:
                 errors.append(f"rank 0: manifest: {type(e).__name__}: {e}")
         if errors:
             result.error = "; ".join(errors)
+            result.lease_lost = self.lease is not None and bool(self.lease.lost)
             log.error("checkpoint step %d NOT committed: %s", ctx.step, result.error)
         else:
             log.info("checkpoint step %d committed: %s (%.1f MB, blocked %.3fs, write %.2fs, "
@@ -306,6 +338,10 @@ class CheckpointManager:
             result.staging_wait_s = self._stager.take_wait_s()
             result.blocked_s += result.staging_wait_s
         self.results.append(result)
+        if result.lease_lost:
+            from fm_pipeline.rundir.lease import LeaseLost
+
+            raise LeaseLost(f"checkpoint at step {result.step} not committed: {result.error}")
         if not result.committed:
             raise CheckpointSaveError(f"checkpoint at step {result.step} did not commit: "
                                       f"{result.error}")

@@ -18,7 +18,7 @@ from fm_pipeline.checkpoint.layout import MARKS_DIR, CheckpointRef
 from fm_pipeline.checkpoint.manifest import now_iso
 from fm_pipeline.storage import ObjectNotFound, StoreError
 
-KNOWN = ("drill", "eval", "pin", "upload")
+KNOWN = ("drill", "eval", "pin", "upload", "verified", "invalid", "set_aside")
 
 
 def write_mark(ref: CheckpointRef, name: str, payload: dict) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.aside import set_aside
 from fm_pipeline.checkpoint.copies import Copies
 from fm_pipeline.checkpoint.layout import MANIFEST, CheckpointRef, delete_checkpoint, list_local
 from fm_pipeline.checkpoint.manifest import atomic_write
@@ -36,6 +37,7 @@ from fm_pipeline.checkpoint.tiering import (
     sync_to_store,
     upload_files,
 )
+from fm_pipeline.rundir.lease import LeaseLost
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ class Publisher:
     copies: Copies
     group: object = None  # the checkpoint's gloo process group
     rank: int = 0
+    lease: object = None  # rundir.lease.JobLease on rank 0: confirmed before a remote commit
 
     def copy_manifest(self, directory: Path) -> None:
         """Nodes with their own disk keep the manifest next to their share of the files."""
@@ -82,8 +85,10 @@ class Publisher:
             manifest = read_manifest(local)
             if not all_errors:
                 try:
+                    if self.lease is not None:  # still ours? (the store decides)
+                        self.lease.confirm()
                     commit_remote(self.store, prefix, manifest, local.read_bytes(MANIFEST))
-                except StoreError as e:
+                except (StoreError, LeaseLost) as e:
                     all_errors.append(str(e))
             report = UploadReport(step=step, store_uri=self.store.uri, prefix=prefix,
                                   committed=not all_errors, files=len(manifest.files),
@@ -99,7 +104,7 @@ class Publisher:
         if not self.copies.shared:
             kept = None
             if self.rank == 0 and reports and reports[0].tier == "local":
-                kept = (step, set(reports[0].kept))
+                kept = (step, set(reports[0].kept), dict(reports[0].set_aside))
             kept = comm.broadcast_from_rank0(kept, self.group)
             if kept is not None and self.copies.leader and self.rank != 0:
                 self._prune_copy(*kept)
@@ -115,9 +120,11 @@ class Publisher:
             log.warning("checkpoints %s never reached %s and are not retried: their files are "
                         "spread over the nodes' disks", pending, self.store.uri)
 
-    def _prune_copy(self, newest: int, kept: set[int]) -> None:
+    def _prune_copy(self, newest: int, kept: set[int], invalid: dict[int, str]) -> None:
         for ref in list_local(self.root):
-            if ref.step < newest and ref.step not in kept:
+            if ref.step in invalid:  # rank 0 set its copy aside: this one goes beside it
+                set_aside(ref, kind="invalid", reason=f"retention on rank 0: {invalid[ref.step]}")
+            elif ref.step < newest and ref.step not in kept:
                 freed = delete_checkpoint(ref)
                 log.info("retention deleted this node's copy %s (%.1f MB)", ref.location,
                          freed / 1e6)
@@ -133,7 +140,8 @@ class Publisher:
         try:
             reports.append(apply_retention(self.job.name, keep_last=ck.keep_last,
                                            milestone_every=ck.milestone_every, job=self.job,
-                                           root=self.root, known_valid={step}))
+                                           root=self.root, known_valid={step},
+                                           partial_copy=not self.copies.shared))
             if upload is not None and upload.committed:
                 reports.append(apply_retention(self.job.name, keep_last=ck.keep_last,
                                                milestone_every=ck.milestone_every,

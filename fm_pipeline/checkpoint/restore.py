@@ -46,6 +46,7 @@ from fm_pipeline.checkpoint.validate import (
     read_manifest,
     validate,
 )
+from fm_pipeline.checkpoint.verdict import record_invalid
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -102,12 +103,12 @@ def localize(ref: CheckpointRef, *, cache_root: Path | None = None,
             else:
                 _complete_local(ref, dest, expected, store=store, job_name=job_name)
         except CheckpointInvalid as e:
-            error = [(p.where, p.message) for p in e.problems]
+            error = [(p.where, p.message, p.kind) for p in e.problems]
         except (StoreError, OSError, ValueError) as e:  # every rank must reach the gather
-            error = [(ref.location, f"cannot fetch the checkpoint: {e}")]
+            error = [(ref.location, f"cannot fetch the checkpoint: {e}", "unreachable")]
     errors = [e for e in comm.all_gather(error) if e is not None]
     if errors:
-        raise CheckpointInvalid(ref, [Problem(w, m) for probs in errors for w, m in probs])
+        raise CheckpointInvalid(ref, [Problem(*p) for probs in errors for p in probs])
     return CheckpointRef.local(dest), time.perf_counter() - t0
 
 
@@ -232,6 +233,8 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
         except CheckpointInvalid as e:
             log.warning("cannot restore %s, trying an older one: %s", ref.location, e)
             skipped.append(f"{ref.location}: " + "; ".join(map(str, e.problems)))
+            if comm.rank() == 0 and not any(p.kind == "unreachable" for p in e.problems):
+                record_invalid(ref, e.problems)  # no later look selects it again
             continue
         result.skipped = skipped
         return result

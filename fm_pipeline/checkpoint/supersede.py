@@ -2,16 +2,14 @@
 
     supersede_newer(job_name, chosen, manifest_bytes, store=store, root=root)   # rank 0
     superseded_reason(ref, manifest_bytes)  # "the job was resumed from step 10 at ..." or None
-    set_aside_if_superseded(directory)      # before a new save of a superseded local step
 
 Each tier keeps one ledger beside its checkpoints (local: `<root>/superseded.json`; store:
 `checkpoints/<job>/superseded.json`), keyed by the SHA-256 of each superseded checkpoint's
 manifest bytes. Writing the ledger (one atomic file or object per tier) is the rollback's
 commit point; nothing is moved or deleted then. `validate` reports a ledgered checkpoint as a
 problem ("superseded: ..."), so every discovery path skips it. A new save of the same step
-has another manifest (another hash) and is selectable at once; a superseded local directory
-in its way is moved under `<root>/superseded/<utc>/` first, a store copy is replaced by the
-upload (tiering.clear_remote_step logs it).
+has another manifest (another hash) and is selectable at once; a superseded checkpoint in its
+way is set aside in each tier first (aside.py: `<root>/superseded/<utc>/`, kept).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 from fm_pipeline.checkpoint.layout import (
@@ -27,7 +24,6 @@ from fm_pipeline.checkpoint.layout import (
     CheckpointRef,
     list_local,
     list_store,
-    parse_step,
     store_root,
 )
 from fm_pipeline.checkpoint.manifest import atomic_write, now_iso
@@ -36,7 +32,6 @@ from fm_pipeline.storage import ObjectNotFound, ObjectStore
 log = logging.getLogger(__name__)
 
 LEDGER = "superseded.json"
-SET_ASIDE_DIR = "superseded"  # <root>/superseded/<utc>/step-XXXXXXXX/
 FORMAT = "fm-superseded/1"
 
 
@@ -153,45 +148,3 @@ def supersede_newer(job_name: str, chosen: CheckpointRef, chosen_manifest: bytes
         log.warning("checkpoint %s superseded: the job was resumed from step %d (%s)", where,
                     chosen.step, chosen.location)
     return superseded
-
-
-def set_aside_if_superseded(directory: Path) -> Path | None:
-    """Move a superseded committed local checkpoint out of the way of a new save of its
-    step, to `<root>/superseded/<utc>/step-XXXXXXXX` (kept, never deleted). None when the
-    directory is not superseded (a real collision: the caller skips the save)."""
-    directory = Path(directory)
-    ref = CheckpointRef(step=parse_step(directory.name), dir=directory)
-    try:
-        why = superseded_reason(ref, (directory / MANIFEST).read_bytes())
-    except LedgerUnreadable as e:
-        log.error("not replacing %s: %s", directory, e)
-        return None
-    if why is None:
-        return None
-    stamp = now_iso().replace(":", "").replace("-", "").replace("+0000", "Z")
-    dest = directory.parent / SET_ASIDE_DIR / stamp / directory.name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(directory, dest)
-    log.warning("checkpoint %s was superseded (%s); moved to %s to save the new one",
-                directory, why, dest)
-    return dest
-
-
-def set_aside(root: Path) -> list[tuple[CheckpointRef, str | None]]:
-    """Superseded local checkpoints moved aside, oldest move first, with the ledger's reason."""
-    ledger_ref = CheckpointRef(step=0, dir=Path(root) / "step-00000000")
-    try:
-        ledger = read_ledger(ledger_ref)
-    except LedgerUnreadable:
-        ledger = {}
-    out = []
-    for path in sorted(Path(root, SET_ASIDE_DIR).glob("*/step-*")):
-        if not path.is_dir() or parse_step(path.name) is None:
-            continue
-        ref = CheckpointRef.local(path)
-        try:
-            why = superseded_reason(ref, (path / MANIFEST).read_bytes(), ledger)
-        except FileNotFoundError:
-            why = None
-        out.append((ref, why))
-    return out

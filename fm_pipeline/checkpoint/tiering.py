@@ -20,6 +20,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fm_pipeline.checkpoint.aside import set_aside
 from fm_pipeline.checkpoint.layout import (
     MANIFEST,
     CheckpointRef,
@@ -38,6 +39,8 @@ from fm_pipeline.storage import ObjectNotFound, ObjectStore, StoreError
 log = logging.getLogger(__name__)
 
 UPLOAD_WORKERS = 4
+# Verdicts about one copy's files (verdict.py), not about the checkpoint: never uploaded.
+_LOCAL_ONLY_MARKS = {"marks/verified.json", "marks/invalid.json"}
 
 
 @dataclass
@@ -113,8 +116,8 @@ def is_committed_remotely(store: ObjectStore, job_name: str, ref: CheckpointRef)
 
 def clear_remote_step(store: ObjectStore, prefix: str, manifest_bytes: bytes) -> None:
     """Before uploading a checkpoint: empty its prefix unless it already holds this very
-    checkpoint, so no stale file of another (superseded, or half-uploaded) one is left to
-    fail validation as an extra file. The old manifest goes first (delete_checkpoint)."""
+    checkpoint, so no stale file of another one is left to fail validation as an extra file.
+    A committed one is set aside with its reason (aside.py); a half upload is deleted."""
     head = f"{prefix}/"
     if not any(True for _ in store.list(head)):
         return
@@ -124,15 +127,18 @@ def clear_remote_step(store: ObjectStore, prefix: str, manifest_bytes: bytes) ->
         old = None
     if old == manifest_bytes:
         return
-    if old is None:
+    ref = CheckpointRef.remote(store, prefix)
+    if old is None:  # never committed: nothing of value, nothing to keep
         log.info("%s holds an incomplete upload; removing it first", store.uri_of(prefix))
-    else:
-        ref = CheckpointRef.remote(store, prefix)
-        why = superseded_reason(ref, old)
-        log.warning("%s holds %s; the new checkpoint of this step replaces it (deleted)",
-                    store.uri_of(prefix),
-                    f"a superseded checkpoint ({why})" if why else "another checkpoint")
-    delete_checkpoint(CheckpointRef.remote(store, prefix))
+        delete_checkpoint(ref)
+        return
+    if (why := superseded_reason(ref, old)) is not None:
+        set_aside(ref, kind="superseded", reason=why)
+        return
+    problems = validate(ref, checksums=False)
+    found = "; ".join(map(str, problems)) if problems else "it validated structurally"
+    set_aside(ref, kind="invalid" if problems else "replaced",
+              reason=f"another checkpoint of this step ({found}); a new save took its place")
 
 
 def upload_checkpoint(local: CheckpointRef, store: ObjectStore, *, job_name: str,
@@ -176,7 +182,7 @@ def record_upload(local: CheckpointRef, report: UploadReport, store: ObjectStore
         log.info("checkpoint %s committed to %s in %.2fs (%.1f MB/s)", local.name,
                  store.uri_of(report.prefix), report.seconds, report.bytes_per_s / 1e6)
         for name, size in local.files().items():
-            if name.startswith("marks/") and size:
+            if name.startswith("marks/") and size and name not in _LOCAL_ONLY_MARKS:
                 try:
                     store.put_file(local.dir / name, f"{report.prefix}/{name}")
                 except StoreError as e:  # marks are advisory; the checkpoint is committed
@@ -306,4 +312,6 @@ def complete_from_store(remote: CheckpointRef, dest: Path, *, verify_present: bo
         atomic_write(local_manifest, manifest_bytes)  # the copy is complete: commit it
     else:
         fsync_dir(dest)
+    if verify_present:  # every file was checked or fetched: an old verdict no longer holds
+        (dest / "marks" / "invalid.json").unlink(missing_ok=True)
     return CheckpointRef.local(dest)

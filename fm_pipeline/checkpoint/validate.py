@@ -21,6 +21,7 @@ from pathlib import Path
 from fm_pipeline.checkpoint.layout import (
     DCP_METADATA,
     MANIFEST,
+    MARKS_DIR,
     CheckpointRef,
     is_content_file,
     list_local,
@@ -39,7 +40,9 @@ log = logging.getLogger(__name__)
 class Problem:
     where: str  # a file name, or "manifest.json <field>"
     message: str
-    kind: str = ""  # "missing": a listed file is absent; "superseded": see supersede.py
+    # "missing": a listed file is absent; "superseded": see supersede.py; "invalid": a restore
+    # found it corrupt (verdict.py); "unreachable": the tier did not answer (no verdict).
+    kind: str = ""
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
@@ -71,7 +74,7 @@ def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = Tru
     try:
         present = ref.files()
     except StoreError as e:
-        return [Problem(ref.location, f"cannot list the checkpoint: {e}")]
+        return [Problem(ref.location, f"cannot list the checkpoint: {e}", kind="unreachable")]
     if not present:
         return [Problem(ref.location, "no such checkpoint (directory missing or empty)")]
     if MANIFEST not in present:
@@ -81,13 +84,17 @@ def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = Tru
         manifest = parse_manifest(data, where=ref.location)
     except ManifestError as e:
         return [Problem(f"{MANIFEST} {f}", msg) for f, msg in e.problems]
-    except (FileNotFoundError, StoreError) as e:
+    except FileNotFoundError as e:
         return [Problem(MANIFEST, f"unreadable: {e}")]
+    except StoreError as e:
+        return [Problem(MANIFEST, f"unreadable: {e}", kind="unreachable")]
     try:  # a rollback abandoned it: intact, but never to be selected (supersede.py)
         if (why := superseded_reason(ref, data)) is not None:
             return [Problem("superseded", why, kind="superseded")]
-    except (LedgerUnreadable, StoreError) as e:
-        return [Problem(LEDGER, str(e))]
+    except (LedgerUnreadable, StoreError) as e:  # no verdict possible: never set aside
+        return [Problem(LEDGER, str(e), kind="unreachable")]
+    if f"{MARKS_DIR}/invalid.json" in present and (why := invalid_reason(ref, data)):
+        return [Problem("invalid", why, kind="invalid")]
 
     problems: list[Problem] = []
     if manifest.step != ref.step:
@@ -97,6 +104,19 @@ def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = Tru
     problems += _dcp_metadata_problems(ref, manifest, present)
     problems += model_problems(manifest, job)
     return problems
+
+
+def invalid_reason(ref: CheckpointRef, manifest_bytes: bytes) -> str | None:
+    """The problems a failed restore recorded for this very manifest (verdict.py), or None."""
+    import hashlib
+
+    from fm_pipeline.checkpoint.marks import read_mark
+
+    mark = read_mark(ref, "invalid") or {}
+    if mark.get("manifest_sha256") != hashlib.sha256(manifest_bytes).hexdigest():
+        return None
+    problems = mark.get("problems") or ["no detail recorded"]
+    return f"a restore found it corrupt at {mark.get('written_at', '?')}: " + "; ".join(problems)
 
 
 def _file_problems(ref, manifest: Manifest, present: dict[str, int], *, checksums: bool):

@@ -65,35 +65,55 @@ def _resolve(checkpoint: str | None, job, store):
 @app.command("list")
 @user_errors
 def list_(job: Path = JOB, store: str | None = STORE,
-          verify: bool = typer.Option(False, "--verify", help="also re-hash every file")) -> None:
-    """Every checkpoint of the job in both tiers: status, size, tokens, topology, marks."""
-    from fm_pipeline.checkpoint import local_root, read_marks, validate
-    from fm_pipeline.checkpoint.supersede import set_aside
+          verify: bool = typer.Option(True, "--verify/--no-verify",
+                                      help="re-hash local files whose verified mark is stale "
+                                           "(default); --no-verify checks structure only")) -> None:
+    """Every checkpoint of the job in both tiers, validated: status, size, tokens, topology,
+    marks; then the checkpoints set aside (superseded, invalid, replaced) with the reason."""
+    from fm_pipeline.checkpoint import read_marks, validate
+    from fm_pipeline.checkpoint.aside import list_set_aside
     from fm_pipeline.checkpoint.validate import candidates
+    from fm_pipeline.checkpoint.verdict import check
 
     spec, target = load_job(job), _store(store)
     table = Table(title=f"checkpoints of {spec.name}")
     for col in ("step", "tier", "status", "MB", "tokens", "written at", "marks"):
         table.add_column(col)
     refs = sorted(candidates(spec.name, store=target), key=lambda r: (r.step, not r.is_local))
-    for ref, why in set_aside(local_root(spec.name)):  # moved out of a new save's way
-        status = f"[yellow]superseded: {why or 'moved aside'}[/] ({ref.dir.parent.name})"
-        table.add_row(str(ref.step), "local (aside)", status, *_facts(ref), "")
-    for ref in refs:
-        problems = validate(ref, spec, checksums=verify)
+    with console.status("validating checkpoints"):
+        rows = [(ref, check(ref, spec) if verify else validate(ref, spec, checksums=False))
+                for ref in refs]
+        aside = list_set_aside(spec.name, store=target)
+    for ref, problems in rows:
         status = "[green]valid[/]" if not problems else f"[red]{problems[0]}[/]"
         if problems and problems[0].kind == "superseded":
             status = f"[yellow]{problems[0]}[/]"
         facts = ("", "", "")
         if not any(p.where.startswith("manifest.json") for p in problems):
             facts = _facts(ref)
-        marks = read_marks(ref)
-        shown = [f"drill {'passed' if v.get('passed') else 'FAILED'}" if k == "drill"
-                 else f"upload {'ok' if v.get('committed') else 'PENDING'}" if k == "upload"
-                 else k for k, v in sorted(marks.items())]
         table.add_row(str(ref.step), "local" if ref.is_local else "store", status, *facts,
-                      ", ".join(shown))
+                      _marks(read_marks(ref)))
+    for entry in aside:
+        tier = "local" if entry.ref.is_local else "store"
+        colour = "yellow" if entry.kind == "superseded" else "red"
+        table.add_row(str(entry.ref.step), f"{tier} (set aside)",
+                      f"[{colour}]{entry.kind}: {entry.reason}[/] ({entry.at})",
+                      *_facts_or_blank(entry.ref), "")
     console.print(table)
+
+
+def _marks(marks: dict) -> str:
+    shown = [f"drill {'passed' if v.get('passed') else 'FAILED'}" if k == "drill"
+             else f"upload {'ok' if v.get('committed') else 'PENDING'}" if k == "upload"
+             else k for k, v in sorted(marks.items()) if k not in ("verified", "set_aside")]
+    return ", ".join(shown)
+
+
+def _facts_or_blank(ref) -> tuple[str, str, str]:
+    try:
+        return _facts(ref)
+    except (FileNotFoundError, ValueError):
+        return ("", "", "")
 
 
 def _facts(ref) -> tuple[str, str, str]:

@@ -208,6 +208,11 @@ class ResilienceSpec(_Strict):
     collective_timeout_s: float = Field(
         default=600.0, gt=0,
         description="a collective waiting this long for a peer fails the segment (hung rank)")
+    lease_ttl_s: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="the job's one-writer lease expires this long after its holder's last "
+                    "renewal (renewed every third of it); a dead holder on another host is "
+                    "taken over after it")
     straggler_policy: Literal["off", "report", "exclude"] = Field(
         default="report",
         description="report: events only; exclude: also checkpoint, stop and restart "

@@ -29,6 +29,7 @@ class Outcome(str, Enum):
     FAILED = "failed"
     KILLED = "killed"  # a worker died by a signal (OOM killer, kill -9, node loss)
     TIMED_OUT = "timed_out"  # the launcher stopped it after its time limit
+    LEASE_HELD = "lease_held"  # another live segment of the job holds it: this one did nothing
 
 
 def outcome_of(exit_code: int) -> Outcome:
@@ -38,6 +39,8 @@ def outcome_of(exit_code: int) -> Outcome:
         return Outcome.PREEMPTED
     if exit_code == exit_codes.BAD_CONFIG:
         return Outcome.BAD_CONFIG
+    if exit_code == exit_codes.LEASE_HELD:
+        return Outcome.LEASE_HELD
     if exit_code < 0 or exit_code > 128:
         return Outcome.KILLED
     return Outcome.FAILED

@@ -5,8 +5,9 @@ copies in the local tier and the object store, and the facts a user wants beside
     copy = preferred_copy(steps[20], tier="store")       # the durable copy when there is one
     describe(copy)                                       # step, tokens, bytes, topology, ...
 
-"Committed" means the manifest exists (it is written last) and no rollback superseded it
-(supersede.py); whether the files still match it is the validation check's job.
+"Committed" means the manifest exists (it is written last), no rollback superseded it
+(supersede.py) and no restore found it corrupt (verdict.py); whether the files still match
+it is the validation check's job.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fm_pipeline.checkpoint import CheckpointRef, read_manifest
 from fm_pipeline.checkpoint.drill import describe_topology
 from fm_pipeline.checkpoint.layout import MANIFEST
 from fm_pipeline.checkpoint.supersede import superseded_steps
-from fm_pipeline.checkpoint.validate import candidates
+from fm_pipeline.checkpoint.validate import candidates, invalid_reason
 from fm_pipeline.storage import ObjectStore, StoreError
 
 
@@ -30,9 +31,16 @@ def committed_steps(job_name: str, store: ObjectStore | None) -> dict[int, list[
         committed = [r for r in refs if r.is_local == tier and r.has(MANIFEST)]
         superseded = superseded_steps(committed)  # a rollback abandoned them
         for ref in committed:
-            if ref.step not in superseded:
+            if ref.step not in superseded and not _found_corrupt(ref):
                 steps.setdefault(ref.step, []).append(ref)
     return dict(sorted(steps.items()))
+
+
+def _found_corrupt(ref: CheckpointRef) -> bool:
+    try:
+        return invalid_reason(ref, ref.read_bytes(MANIFEST)) is not None
+    except (FileNotFoundError, StoreError):
+        return False
 
 
 def preferred_copy(copies: list[CheckpointRef], *, tier: str = "local") -> CheckpointRef:

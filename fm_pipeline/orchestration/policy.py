@@ -9,6 +9,7 @@ the Dagster sensors (fm_pipeline.assets.training.sensors) act on them.
 
 Rules, in order:
   preempted    resume at once from the checkpoint it saved; never counted as a failure
+  lease_held   stop this line: a duplicate launch (exit code 3); the live segment goes on
   bad_config   stop: retrying cannot fix it (exit code 2, a spec or data problem)
   crash loop   stop when the same failure (same reason, same step) has now happened
                `crash_loop_repeats` times
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 SUCCEEDED, PREEMPTED, BAD_CONFIG = "succeeded", "preempted", "bad_config"
+LEASE_HELD = "lease_held"  # a duplicate launch: the live segment decides what comes next
 _VOLATILE = re.compile(r"0x[0-9a-fA-F]+|\b\d{4,}\b|/tmp/\S+")
 
 
@@ -68,8 +70,8 @@ class SegmentAttempt:
     step_time_s: float | None = None  # steady step time measured (successful segments)
 
     @property
-    def failed(self) -> bool:
-        return self.outcome not in (SUCCEEDED, PREEMPTED)
+    def failed(self) -> bool:  # a duplicate launch is not the job's failure
+        return self.outcome not in (SUCCEEDED, PREEMPTED, LEASE_HELD)
 
     @property
     def failure_key(self) -> str:
@@ -110,6 +112,10 @@ def decide_after_failure(failed: SegmentAttempt, *, earlier: Sequence[SegmentAtt
     if failed.outcome == PREEMPTED:
         return Decision("resume", f"preempted {at}: resume from the checkpoint it saved",
                         not_before=failed.ended_at)
+    if failed.outcome == LEASE_HELD:
+        return Decision("stop", f"another live segment of the job holds its lease; this "
+                                f"launch did nothing and the live one carries on: "
+                                f"{failed.reason}")
     if failed.outcome == BAD_CONFIG:
         return Decision("stop", f"bad config (exit code {failed.exit_code}): retrying cannot "
                                 f"fix it: {failed.reason}")

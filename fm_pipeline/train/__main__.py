@@ -9,8 +9,11 @@ trains to --end-step (default: the next multiple of training.segment_steps, capp
 training.steps), checkpoints every checkpoint.every_steps and at the end. The data mix must
 be prepared first (`fm data prepare --job JOB.yaml`).
 
-Exit codes (fm_pipeline.train.exit_codes): 0 done, 1 failure, 2 bad config (nothing will
-fix it by retrying), 75 preempted (SIGTERM or the flag file; a checkpoint was saved).
+Exit codes (fm_pipeline.train.exit_codes): 0 done, 1 failure (retryable), 2 bad config or
+a permanent failure (nothing will fix it by retrying: a corrupt shard, a read-only
+checkpoint directory; one line says which), 3 lease held (another live segment of the job
+holds its lease: this one did nothing), 75 preempted (SIGTERM or the flag file; a checkpoint
+was saved).
 torchrun itself exits 1 whenever a worker exits non-zero: the worker's code and reason are
 in its error file (see fm_pipeline.launch.outcome) and in runs_dir/segments.jsonl.
 
@@ -87,6 +90,25 @@ def load_job_for_world(path: Path, overrides: dict, *, world_size: int, local_wo
         "to match, or leave dp_shard unset (-1) to let it follow the world size"))])
 
 
+def permanent_reason(error: BaseException) -> str | None:
+    """One line when retrying cannot fix `error` (exit 2, not the retryable 1): data that does
+    not match its manifest, a tier that refuses writes. None for anything else."""
+    import errno
+
+    from fm_pipeline.data.errors import DataError
+
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, DataError):
+            return f"{type(e).__name__}: {e}"
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            where = f" ({e.filename})" if e.filename else ""
+            return f"{e.strerror or e}{where}: fix the permissions or mount, then resume"
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _setup_logging() -> None:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
@@ -112,12 +134,14 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from fm_pipeline.train.host_memory import keep_freed_host_memory
-    from fm_pipeline.train.segment import SegmentSetupError, run_segment
+    from fm_pipeline.train.segment import SegmentRefused, SegmentSetupError, run_segment
 
     keep_freed_host_memory()  # no page faults re-growing the heap every step
 
     @record  # an uncaught exception lands, with its traceback, in torchrun's error file
     def train():
+        from fm_pipeline.rundir.lease import LeaseLost
+
         try:
             return run_segment(job, end_step=args.end_step, resume_from=args.resume_from)
         except SegmentSetupError as e:
@@ -125,6 +149,17 @@ def main(argv: list[str] | None = None) -> None:
             # --end-step); errors while training fall through to @record (exit 1).
             print(f"error: {e}", file=sys.stderr)
             exit_with(exit_codes.BAD_CONFIG, str(e))
+        except SegmentRefused as e:  # another segment holds the job (or it cannot be told)
+            print(f"error: {e}", file=sys.stderr)
+            exit_with(e.exit_code, str(e))
+        except LeaseLost as e:  # taken over mid-segment: the other holder goes on
+            print(f"error: {e}", file=sys.stderr)
+            exit_with(exit_codes.LEASE_HELD, str(e))
+        except Exception as e:
+            if (why := permanent_reason(e)) is None:
+                raise  # retryable: @record keeps the traceback for the launcher
+            print(f"error: {why}", file=sys.stderr)
+            exit_with(exit_codes.BAD_CONFIG, why)
 
     result = train()
     exit_with(result.exit_code, f"{result.exit_reason} at step {result.end_step}; "

@@ -6,5 +6,6 @@ workers' error files (see fm_pipeline.launch.exit_record and fm_pipeline.launch.
 
 SUCCESS = 0
 FAILURE = 1
-BAD_CONFIG = 2
+BAD_CONFIG = 2  # also a permanent failure found while training (a corrupt shard, EROFS)
+LEASE_HELD = 3  # another live segment of the job holds its lease: this one did nothing
 PREEMPTED = 75  # EX_TEMPFAIL: checkpointed on purpose; resume from the latest checkpoint

@@ -26,9 +26,10 @@ from fm_pipeline.checkpoint import CheckpointManager, CheckpointRef, latest_vali
 from fm_pipeline.checkpoint import restore as restore_checkpoint
 from fm_pipeline.checkpoint.layout import MANIFEST
 from fm_pipeline.config import JobSpec, dump_job
-from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.config.paths import runs_dir, store_uri
 from fm_pipeline.model import count_params, flops_per_token
 from fm_pipeline.parallel import ParallelDims, init_distributed
+from fm_pipeline.storage import open_store
 from fm_pipeline.train import exit_codes
 from fm_pipeline.train.metrics import host_name, mfu, peak_flops_per_device
 from fm_pipeline.train.preemption import PreemptionWatcher, preempt_file
@@ -41,6 +42,34 @@ log = logging.getLogger(__name__)
 
 class SegmentSetupError(ValueError):
     """A segment that cannot start for a reason retrying will not fix (exit code 2)."""
+
+
+class SegmentRefused(RuntimeError):
+    """A segment that did not start, on every rank, with the exit code that says why."""
+
+    def __init__(self, exit_code: int, message: str):
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+def take_lease(job: JobSpec, store):
+    """Rank 0 takes the job's lease (rundir/lease.py) before anything is read or written;
+    every rank learns the outcome. Returns the lease on rank 0, None elsewhere."""
+    from fm_pipeline.rundir.lease import JobLease, LeaseHeld, LeaseUnavailable
+
+    box: list[Any] = [None]
+    lease = None
+    if dist.get_rank() == 0:
+        try:
+            lease = JobLease(job.name, store=store, ttl_s=job.resilience.lease_ttl_s).acquire()
+        except LeaseHeld as e:
+            box[0] = (exit_codes.LEASE_HELD, str(e))
+        except LeaseUnavailable as e:
+            box[0] = (exit_codes.FAILURE, str(e))
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise SegmentRefused(*box[0])
+    return lease
 
 
 @dataclass
@@ -203,7 +232,7 @@ class _Setup:
 
 
 def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
-           resume_from: str | None) -> _Setup:
+           resume_from: str | None, store, lease) -> _Setup:
     from fm_pipeline.data import open_job_mix
 
     dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
@@ -211,7 +240,8 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     mesh = dims.build_mesh(device.type)
     peak, accelerator = peak_flops_per_device(device, job.parallelism.mixed_precision)
     trainer = Trainer(job, dims=dims, mesh=mesh, device=device, rank=dist.get_rank(), mix=mix)
-    manager = CheckpointManager(job, trainer.app_state, mesh=mesh, mix_key=mix.key)
+    manager = CheckpointManager(job, trainer.app_state, mesh=mesh, mix_key=mix.key,
+                                store=store, lease=lease)
     t0 = time.perf_counter()
     restored = restore(trainer, manager, resume_from=resume_from)
     restore_s = time.perf_counter() - t0
@@ -228,13 +258,29 @@ def run_segment(job: JobSpec, *, end_step: int | None = None,
     """Train this segment on every rank of the (possibly new) default process group."""
     owns_process_group = not dist.is_initialized()
     device = init_distributed(timeout_s=job.resilience.collective_timeout_s)
+    store = open_store(store_uri())
+    lease = take_lease(job, store)  # one live segment per job, before anything is read
+    try:
+        return _run_leased(job, device=device, end_step=end_step, resume_from=resume_from,
+                           store=store, lease=lease, owns_process_group=owns_process_group)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
+                resume_from: str | None, store, lease,
+                owns_process_group: bool) -> SegmentResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        setup = _setup(job, device=device, end_step=end_step, resume_from=resume_from)
+        setup = _setup(job, device=device, end_step=end_step, resume_from=resume_from,
+                       store=store, lease=lease)
     except ValueError as e:  # bad input of any kind, found before the first step
         raise SegmentSetupError(f"{type(e).__name__}: {e}") from e
     dims, mesh, trainer, manager, watcher = (setup.dims, setup.mesh, setup.trainer,
                                              setup.manager, setup.watcher)
+    if lease is not None:  # taken over meanwhile: stop after this step, commit nothing
+        lease.start_heartbeat(on_lost=watcher.request)
     peak, accelerator, restored = setup.peak, setup.accelerator, setup.restored
     start, target, runs = trainer.state.step, setup.target, runs_dir(job.name)
     ranks: list[Any] = [None] * world
@@ -255,6 +301,8 @@ def run_segment(job: JobSpec, *, end_step: int | None = None,
         "rng_restored": trainer.state.rng_restored,
         "restore_s": round(setup.restore_s, 3) if restored else None,
         "accelerator": accelerator, "peak_flops_per_device": peak,
+        "lease": None if lease is None else {"holder": lease.holder,
+                                             "taken_over": lease.taken_over},
     }
     stragglers = None
     if reporter is not None:

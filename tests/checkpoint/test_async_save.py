@@ -10,7 +10,14 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from fm_pipeline.checkpoint import CheckpointManager, Probe, load_full_state, read_manifest
+from fm_pipeline.checkpoint import (
+    CheckpointManager,
+    Probe,
+    load_full_state,
+    read_manifest,
+    validate,
+)
+from fm_pipeline.checkpoint.aside import list_set_aside
 from fm_pipeline.checkpoint.layout import CheckpointRef
 from tests.checkpoint.tiny import TinyLM, Trainer, batch, tiny_job
 
@@ -109,6 +116,24 @@ def test_saving_a_step_that_is_already_committed_is_skipped():
     manager.save(1, tokens_seen=32)
     before = (manager.root / "step-00000001" / "manifest.json").read_bytes()
     assert manager.save(1, tokens_seen=32) is None
-    assert "already a committed checkpoint" in manager.skipped[0][1]
+    assert "already a valid committed checkpoint" in manager.skipped[0][1]
     assert (manager.root / "step-00000001" / "manifest.json").read_bytes() == before
     manager.close()
+
+
+def test_saving_over_a_committed_step_that_fails_validation_replaces_it_and_keeps_it_aside():
+    """A manifest that exists is not a checkpoint that validates: a truncated shard at step 1
+    is set aside (kept, with the reason) and the new save of step 1 commits."""
+    trainer = Trainer(TinyLM())
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False)
+    trainer.step(1)
+    manager.save(1, tokens_seen=32)
+    shard = manager.root / "step-00000001" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-7])
+    before = (manager.root / "step-00000001" / "manifest.json").read_bytes()
+    assert manager.save(1, tokens_seen=32).result().committed
+    manager.close()
+    assert validate(CheckpointRef.local(manager.root / "step-00000001")) == []
+    (aside,) = list_set_aside("ckpt-test")
+    assert aside.kind == "invalid" and "__0_0.distcp: size" in aside.reason
+    assert aside.ref.read_bytes("manifest.json") == before

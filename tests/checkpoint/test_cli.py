@@ -52,7 +52,9 @@ def test_list_validate_export_retain(job_file, tmp_path):
                         terminal_width=200)
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())  # rich wraps long lines
-    assert "kept 1 (last-k/newest-valid), 2 (last-k); would delete nothing" in text
+    # The truncated step 2 counts as nothing and would be set aside, not kept as last-k.
+    assert "kept 1 (last-k/newest-valid); would delete nothing" in text
+    assert "would set aside as invalid 2" in text
 
 
 def test_unknown_checkpoint_is_one_red_line(job_file):

@@ -16,6 +16,7 @@ from fm_pipeline.checkpoint import (
     store_root,
     write_mark,
 )
+from fm_pipeline.checkpoint.aside import list_set_aside
 from fm_pipeline.checkpoint.layout import MANIFEST
 from fm_pipeline.storage import open_store
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
@@ -48,11 +49,15 @@ def test_keeps_newest_valid_drill_passed_and_milestones_and_reports_bytes(six_ch
     caplog.set_level(logging.INFO)
     report = apply_retention(job.name, keep_last=1, milestone_every=4, job=job)
 
-    assert report.kept == {2: ["drill-passed"], 4: ["milestone", "newest-valid"],
-                           6: ["last-k"]}
+    # The corrupt newest counts as nothing: step 4 is both the last valid one and the newest.
+    assert report.kept == {2: ["drill-passed"], 4: ["milestone", "last-k", "newest-valid"]}
     assert sorted(report.deleted) == [1, 3, 5]  # 5: an incomplete leftover older than 6
     assert report.bytes_freed == sizes[1] + sizes[3] + sizes[5]
-    assert [r.step for r in list_local(local_root(job.name))] == [2, 4, 6]
+    assert list(report.set_aside) == [6] and "truncated" in report.set_aside[6]
+    assert [r.step for r in list_local(local_root(job.name))] == [2, 4]
+    aside = list_set_aside(job.name)
+    assert [(e.ref.step, e.kind) for e in aside] == [(6, "invalid")]
+    assert "retention: " in aside[0].reason and (aside[0].ref.dir / "__0_0.distcp").is_file()
     assert "retention deleted" in caplog.text and "MB freed" in report.summary()
 
 
@@ -61,8 +66,25 @@ def test_never_deletes_the_newest_valid_even_with_keep_last_1(six_checkpoints):
     for ref in list_local(local_root(job.name))[3:]:  # 4, 5, 6 corrupt
         (ref.dir / "__0_0.distcp").write_bytes(b"x")
     report = apply_retention(job.name, keep_last=1, job=job)
-    assert report.kept == {3: ["newest-valid"], 6: ["last-k"]}
-    assert sorted(report.deleted) == [1, 2, 4, 5]
+    assert report.kept == {3: ["last-k", "newest-valid"]}
+    assert sorted(report.deleted) == [1, 2] and sorted(report.set_aside) == [4, 5, 6]
+
+
+def test_a_valid_checkpoint_is_never_deleted_while_a_corrupt_one_is_kept(six_checkpoints):
+    """keep_last 2 with the two newest corrupt (same size, one byte flipped): the two newest
+    valid ones stay, the corrupt ones leave the namespace with their reason, in both passes
+    (the verified mark written at commit is stale once a file changes)."""
+    job, _ = six_checkpoints
+    for ref in list_local(local_root(job.name))[4:]:
+        shard = ref.dir / "__0_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    report = apply_retention(job.name, keep_last=2, job=job)
+    assert report.kept == {3: ["last-k"], 4: ["last-k", "newest-valid"]}
+    assert sorted(report.deleted) == [1, 2] and sorted(report.set_aside) == [5, 6]
+    again = apply_retention(job.name, keep_last=2, job=job)
+    assert again.kept == report.kept and not again.deleted and not again.set_aside
 
 
 def test_store_tier_deletes_manifest_first_and_keeps_evaluated(six_checkpoints):

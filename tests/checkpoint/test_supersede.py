@@ -15,6 +15,7 @@ from fm_pipeline.checkpoint import (
     restore,
     validate,
 )
+from fm_pipeline.checkpoint.aside import list_set_aside
 from fm_pipeline.checkpoint.layout import MANIFEST
 from fm_pipeline.checkpoint.supersede import supersede_newer
 from fm_pipeline.storage import open_store
@@ -52,10 +53,14 @@ def test_a_resave_replaces_the_superseded_store_copy_and_its_stale_files(fm_home
     with caplog.at_level(logging.WARNING):
         manager.save(2, tokens_seen=64)
     manager.close()
-    assert "holds a superseded checkpoint" in caplog.text and "replaces it" in caplog.text
+    assert caplog.text.count("set aside (superseded: the job was resumed from step 1") == 2
     remote = CheckpointRef.remote(store, f"{PREFIX}/step-00000002")
     assert "__1_0.distcp" not in remote.files() and validate(remote, job) == []
     assert len(list(root.glob("superseded/*/step-00000002"))) == 1
+    # The store's superseded copy is kept too, stale file and all, with its reason.
+    aside = [e for e in list_set_aside(job.name, store=store) if not e.ref.is_local]
+    assert [(e.ref.step, e.kind) for e in aside] == [(2, "superseded")]
+    assert "__1_0.distcp" in aside[0].ref.files() and "resumed from step 1" in aside[0].reason
     for tier in ("local", "store"):
         found = latest_valid(job, store=store, tiers=(tier,), checksums=False)
         assert found.found.step == 2, tier

@@ -18,9 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from fm_pipeline.api.auth import Principal, TokenStore
+from fm_pipeline.api.auth import Principal, TokenStore, TokenStoreUnreadable
 from fm_pipeline.api.control_plane import ControlPlane
-from fm_pipeline.api.errors import ApiError, FieldError
+from fm_pipeline.api.errors import ApiError, FieldError, Forbidden, Unavailable
 from fm_pipeline.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
 from fm_pipeline.api.schemas import (
     CheckpointInfo,
@@ -80,9 +80,17 @@ def create_app(plane: ControlPlane, tokens: TokenStore, *,
     bearer = HTTPBearer(auto_error=False, description="a tenant's or an admin's API token")
 
     def caller(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
-        who = tokens.verify(credentials.credentials) if credentials else None
+        try:
+            who = tokens.verify(credentials.credentials) if credentials else None
+        except TokenStoreUnreadable as e:
+            raise Unavailable(f"the token store cannot be read: {e}") from None
         if who is None:
             raise _Unauthorized()
+        known = plane.tenants.tenant_names
+        if who.tenant is not None and who.tenant not in known:
+            raise Forbidden(f"token {who.token_id} belongs to tenant {who.tenant!r}, which this "
+                            f"server's tenants do not include ({', '.join(known)}); ask an "
+                            "admin to add the tenant or issue a token for one of those")
         return who
 
     @app.exception_handler(_Unauthorized)

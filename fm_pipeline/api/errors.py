@@ -35,3 +35,9 @@ class FieldError(ApiError):
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
         super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
+
+
+class Unavailable(ApiError):
+    """The server cannot decide the request now (its token store is unreadable): retry later."""
+
+    status_code = 503

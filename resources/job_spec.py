@@ -11,11 +11,10 @@ A relative path is looked up from the working directory, then from the repositor
 
 from pathlib import Path
 
-import yaml
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from fm_pipeline.config import JobSpec, JobSpecError, load_job
+from fm_pipeline.config import JobSpec, load_job, parse_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,10 +30,5 @@ class JobSpecResource(ConfigurableResource):
         return path
 
     def load(self) -> JobSpec:
-        values = {}
-        for item in self.overrides:
-            key, sep, raw = item.partition("=")
-            if not sep or not key:
-                raise JobSpecError("<overrides>", [(item, "expected dotted.key=value")])
-            values[key.strip()] = yaml.safe_load(raw)
-        return load_job(self.resolved_path(), **values)
+        return load_job(self.resolved_path(),
+                        **parse_overrides(self.overrides, where="<overrides>"))

@@ -14,7 +14,8 @@ JobStatusName = Literal[
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: 8 is an integer, "8" and true are not (JSON has the types; no coercion)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ParallelismBody(_Body):

@@ -71,13 +71,15 @@ def show(job: Path = JOB, store: str | None = STORE, endpoint_url: str | None = 
 @app.command("verify")
 @user_errors
 def verify(job: Path = JOB, store: str | None = STORE, endpoint_url: str | None = ENDPOINT) -> None:
-    """Re-hash every shard and the sample index against the manifest."""
+    """Re-hash every artifact the manifest lists (tokenizer, sample index, shards)."""
     from fm_pipeline.data import open_job_mix
 
     mix = open_job_mix(load_job(job), _store(store, endpoint_url))
     with console.status(f"verifying mix {mix.key}"):
         nbytes = mix.verify()
-    console.print(f"[green]ok[/]: mix {mix.key}, {nbytes / 1e6:.1f} MB match their SHA-256")
+    console.print(f"[green]ok[/]: mix {mix.key}: tokenizer, sample index and "
+                  f"{sum(len(s.shards) for s in mix.manifest.sources)} shards "
+                  f"({nbytes / 1e6:.1f} MB) match their SHA-256")
 
 
 @app.command("sample")

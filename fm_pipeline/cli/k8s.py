@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 import typer
-import yaml
 from rich.console import Console
 
 from fm_pipeline.cli.errors import user_errors
@@ -55,18 +54,12 @@ def render(
     overrides: list[str] = typer.Option([], "--set", help="job spec override dotted.key=value"),
 ) -> None:
     """Write the ConfigMap, headless Service and JobSet of one training segment."""
-    from fm_pipeline.config import load_job
+    from fm_pipeline.config import load_job, parse_overrides
     from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
     from fm_pipeline.launch.pod import Placement
     from fm_pipeline.launch.spec import SegmentLaunch
 
-    parsed = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {item!r} must look like dotted.key=value")
-        parsed[key] = yaml.safe_load(value)
-    spec = load_job(job, **parsed)
+    spec = load_job(job, **parse_overrides(overrides, where="--set"))
     step = end_step or min(spec.training.segment_steps, spec.training.steps)
     target = KubernetesTarget(
         store_uri=store_uri or os.environ.get("FM_STORE_URI", ""),

@@ -12,10 +12,10 @@ from fm_pipeline.config.job import (
     SourceSpec,
     TrainingSpec,
 )
-from fm_pipeline.config.load import JobSpecError, dump_job, load_job, parse_job
+from fm_pipeline.config.load import JobSpecError, dump_job, load_job, parse_job, parse_overrides
 
 __all__ = [
     "PRIORITY_VALUES", "CheckpointSpec", "ClusterSpec", "DataSpec", "JobSpec", "JobSpecError",
     "ModelSpec", "ParallelismSpec", "ResilienceSpec", "SourceSpec", "TrainingSpec", "dump_job",
-    "load_job", "parse_job",
+    "load_job", "parse_job", "parse_overrides",
 ]

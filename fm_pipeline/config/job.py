@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fm_pipeline.model.config import ModelConfig
 from fm_pipeline.model.registry import get_model_config, model_names
@@ -26,7 +26,8 @@ PRIORITY_VALUES: dict[str, int] = {"low": 100, "normal": 1000, "high": 10000, "u
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no "8" -> 8 or true -> 1; allow_inf_nan: every number is finite
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -287,8 +288,14 @@ class JobSpec(_Strict):
 def _cross_field_problems(job: JobSpec):
     try:
         m = job.model.resolve()
+    except ValidationError as e:  # the registry size with these overrides is no model
+        for err in e.errors(include_url=False):
+            where = ".".join(str(p) for p in err["loc"])
+            yield f"model.{where}" if where else "model", err["msg"].removeprefix(
+                "Value error, ")
+        return
     except ValueError as e:
-        yield "model", str(e).splitlines()[-1].strip()
+        yield "model", str(e)
         return
     p, t = job.parallelism, job.training
     for field, value in (("n_heads", m.n_heads), ("n_kv_heads", m.n_kv_heads)):

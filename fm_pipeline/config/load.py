@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from fm_pipeline.config import strict_yaml
 from fm_pipeline.config.job import JobSpec
 
 
@@ -42,18 +42,51 @@ def _split_field(base: str, line: str) -> tuple[str, str]:
     return base, line
 
 
+_KINDS = {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
+          list: "a list", dict: "a mapping", type(None): "null"}
+
+
+def _got(err: dict) -> str:
+    """What the value was, by kind only (never echoed: it may be anything)."""
+    if err["type"] in ("missing", "extra_forbidden") or "input" not in err:
+        return ""
+    kind = _KINDS.get(type(err["input"]), type(err["input"]).__name__)
+    if err["type"] == "finite_number":
+        return f" (got {err['input']!r})"
+    if err["type"].endswith(("_type", "_parsing")) or err["type"] == "literal_error":
+        return f" (got {kind})"
+    return ""
+
+
+def validation_problems(error: ValidationError, *, base: tuple = ()) -> list[tuple[str, str]]:
+    """(field path, message) for every error, each with its own reason; cross-field rules
+    that prefix their message with a field keep that field."""
+    problems = []
+    for err in error.errors(include_url=False):
+        path = _field_path((*base, *err["loc"]))
+        lines = _clean(err["msg"]).splitlines() or [err["type"]]
+        for i, line in enumerate(lines):
+            problems.append(_split_field(path, line + (_got(err) if i == 0 else "")))
+    return problems
+
+
 def parse_job(data: Any, *, source: str = "<dict>") -> JobSpec:
+    """Strict: integers are integers and booleans booleans (no coercion from strings or
+    between the two), numbers are finite, unknown fields are refused."""
     if not isinstance(data, dict):
         raise JobSpecError(source, [("(job)", f"expected a mapping, got {type(data).__name__}")])
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            base = _field_path(err["loc"])
-            for line in _clean(err["msg"]).splitlines():
-                problems.append(_split_field(base, line))
-        raise JobSpecError(source, problems) from None
+        raise JobSpecError(source, validation_problems(e)) from None
+
+
+def parse_overrides(pairs: list[str], *, where: str = "--set") -> dict[str, Any]:
+    """`--set a.b=VALUE` pairs (VALUE read as a YAML 1.2 scalar) as {dotted key: value}."""
+    try:
+        return strict_yaml.parse_overrides(pairs, where=where)
+    except strict_yaml.YamlError as e:
+        raise JobSpecError(where, [("(override)", str(e))]) from None
 
 
 def load_job(path: str | Path, **overrides: Any) -> JobSpec:
@@ -62,8 +95,8 @@ def load_job(path: str | Path, **overrides: Any) -> JobSpec:
     if not path.is_file():
         raise JobSpecError(str(path), [("(file)", "no such file")])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
+        data = strict_yaml.load_yaml(path.read_text(encoding="utf-8"), source=str(path))
+    except strict_yaml.YamlError as e:
         raise JobSpecError(str(path), [("(yaml)", str(e))]) from None
     except UnicodeDecodeError as e:
         raise JobSpecError(str(path), [("(file)", f"not UTF-8: {e}")]) from None

@@ -5,8 +5,11 @@ unified, control characters other than tab and newline removed, and the text NFC
 Then, in this order, it is dropped as `empty`, `too_short` (< min_chars), `too_long`
 (> max_chars) or `duplicate` (same normalised text as an earlier document of any source of
 the mix). Readers' problems (`not_utf8`, `malformed_json`, `missing_field`, `syntax_error`,
-`unreadable`) are drop reasons too. A kept document goes to the held-out split when a hash of
-its text falls below `heldout_fraction`, so the split does not depend on document order.
+`unreadable`) are drop reasons too, and so is text that cannot be encoded (`invalid_unicode`:
+a JSON record with a lone surrogate); the first document of each reason is named
+(`file:line` for JSONL) in the receipt, and no single record ever aborts the mix. A kept
+document goes to the held-out split when a hash of its text falls below `heldout_fraction`,
+so the split does not depend on document order.
 """
 
 from __future__ import annotations
@@ -55,12 +58,15 @@ class SourceCleaning:
 
 
 def normalize_text(content: bytes | str) -> str | None:
-    """The cleaned text, or None when `content` is not valid UTF-8."""
-    if isinstance(content, bytes):
-        try:
+    """The cleaned text, or None when `content` is not valid Unicode: bytes that do not
+    decode as UTF-8, or text that cannot be encoded (a lone surrogate such as "\\ud800")."""
+    try:
+        if isinstance(content, bytes):
             content = content.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+        else:
+            content.encode("utf-8")
+    except (UnicodeDecodeError, UnicodeEncodeError):
+        return None
     text = content.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     text = _CONTROL.sub("", text)
     return unicodedata.normalize("NFC", text).strip()
@@ -84,7 +90,8 @@ class Cleaner:
                 out.drop(doc.problem or "unreadable", doc.doc_id)
                 continue
             text = normalize_text(doc.content)
-            reason = self._reject(text)
+            reason = self._reject(text) if text is not None else (
+                "not_utf8" if isinstance(doc.content, bytes) else "invalid_unicode")
             if reason:
                 out.drop(reason, doc.doc_id)
                 continue

@@ -9,8 +9,9 @@ class DataError(ValueError):
 
 
 class CorruptShardError(DataError):
-    """A shard (or the sample index) does not match the SHA-256 or size its manifest records."""
+    """A shard, the sample index or the tokenizer does not match the SHA-256 or size its
+    manifest records. Retrying cannot fix it: the mix must be prepared again."""
 
-    def __init__(self, key: str, detail: str):
+    def __init__(self, key: str, detail: str, *, what: str = "shard"):
         self.key = key
-        super().__init__(f"corrupted shard {key}: {detail}")
+        super().__init__(f"corrupted {what} {key}: {detail}")

@@ -147,7 +147,8 @@ class Mix:
             entry = self.manifest.tokenizer
             data = self.store.get_bytes(entry.key)
             if hashlib.sha256(data).hexdigest() != entry.sha256:
-                raise CorruptShardError(entry.key, "tokenizer does not match its manifest SHA-256")
+                raise CorruptShardError(entry.key, "does not match its manifest SHA-256",
+                                        what="tokenizer")
             self._tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         return self._tokenizer
 
@@ -157,13 +158,25 @@ class Mix:
     # --- integrity --------------------------------------------------------------------
 
     def verify(self) -> int:
-        """Check every shard and the sample index against the manifest; returns bytes read."""
-        total = 0
+        """Check every artifact the manifest lists (tokenizer, sample index, every shard)
+        against its SHA-256 and size; returns bytes read. CorruptShardError names the first
+        one that does not match."""
+        entry = self.manifest.tokenizer
+        try:
+            data = self.store.get_bytes(entry.key)
+        except ObjectNotFound:
+            raise CorruptShardError(entry.key, f"tokenizer missing from {self.store.uri}",
+                                    what="tokenizer") from None
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CorruptShardError(entry.key, "does not match its manifest SHA-256",
+                                    what="tokenizer")
+        index = self.manifest.sample_index
+        self._load_verified(index.key, index.bytes, index.sha256, "<i8", what="sample index")
+        total = len(data) + index.bytes
         for s in self.manifest.sources:
-            for entry in s.shards:
-                total += self._load(entry.key, entry.bytes, entry.sha256).nbytes
-        self._sample_index()
-        return total + self.manifest.sample_index.bytes
+            for shard in s.shards:
+                total += self._load(shard.key, shard.bytes, shard.sha256).nbytes
+        return total
 
     # --- internals --------------------------------------------------------------------
 
@@ -184,7 +197,9 @@ class Mix:
     def _sample_index(self) -> np.ndarray:
         if self._index is None:
             e = self.manifest.sample_index
-            self._index = self._load(e.key, e.bytes, e.sha256, dtype="<i8")
+            with self._lock:
+                self._index = self._load_verified(e.key, e.bytes, e.sha256, "<i8",
+                                                  what="sample index")
         return self._index
 
     def _load(self, key: str, size: int, sha256: str, dtype: str | None = None) -> np.ndarray:
@@ -193,27 +208,29 @@ class Mix:
                 self._arrays[key] = self._load_verified(key, size, sha256, dtype or self.manifest.dtype)
             return self._arrays[key]
 
-    def _load_verified(self, key: str, size: int, sha256: str, dtype: str) -> np.ndarray:
+    def _load_verified(self, key: str, size: int, sha256: str, dtype: str, *,
+                       what: str = "shard") -> np.ndarray:
         path = self.store.local_path(key)
         if path is None:  # a remote store: a verified copy in the local cache
             path = self._cache_dir / key
             if not _matches(path, size, sha256):
-                self._download(key, path)
-                _verify_file(key, path, size, sha256)
+                self._download(key, path, what=what)
+                _verify_file(key, path, size, sha256, what=what)
         else:
-            _verify_file(key, path, size, sha256)
+            _verify_file(key, path, size, sha256, what=what)
         if size == 0:
             return np.empty(0, dtype=dtype)
         return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
 
-    def _download(self, key: str, path: Path) -> None:
+    def _download(self, key: str, path: Path, *, what: str = "shard") -> None:
         # Several ranks on a node may fetch the same shard: each downloads to its own temp
         # name and the rename is atomic.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
         try:
             self.store.get_file(key, tmp)
         except ObjectNotFound:
-            raise CorruptShardError(key, f"missing from the store {self.store.uri}") from None
+            raise CorruptShardError(key, f"missing from the store {self.store.uri}",
+                                    what=what) from None
         os.replace(tmp, path)
 
 
@@ -221,15 +238,16 @@ def _matches(path: Path, size: int, sha256: str) -> bool:
     return path.is_file() and path.stat().st_size == size and sha256_file(path) == sha256
 
 
-def _verify_file(key: str, path: Path, size: int, sha256: str) -> None:
+def _verify_file(key: str, path: Path, size: int, sha256: str, *, what: str = "shard") -> None:
     if not path.is_file():
-        raise CorruptShardError(key, f"missing ({path})")
+        raise CorruptShardError(key, f"missing ({path})", what=what)
     actual = path.stat().st_size
     if actual != size:
-        raise CorruptShardError(key, f"{actual} bytes, manifest says {size}")
+        raise CorruptShardError(key, f"{actual} bytes, manifest says {size}", what=what)
     digest = sha256_file(path)
     if digest != sha256:
-        raise CorruptShardError(key, f"sha256 {digest[:16]}..., manifest says {sha256[:16]}...")
+        raise CorruptShardError(key, f"sha256 {digest[:16]}..., manifest says {sha256[:16]}...",
+                                what=what)
 
 
 @dataclass(frozen=True)

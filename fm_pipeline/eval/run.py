@@ -19,11 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
 from fm_pipeline.checkpoint import CheckpointInvalid, CheckpointRef, read_manifest, write_mark
 from fm_pipeline.checkpoint.validate import Problem, model_problems
 from fm_pipeline.config.paths import store_uri as default_store_uri
+from fm_pipeline.config.strict_yaml import dump_yaml
 from fm_pipeline.eval.result import EvalResult
 from fm_pipeline.eval.worker import INVALID_EXIT
 
@@ -105,7 +104,7 @@ def evaluate_at_init(job, *, store=None, nproc: int = 1, max_batches: int = 8,
 
     with tempfile.TemporaryDirectory(prefix="fm-eval-job-") as tmp:
         path = Path(tmp) / "job.yaml"
-        path.write_text(yaml.safe_dump(dump_job(job), sort_keys=False))
+        path.write_text(dump_yaml(dump_job(job)))
         args = ["--job", str(path), "--at-init", "--max-batches", str(max_batches),
                 "--store", store.uri if store is not None else default_store_uri()]
         if batch_size:

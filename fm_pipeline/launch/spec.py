@@ -20,9 +20,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from fm_pipeline.config import JobSpec, dump_job
+from fm_pipeline.config.strict_yaml import dump_yaml
 
 TRAINER_MODULE = "fm_pipeline.train"
 # The trainer polls this file at step boundaries; a Kubernetes preStop hook touches it, so
@@ -149,4 +148,4 @@ class SegmentLaunch:
 
     def job_yaml(self) -> str:
         """The resolved spec the segment trains with (a file locally, a ConfigMap in a pod)."""
-        return yaml.safe_dump(dump_job(self.job), sort_keys=False)
+        return dump_yaml(dump_job(self.job))

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ModelConfig(BaseModel):
     """Architecture hyper-parameters. `ffn_dim` is the SwiGLU hidden width (three matrices)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     n_layers: int = Field(gt=0)
     dim: int = Field(gt=0)

@@ -12,9 +12,8 @@ refused (its checkpoints were written for the old one) unless `replace=True`.
 
 from __future__ import annotations
 
-import yaml
-
 from fm_pipeline.config import JobSpec, dump_job, parse_job
+from fm_pipeline.config.strict_yaml import dump_yaml, load_yaml
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
 
 PREFIX = "jobs"
@@ -30,7 +29,8 @@ class UnknownJob(ValueError):
 
 def registered_job(store: ObjectStore, name: str) -> JobSpec:
     try:
-        data = yaml.safe_load(store.get_bytes(spec_key(name)))
+        data = load_yaml(store.get_bytes(spec_key(name)).decode("utf-8"),
+                         source=store.uri_of(spec_key(name)))
     except (ObjectNotFound, FileNotFoundError):
         known = ", ".join(registered_jobs(store)) or "none"
         raise UnknownJob(f"training job {name!r} is not registered in {store.uri} "
@@ -56,7 +56,7 @@ def register_job(store: ObjectStore, job: JobSpec, *, replace: bool = False) -> 
         raise ValueError(f"training job {job.name!r} is already registered with another spec "
                          f"(differs in {', '.join(differ[:8])}); choose a new name or "
                          "register with replace=True")
-    store.put_bytes(yaml.safe_dump(dump_job(job), sort_keys=False).encode(), key)
+    store.put_bytes(dump_yaml(dump_job(job)).encode(), key)
     return store.uri_of(key)
 
 

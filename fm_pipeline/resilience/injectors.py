@@ -109,3 +109,19 @@ def small_disk(directory: Path, *, size_bytes: int):
         yield SmallDisk(directory, size_bytes)
     finally:
         subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+
+
+@contextlib.contextmanager
+def read_only_dir(directory: Path):
+    """Mount an empty read-only tmpfs over `directory` for the block (a checkpoint tier whose
+    volume went read-only: every write fails with EROFS, even for root)."""
+    if os.geteuid() != 0:
+        raise Unavailable("mounting a read-only tmpfs needs root (the read-only tier fault)")
+    if shutil.which("mount") is None:
+        raise Unavailable("no mount command")
+    directory.mkdir(parents=True, exist_ok=True)
+    _mount(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(directory)])
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], capture_output=True)

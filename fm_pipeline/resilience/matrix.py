@@ -79,6 +79,11 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "disk-full": ("disk full during a save", "storage.disk_full"),
     "bad-config": ("an invalid job spec", "inputs.bad_config"),
     "bad-data": ("a corrupted data shard", "inputs.bad_data"),
+    "ckpt-corrupt-both-tiers": ("the newest checkpoint corrupt in both tiers, trained past",
+                                "writers.corrupt_both_tiers"),
+    "second-trainer": ("a second trainer started on a live job", "writers.second_trainer"),
+    "read-only-ckpt": ("the checkpoint directory on a read-only volume",
+                       "writers.read_only_tier"),
 }
 FAULTS = tuple(SCENARIOS)
 

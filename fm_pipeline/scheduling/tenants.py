@@ -16,8 +16,10 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fm_pipeline.config.strict_yaml import YamlError, load_yaml
+
 
 def priority_values() -> dict[str, int]:
     """The job spec's priority classes (low, normal, high, urgent) and their values."""
@@ -44,7 +46,7 @@ class TenantsConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 def _dns(value: str) -> str:
@@ -204,7 +206,7 @@ def load_tenants(path: str | Path | None = None) -> TenantsConfig:
     if not path.is_file():
         raise TenantsConfigError(str(path), [("(file)", "no such file")])
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        data = load_yaml(path.read_text(encoding="utf-8"), source=str(path))
+    except (YamlError, UnicodeDecodeError) as e:
         raise TenantsConfigError(str(path), [("(yaml)", str(e))]) from None
     return parse_tenants(data, source=str(path))

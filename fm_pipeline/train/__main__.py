@@ -30,8 +30,6 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m fm_pipeline.train", description=__doc__,
@@ -47,36 +45,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    from fm_pipeline.config import JobSpecError
+    from fm_pipeline.config import parse_overrides as parse
 
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise JobSpecError("--set", [(pair, "expected DOTTED.KEY=VALUE")])
-        overrides[key] = _scalar(value)
-    return overrides
-
-
-def _scalar(text: str):
-    """YAML scalar semantics, plus numbers YAML 1.1 leaves as strings ("1e-3")."""
-    value = yaml.safe_load(text) if text else text
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    return value
+    return parse(pairs, where="--set")
 
 
 def load_job_for_world(path: Path, overrides: dict, *, world_size: int, local_world_size: int):
     """The job, with nnodes/nproc_per_node re-derived for an elastic world when allowed."""
     from fm_pipeline.config import JobSpecError, load_job
+    from fm_pipeline.config.strict_yaml import load_yaml
 
     job = load_job(path, **overrides)
     if job.parallelism.world_size == world_size:
         return job
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    raw = load_yaml(path.read_text(encoding="utf-8"), source=str(path)) or {}
     declared = {**(raw.get("parallelism") or {}),
                 **{k.split(".", 1)[1]: v for k, v in overrides.items()
                    if k.startswith("parallelism.")}}

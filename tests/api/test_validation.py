@@ -36,6 +36,12 @@ def _fields(response) -> list[str]:
         ({"priority": "asap"}, "priority", "'low', 'normal', 'high' or 'urgent'"),
         ({"global_batch_size": 17}, "global_batch_size", "divisible by dp"),
         ({"tenant": "prod"}, "tenant", "Extra inputs"),
+        # No coercion: JSON says what a value is.
+        ({"gpus": "16"}, "gpus", "valid integer"),
+        ({"gpus": True}, "gpus", "valid integer"),
+        ({"checkpoint_every_steps": 500.5}, "checkpoint_every_steps", "valid integer"),
+        ({"parallelism": {"tp": "4", "pp": 2, "dp": 2}}, "parallelism.tp", "valid integer"),
+        ({"steps": False}, "steps", "valid integer"),
     ],
 )
 def test_bad_body_names_the_field(client, tokens, seed_body, change, field, words):

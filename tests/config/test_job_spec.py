@@ -96,3 +96,47 @@ def test_overrides_apply_before_validation():
     job = load_job(DEMO, **{"training.steps": 40, "parallelism.nproc_per_node": 1,
                             "parallelism.dp_shard": -1})
     assert job.training.steps == 40 and job.parallelism.dp_shard == 1
+
+
+def _spec_file(tmp_path, text: str):
+    path = tmp_path / "job.yaml"
+    path.write_text(DEMO.read_text() + text)
+    return path
+
+
+def test_a_repeated_yaml_key_is_refused_with_both_lines(tmp_path):
+    path = _spec_file(tmp_path, "name: other\n")
+    with pytest.raises(JobSpecError) as e:
+        load_job(path)
+    field, message = e.value.problems[0]
+    assert field == "(yaml)" and "duplicate key 'name' (first at line" in message
+
+
+@pytest.mark.parametrize("change, field, words", [
+    ({"training": {"steps": True}}, "training.steps", "valid integer (got a boolean)"),
+    ({"training": {"steps": "40"}}, "training.steps", "valid integer (got a string)"),
+    ({"checkpoint": {"async_save": 1}}, "checkpoint.async_save", "valid boolean (got an integer)"),
+    ({"training": {"lr": float("nan")}}, "training.lr", "finite number"),
+    ({"cluster": {"inter_node_gbps": float("inf")}}, "cluster.inter_node_gbps", "finite number"),
+    ({"model": {"size": "tiny", "n_heads": 3}}, "model",
+     "must be divisible by n_heads (3)"),
+])
+def test_values_are_never_coerced_and_every_error_keeps_its_reason(demo, change, field, words):
+    for section, values in change.items():
+        demo[section] = {**(demo.get(section) or {}), **values}
+    found = problems(demo)
+    assert words in found.get(field, ""), found
+    assert all("errors.pydantic.dev" not in m for m in found.values())
+
+
+def test_yaml_1_2_scalars_in_a_spec_file(tmp_path):
+    """`1e-3` is a number (YAML 1.1 would leave it a string); `yes` is no boolean."""
+    path = tmp_path / "job.yaml"
+    path.write_text(DEMO.read_text().replace("  segment_steps: 20", "  segment_steps: 20\n"
+                                             "  lr: 1e-3\n  min_lr: 1e-4"))
+    assert load_job(path).training.lr == 1e-3
+    path.write_text(DEMO.read_text().replace("  keep_last: 3", "  keep_last: 3\n"
+                                             "  async_save: yes"))
+    with pytest.raises(JobSpecError) as e:
+        load_job(path)
+    assert "valid boolean (got a string)" in dict(e.value.problems)["checkpoint.async_save"]

@@ -46,3 +46,25 @@ def test_bad_job_and_missing_source_exit_2_naming_the_problem(tmp_path):
 
     result = runner.invoke(app, ["show", "--job", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2 and "nope.yaml" in said(result) and "no such file" in said(result)
+
+
+def test_verify_checks_every_artifact_the_manifest_lists(tmp_path):
+    """The tokenizer and the sample index are checked like the shards: a tampered one is
+    named and the command exits 2; the intact mix verifies."""
+    job = tmp_path / "small.yaml"
+    job.write_text(yaml.safe_dump(SMALL_JOB))
+    args = ["--job", str(job), "--store", str(tmp_path / "store")]
+    assert runner.invoke(app, ["prepare", *args]).exit_code == 0
+    ok = runner.invoke(app, ["verify", *args], env={"COLUMNS": "160"})
+    assert ok.exit_code == 0 and "tokenizer, sample index and" in said(ok)
+    (mix_dir,) = (tmp_path / "store" / "data").iterdir()
+    for name, what in (("tokenizer.json", "tokenizer"), ("sample_index.bin", "sample index")):
+        path = mix_dir / name
+        original = path.read_bytes()
+        tampered = bytearray(original)
+        tampered[len(tampered) // 2] ^= 0x01  # same size, one bit
+        path.write_bytes(bytes(tampered))
+        bad = runner.invoke(app, ["verify", *args], env={"COLUMNS": "200"})
+        assert bad.exit_code == 2, bad.output
+        assert f"corrupted {what} data/{mix_dir.name}/{name}" in said(bad)
+        path.write_bytes(original)

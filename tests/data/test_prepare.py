@@ -134,6 +134,28 @@ def test_a_few_non_utf8_files_are_skipped_and_counted(tmp_path, text_dir):
     assert manifest.sources[0].documents.kept == 5
 
 
+def test_a_record_that_cannot_be_encoded_is_dropped_and_named_not_fatal(tmp_path, text_dir):
+    """A JSONL record whose text holds a lone surrogate ("\\ud800" is valid JSON but no
+    Unicode text) and one that is not UTF-8: both dropped, counted, named file:line."""
+    import json as json_module
+
+    lines = [json_module.dumps({"text": doc}) for doc in
+             (json_module.__doc__, json_module.dumps.__doc__, json_module.loads.__doc__)]
+    lines.insert(1, '{"text": "half a pair \\ud800 of surrogates, long enough to keep"}')
+    data = "\n".join(lines).encode() + b"\n" + b'{"text": "caf\xe9 au lait, not utf-8"}\n'
+    (tmp_path / "feed").mkdir()
+    (tmp_path / "feed" / "records.jsonl").write_bytes(data)
+    job = make_job([{"name": "feed", "uri": str(tmp_path / "feed"), "weight": 1.0}],
+                   heldout_fraction=0.0)
+    store = open_store(tmp_path / "store")
+    manifest = prepare_mix(job, store)
+    counts = manifest.sources[0].documents
+    assert counts.dropped == {"invalid_unicode": 1, "not_utf8": 1} and counts.kept == 3
+    receipt = json.loads(store.get_bytes(clean_receipt_key(mix_key(job))))
+    assert receipt["examples"]["feed"] == {"invalid_unicode": "records.jsonl:2",
+                                           "not_utf8": "records.jsonl:5"}
+
+
 def test_changed_sources_need_force(tmp_path, text_dir):
     job = make_job([{"name": "docs", "uri": str(text_dir), "weight": 1.0}])
     store = open_store(tmp_path / "store")

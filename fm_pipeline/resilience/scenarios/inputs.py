@@ -13,7 +13,7 @@ from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import decide
 from fm_pipeline.resilience.scenarios.checkpoint import BASE_STEP, base_run
-from fm_pipeline.resilience.scenarios.common import first_line
+from fm_pipeline.resilience.scenarios.common import first_line, steps_trained_twice
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 
 # (override, the field the error must name)
@@ -59,7 +59,7 @@ def bad_config(ws: ChaosWorkspace) -> FaultResult:
     result.check("every committed checkpoint is byte-for-byte untouched",
                  _checkpoint_state(ws, job) == before and len(before) == 3)
     result.outcome = "; ".join(outcomes)
-    result.steps_lost = 0
+    result.steps_lost = steps_trained_twice(job.name)
     return result
 
 
@@ -68,42 +68,30 @@ def bad_data(ws: ChaosWorkspace) -> FaultResult:
     mix = ws.prepare(job)
     sample = BASE_STEP * job.training.global_batch_size  # the first sample after the restore
     result = FaultResult("bad-data", expected=(
-        "the segment fails naming the corrupted shard; checkpoints untouched; the "
-        "orchestration policy retries once, then stops on the repeated failure (crash loop)"))
+        "the segment fails with the permanent exit code (2) and one line naming the corrupted "
+        "shard; checkpoints untouched; the orchestration policy stops at once (retrying "
+        "cannot fix data that does not match its manifest)"))
     before = _checkpoint_state(ws, job)
     path, what = injectors.corrupt_shard(ws.store_dir, mix, sample=sample)
     try:
         result.injected = what
         append_event(job.name, "fault_injected", fault="bad-data", target=what, step=BASE_STEP)
-        attempts, decisions, earlier = [], [], []
-        for _ in range(2):
-            live, failed = _launch(job)
-            decision, attempt = decide(failed, failed_at_step=BASE_STEP, start_step=BASE_STEP,
-                                       earlier=earlier)
-            earlier += [attempt] if attempt is not None else []
-            attempts.append(failed)
-            decisions.append(decision)
-            if not decision.resume:
-                break
+        live, failed = _launch(job)
+        decision, _ = decide(failed, failed_at_step=BASE_STEP, start_step=BASE_STEP)
     finally:
         injectors.flip_byte(path)  # the same byte again: the shard is whole for later faults
-    first = attempts[0]
     key = path.relative_to(ws.store_dir).as_posix()
-    result.detect_s = round(first.duration_s, 1)
-    result.outcome = (f"{first.outcome.value} (exit {first.exit_code}): "
-                      f"{first_line(first.reason, 120)}; decisions: "
-                      + " -> ".join("resume" if d.resume else "stop" for d in decisions))
-    result.check(f"the segment fails ({first.outcome.value}, exit {first.exit_code})",
-                 not first.ok)
-    result.check(f"the reason names the corrupted shard {key}",
-                 key in f"{first.reason}\n{first.traceback or ''}")
+    result.detect_s = round(failed.duration_s, 1)
+    result.steps_lost = steps_trained_twice(job.name)
+    result.outcome = (f"{failed.outcome.value} (exit {failed.exit_code}): "
+                      f"{first_line(failed.reason, 120)}; decision: "
+                      f"{'resume' if decision.resume else 'stop'}")
+    result.check(f"exit 2, the permanent code ({failed.outcome.value}, exit "
+                 f"{failed.exit_code})",
+                 failed.outcome is Outcome.BAD_CONFIG and failed.exit_code == 2)
+    result.check(f"the reason is one line naming the corrupted shard {key}",
+                 key in failed.reason and "\n" not in failed.reason.strip())
     result.check("every committed checkpoint is byte-for-byte untouched",
                  _checkpoint_state(ws, job) == before)
-    result.check(f"the first failure is retried ({decisions[0].reason[:70]}...)",
-                 decisions[0].resume or decisions[0].source.startswith("re-run"))
-    if decisions[0].source == "orchestration policy":
-        result.check(f"the identical second failure stops the job "
-                     f"({decisions[-1].reason[:70]}...)",
-                     len(decisions) == 2 and not decisions[-1].resume)
-    result.steps_lost = 0
+    result.check(f"the policy stops at once ({decision.reason[:70]}...)", not decision.resume)
     return result

@@ -84,6 +84,7 @@ def list_(job: Path = JOB, store: str | None = STORE,
         rows = [(ref, check(ref, spec) if verify else validate(ref, spec, checksums=False))
                 for ref in refs]
         aside = list_set_aside(spec.name, store=target)
+    shown = []  # (step, order, cells): one step's copies together, set-aside ones last
     for ref, problems in rows:
         status = "[green]valid[/]" if not problems else f"[red]{problems[0]}[/]"
         if problems and problems[0].kind == "superseded":
@@ -91,14 +92,17 @@ def list_(job: Path = JOB, store: str | None = STORE,
         facts = ("", "", "")
         if not any(p.where.startswith("manifest.json") for p in problems):
             facts = _facts(ref)
-        table.add_row(str(ref.step), "local" if ref.is_local else "store", status, *facts,
-                      _marks(read_marks(ref)))
+        shown.append((ref.step, 0, [str(ref.step), "local" if ref.is_local else "store",
+                                    status, *facts, _marks(read_marks(ref))]))
     for entry in aside:
         tier = "local" if entry.ref.is_local else "store"
         colour = "yellow" if entry.kind == "superseded" else "red"
-        table.add_row(str(entry.ref.step), f"{tier} (set aside)",
-                      f"[{colour}]{entry.kind}: {entry.reason}[/] ({entry.at})",
-                      *_facts_or_blank(entry.ref), "")
+        shown.append((entry.ref.step, 1, [
+            str(entry.ref.step), f"{tier} (set aside)",
+            f"[{colour}]{entry.kind}: {entry.reason}[/] ({entry.at})",
+            *_facts_or_blank(entry.ref), ""]))
+    for _, _, cells in sorted(shown, key=lambda row: row[:2]):
+        table.add_row(*cells)
     console.print(table)
 
 

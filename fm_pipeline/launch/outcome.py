@@ -8,7 +8,10 @@ Evidence, strongest first:
   3. the per-worker error files under `--log-dir` (written by torch's `@record` for
      exceptions, by exit_record.exit_with for deliberate exits).
 The first source that names an exit code decides it; the reason comes from the first
-that has one. On Kubernetes the same parsers read the pod's termination message.
+that has one. torchrun's "first observed failure" is decided by whole seconds: when it is a
+worker that only lost its peer ("Connection closed by peer"), another worker's own failure
+on record (an error file, or a signal in torchrun's list of failures) is the cause instead.
+On Kubernetes the same parsers read the pod's termination message.
 """
 
 from __future__ import annotations
@@ -209,6 +212,30 @@ def parse_torchrun_summary(text: str, *, source: str) -> FailureEvidence | None:
     )
 
 
+_OTHER_FAILURES = re.compile(r"^Failures:\n(.*?)^-+\nRoot Cause", re.S | re.M)
+# A worker that failed only because a peer went away (gloo, NCCL, the c10d store): a
+# consequence, never the cause, when another worker's own failure is on record.
+_PEER_LOSS = re.compile(r"Connection (?:closed|reset) by peer|remote worker crashing|"
+                        r"remote process exited|Broken pipe|recvBytes|Socket Timeout", re.I)
+
+
+def is_peer_loss(reason: str | None) -> bool:
+    return bool(reason) and bool(_PEER_LOSS.search(reason))
+
+
+def parse_other_failures(text: str, *, source: str) -> list[FailureEvidence]:
+    """The workers torchrun lists under "Failures:" besides its root cause (a SIGKILLed
+    worker leaves no error file, only this)."""
+    found = []
+    for blocks in _OTHER_FAILURES.findall(text)[-1:]:
+        for block in re.split(r"^\[\d+\]:\n", blocks, flags=re.M)[1:]:
+            entry = parse_torchrun_summary(f"Root Cause (first observed failure):\n{block}\n==",
+                                           source=source)
+            if entry is not None and entry.exit_code is not None:
+                found.append(entry)
+    return found
+
+
 def worker_error_files(log_dir: Path) -> list[Path]:
     """Per-worker error files of torchrun's latest attempt: <run>/attempt_<k>/<rank>/error.json."""
     attempts = sorted(
@@ -253,4 +280,13 @@ def diagnose(*, log_dir: Path | None, agent_error_file: Path | None,
     for other in sources:
         if other is not root:
             root = root.merged(other)
+    if is_peer_loss(root.reason):  # torchrun's "first" by the second: a consequence
+        others = [*workers, *(parse_other_failures(output_text, source="torchrun summary")
+                              if output_text else [])]
+        cause = next((e for e in others if e.rank != root.rank and e.reason
+                      and not is_peer_loss(e.reason)), None)
+        if cause is not None:
+            return replace(cause.merged(root), exit_code=cause.exit_code if
+                           cause.exit_code is not None else root.exit_code,
+                           reason=cause.reason, rank=cause.rank)
     return root

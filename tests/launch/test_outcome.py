@@ -141,3 +141,55 @@ def test_the_first_rank_to_exit_writes_the_pods_termination_message(tmp_path, mo
         write_exit_record(code, f"rank {rank} stopped")
     evidence = parse_error_record(message.read_text(), source="message")
     assert (evidence.exit_code, evidence.rank, evidence.reason) == (75, 1, "rank 1 stopped")
+
+
+PEER_LOSS_ROOT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fm_pipeline.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_20:51:07
+  host      : vm
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 24312)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 24312
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_20:51:07
+  host      : vm
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 24311)
+  error_file: /tmp/x/attempt_0/0/error.json
+  traceback : RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:60119: Connection reset by peer. This is typically caused by a remote worker crashing.
+============================================================
+"""
+
+
+def test_a_peer_loss_root_cause_gives_way_to_the_worker_that_really_failed(tmp_path):
+    """torchrun orders failures by whole seconds: the survivor's "connection reset by peer"
+    can come first. The killed worker (in torchrun's list) or a worker's own error (its
+    error file: a collective timeout) is the cause."""
+    killed = diagnose(log_dir=None, agent_error_file=None, output_text=PEER_LOSS_ROOT)
+    assert (killed.rank, killed.exit_code) == (1, -9)
+    assert "SIGKILL" in killed.reason and outcome_of(killed.exit_code) is Outcome.KILLED
+
+    # The hang: rank 1 was stopped, rank 0's collective timed out; woken, rank 1 fails on
+    # the closed connection in the same second and torchrun names it.
+    attempt = tmp_path / "run" / "attempt_0"
+    for rank, reason, t in ((0, "RuntimeError: Timed out waiting 15000ms for send operation", 1),
+                            (1, "RuntimeError: Connection closed by peer [127.0.0.1]:58507", 2)):
+        (attempt / str(rank)).mkdir(parents=True)
+        record = exit_record(1, reason)
+        record["message"]["extraInfo"].update(rank=rank, time_ns=t)
+        (attempt / str(rank) / "error.json").write_text(json.dumps(record))
+    closed = ("  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 24312)\n"
+              "  error_file: x\n  traceback : RuntimeError: Connection closed by peer "
+              "[127.0.0.1]:58507\n")
+    output = ("Failures:\n  <NO_OTHER_FAILURES>\n" + "-" * 60 +
+              "\nRoot Cause (first observed failure):\n[0]:\n" + closed + "=" * 60 + "\n")
+    hung = diagnose(log_dir=tmp_path, agent_error_file=None, output_text=output)
+    assert (hung.rank, hung.exit_code) == (0, 1) and "Timed out" in hung.reason

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from fm_pipeline.api import progress
 from fm_pipeline.checkpoint import CheckpointRef, latest_valid, read_manifest
+from fm_pipeline.checkpoint.aside import list_set_aside
 from fm_pipeline.cli.ckpt import app as ckpt_app
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix
@@ -78,16 +79,20 @@ def test_rollback_continues_from_the_chosen_checkpoint_in_both_tiers(fm_home, s3
         assert any("step-00000030" in line and
                    "superseded: the job was resumed from step 10 at" in line
                    for line in skipped), skipped
-    # The old step 20 is kept aside locally; its store copy was replaced by the new one.
+    # The old step 20 is set aside in both tiers (kept, with the reason), not deleted.
     (aside,) = ckpts.glob("superseded/*/step-00000020")
     assert read_manifest(CheckpointRef.local(aside)).created_at == old20.created_at
-    assert "replaces it" in out.stdout + out.stderr
+    kept = [e for e in list_set_aside(JOB, store=store) if not e.ref.is_local]
+    assert [(e.ref.step, e.kind) for e in kept] == [(20, "superseded")]
+    assert read_manifest(kept[0].ref).created_at == old20.created_at
+    assert (out.stdout + out.stderr).count("set aside (superseded: the job was resumed") == 2
 
     listing = CliRunner().invoke(ckpt_app, ["list", "--job", str(path), "--store", store_uri],
                                  env={"COLUMNS": "250"})
     assert listing.exit_code == 0, listing.output
     rows = [line for line in listing.output.splitlines() if "superseded" in line]
-    assert [r.split()[1] for r in rows] == ["20", "30", "30"], listing.output  # aside, both tiers
+    # the old 20 set aside in both tiers, 30 superseded in both tiers
+    assert [r.split()[1] for r in rows] == ["20", "20", "30", "30"], listing.output
     seen = progress.checkpoints(JOB, store)
     assert progress.last_committed(seen).step == 20
     assert {(c.step, c.tier) for c in seen if c.superseded} == {(30, "local"), (30, "store")}

@@ -2,7 +2,7 @@
 
     dagster dev -w workspace.yaml      # materialize training_plan (resource "job_spec")
 
-Thin: it calls `fm_pipeline.planner.job.plan_for_job`, writes the plan to
+Thin: it calls `fm_pipeline.planner.job_plan.plan_for_job`, writes the plan to
 `runs_dir(job)/plan.json` and returns it (downstream assets take it as an input), with the
 headline predictions as metadata. Wiring it after `data_mix` and logging it to MLflow is the
 orchestration layer's job.
@@ -10,10 +10,10 @@ orchestration layer's job.
 
 
 from dagster import AssetExecutionContext, Definitions, MetadataValue, Output, asset
+from fm_pipeline.resources.job_spec import JobSpecResource
 
 from fm_pipeline.config.paths import runs_dir
-from fm_pipeline.planner.job import plan_for_job, save_plan
-from fm_pipeline.resources.job_spec import JobSpecResource
+from fm_pipeline.planner.job_plan import plan_for_job, save_plan
 
 GROUP = "plan"
 

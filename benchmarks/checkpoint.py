@@ -123,7 +123,8 @@ class Run:
 
 
 def measure(model: str, repeats: int, workdir: Path, *, write_threads: int = 1) -> dict:
-    from fm_pipeline.checkpoint import CheckpointManager, CheckpointRef, restore
+    from fm_pipeline.catalog import CheckpointRef
+    from fm_pipeline.checkpoint import CheckpointManager, restore
 
     run = Run(model, batch=2, seq=128)
     run.step()  # optimizer state exists from here on

@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fm_pipeline.data import MixLoader, open_mix
-from fm_pipeline.data import pipeline
+from fm_pipeline.data import MixLoader, open_mix, pipeline
 from fm_pipeline.data.corpus import iter_clean_texts
 from fm_pipeline.data.manifest import mix_key, shards_receipt_key
 from fm_pipeline.data.testing import small_job

@@ -9,7 +9,7 @@ written here, over a real data mix prepared here (the `email` package of the int
 standard library, `fm_pipeline.data.testing`), and reads the trainer's own metrics.jsonl.
 MFU is the trainer's: `fm_pipeline.model.flops` (6N + attention, PaLM convention; the tied
 embedding counted once, as the output matmul) over the datasheet peak of
-`fm_pipeline.planner.hardware` (dense BF16: H100/H200 989 TFLOP/s).
+`fm_pipeline.accelerators` (dense BF16: H100/H200 989 TFLOP/s).
 
 The model is llama3-1b exactly, Llama 3's 128,256-row embedding included; the tokenizer,
 trained on the small corpus, uses only its first few thousand ids (the others are never
@@ -122,7 +122,7 @@ def write_job(home: Path, args, *, compile: bool) -> Path:
 
 def train(home: Path, job_path: Path, name: str, args) -> dict:
     """One segment under torchrun (one process), figures from its metrics records."""
-    from fm_pipeline.train.metrics import read_records
+    from fm_pipeline.rundir.records import read_records
 
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FM_", "MLFLOW_", "DAGSTER_PIPES_", "TORCHELASTIC_"))}

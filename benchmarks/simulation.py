@@ -26,7 +26,7 @@ import statistics
 import time
 
 from fm_pipeline.sim.config import llama3_405b
-from fm_pipeline.sim.job import _JobSim
+from fm_pipeline.sim.single_job import _JobSim
 
 TARGET_S = 1.0
 

@@ -68,7 +68,7 @@ def write_job(home: Path, args) -> Path:
 
 
 def run_trainer(home: Path, job_path: Path, run: int, env: dict) -> tuple[float, dict]:
-    from fm_pipeline.train.metrics import read_records
+    from fm_pipeline.rundir.records import read_records
 
     name = f"bench-trainer-{run}"
     cmd = [sys.executable, "-m", "fm_pipeline.train", "--job", str(job_path), "--set",

@@ -30,6 +30,7 @@ from dagster import (
     open_pipes_session,
 )
 from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
+from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
 from pydantic import Field
 
 from fm_pipeline.config import JobSpec
@@ -39,7 +40,6 @@ from fm_pipeline.launch.k8s_follow import segment_result
 from fm_pipeline.launch.k8s_stop import followed_jobset, followed_jobsets, stop_jobsets
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
-from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
 
 
 class KubernetesLauncher(ConfigurableResource):

@@ -28,13 +28,13 @@ from dagster import (
     PipesTempFileMessageReader,
     open_pipes_session,
 )
+from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
 from pydantic import Field
 
 from fm_pipeline.config import JobSpec
 from fm_pipeline.launch.local import preempt_running_segments, run_segment_locally
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
-from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
 
 
 class LocalLauncher(ConfigurableResource):

@@ -3,7 +3,7 @@
     resources={"training_policy": TrainingPolicyResource()}          # 3 in a row, 30 s backoff
     TrainingPolicyResource(backoff_base_s=2, max_consecutive_failures=2)   # the demo's
 
-The rules themselves live in fm_pipeline.orchestration.policy (RetryPolicy).
+The rules themselves live in fm_pipeline.orchestration.retry (RetryPolicy).
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ configs/demo.yaml). Downstream areas take `data_mix` (a MixRef) as an input.
 from __future__ import annotations
 
 from dagster import AssetSelection, Definitions, define_asset_job
-
 from fm_pipeline.assets.data.checks import DATA_CHECKS
 from fm_pipeline.assets.data.mix import GROUP, clean_documents, data_mix, token_shards, tokenizer
 from fm_pipeline.resources.job_spec import JobSpecResource

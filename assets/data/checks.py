@@ -8,11 +8,11 @@ never reach `data_mix`, and a bad mix never reaches training. `dedup_ratio` only
 from collections.abc import Callable, Iterator
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, multi_asset_check
-
 from fm_pipeline.assets.data.mix import clean_documents, data_mix, token_shards, tokenizer
-from fm_pipeline.data import validate
 from fm_pipeline.resources.job_spec import JobSpecResource
 from fm_pipeline.resources.store import ObjectStoreResource
+
+from fm_pipeline.data import validate
 
 
 def _results(asset, outcomes) -> Iterator[AssetCheckResult]:

@@ -12,13 +12,13 @@ outputs a `MixRef` (store URI + mix key) that downstream assets take as an input
 
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, Output, asset
+from fm_pipeline.resources.job_spec import JobSpecResource
+from fm_pipeline.resources.store import ObjectStoreResource
 
 from fm_pipeline.data import pipeline
 from fm_pipeline.data.manifest import mix_key
 from fm_pipeline.data.mix import MixRef
 from fm_pipeline.data.progress import ProgressSink
-from fm_pipeline.resources.job_spec import JobSpecResource
-from fm_pipeline.resources.store import ObjectStoreResource
 
 GROUP = "data"
 

@@ -19,7 +19,6 @@ Resources: "launcher" (launcher_from_env: local torchrun, or Kubernetes), "mlflo
 from __future__ import annotations
 
 from dagster import Definitions
-
 from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_valid
 from fm_pipeline.assets.training.drills import restore_drill
 from fm_pipeline.assets.training.evaluation import evaluation

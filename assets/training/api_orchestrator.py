@@ -29,8 +29,6 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from dagster import AssetRecordsFilter, DagsterInstance, RunRequest
-
-from fm_pipeline.api.orchestrator import RunInfo, ThreadedRuns
 from fm_pipeline.assets.training.api_runs import api_job_names, api_run_records, run_infos
 from fm_pipeline.assets.training.checkpoints import CHECKPOINT
 from fm_pipeline.assets.training.driver import EVALUATION_SENSOR, PipelineDriver
@@ -44,11 +42,13 @@ from fm_pipeline.assets.training.names import (
 )
 from fm_pipeline.assets.training.requests import API_RESUME, SUBMIT, segment_request
 from fm_pipeline.assets.training.segment import checkpoint_step, newest_valid_step
+from fm_pipeline.resources.launcher import launcher_from_env
+from fm_pipeline.resources.launcher_local import LocalLauncher
+
+from fm_pipeline.api.orchestrator import RunInfo, ThreadedRuns
 from fm_pipeline.config import JobSpec
 from fm_pipeline.config.paths import store_uri
 from fm_pipeline.orchestration import next_segment
-from fm_pipeline.resources.launcher import launcher_from_env
-from fm_pipeline.resources.launcher_local import LocalLauncher
 from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,6 @@ class DagsterOrchestrator(ThreadedRuns):
         flag), and the Dagster runs are marked failed with the reason, so the UI agrees with
         the API ("failed: ... resume it"). Call once, before serving. Returns the run ids."""
         from dagster import DagsterRunStatus, RunsFilter
-
         from fm_pipeline.assets.training.api_runs import LOST
 
         names = api_job_names(self.instance)

@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dagster import DagsterRunStatus, RunsFilter
-
-from fm_pipeline.api.orchestrator import RunInfo
 from fm_pipeline.assets.training.history import attempt_of
 from fm_pipeline.assets.training.names import (
     SEGMENT_JOB,
@@ -38,6 +36,8 @@ from fm_pipeline.assets.training.names import (
     TAG_RESUME_FROM,
     TAG_STOP,
 )
+
+from fm_pipeline.api.orchestrator import RunInfo
 
 _WAITING = {DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING}
 LOST = "the control plane stopped while this run was active; resume it"

@@ -24,11 +24,11 @@ from dagster import (
     asset,
     asset_check,
 )
-
 from fm_pipeline.assets.training.names import GROUP, TAG_CHECKPOINT_STEP, training_jobs
 from fm_pipeline.assets.training.segment import training_segment
-from fm_pipeline.orchestration import registered_job
 from fm_pipeline.resources.store import ObjectStoreResource
+
+from fm_pipeline.orchestration import registered_job
 
 CHECKPOINT = AssetKey("checkpoint")
 
@@ -102,7 +102,7 @@ def steps_to_check(context, job_name: str) -> list[int]:
 
 def _checkpoint_valid(context: AssetCheckExecutionContext,
                       store: ObjectStoreResource) -> AssetCheckResult:
-    from fm_pipeline.checkpoint import validate
+    from fm_pipeline.catalog import validate
     from fm_pipeline.orchestration.checkpoints import committed_steps
 
     name = context.partition_key

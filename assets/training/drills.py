@@ -16,12 +16,12 @@ from dagster import (
     MetadataValue,
     asset,
 )
-
 from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_for_run
 from fm_pipeline.assets.training.names import GROUP, training_jobs
-from fm_pipeline.orchestration import registered_job
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
+
+from fm_pipeline.orchestration import registered_job
 
 DRILL_CHECK = "restore_drill_passed"
 

@@ -33,7 +33,6 @@ from dagster import (
     partition_loading_context,
 )
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
-
 from fm_pipeline.assets.training.history import segment_run_records
 from fm_pipeline.assets.training.names import (
     DRILL_JOB,

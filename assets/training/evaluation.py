@@ -8,13 +8,13 @@ MLflow child run of the job.
 """
 
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
-from pydantic import Field
-
 from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_for_run
 from fm_pipeline.assets.training.names import GROUP, training_jobs
-from fm_pipeline.orchestration import registered_job
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
+from pydantic import Field
+
+from fm_pipeline.orchestration import registered_job
 
 
 class EvaluationConfig(Config):

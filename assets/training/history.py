@@ -6,7 +6,6 @@ job-level goodput reason about. Nothing here decides; fm_pipeline.orchestration 
 from __future__ import annotations
 
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
-
 from fm_pipeline.assets.training.names import (
     PARTITION_TAG,
     SEGMENT_JOB,
@@ -15,6 +14,7 @@ from fm_pipeline.assets.training.names import (
     TAG_OUTCOME,
     TAG_START,
 )
+
 from fm_pipeline.orchestration import SegmentAttempt
 
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from dagster import AssetSelection, define_asset_job
-
 from fm_pipeline.assets.plan import training_plan
 from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_valid
 from fm_pipeline.assets.training.drills import restore_drill

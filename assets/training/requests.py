@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dagster import RunRequest
-
 from fm_pipeline.assets.training.names import (
     TAG_CHECKPOINT_STEP,
     TAG_END,

@@ -13,7 +13,6 @@ from dagster import (
     SkipReason,
     schedule,
 )
-
 from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
 from fm_pipeline.assets.training.jobs import restore_drill_job
 from fm_pipeline.assets.training.names import JOBS_PARTITION

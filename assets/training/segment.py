@@ -25,15 +25,15 @@ from dagster import (
     ResourceParam,
     asset,
 )
-from pydantic import Field
-
 from fm_pipeline.assets.plan import training_plan
 from fm_pipeline.assets.training.names import GROUP, training_jobs
-from fm_pipeline.orchestration import registered_job, segment_end, segment_report
 from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 from fm_pipeline.resources.launcher_local import LocalLauncher
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
+from pydantic import Field
+
+from fm_pipeline.orchestration import registered_job, segment_end, segment_report
 
 Launcher = LocalLauncher | KubernetesLauncher  # same launch_segment(); resource "launcher"
 
@@ -56,7 +56,7 @@ class SegmentConfig(Config):
 
 def newest_valid_step(job, store) -> tuple[int, str | None]:
     """(step, location) of the checkpoint the next segment resumes from; (0, None) if none."""
-    from fm_pipeline.checkpoint import latest_valid
+    from fm_pipeline.catalog import latest_valid
 
     found = latest_valid(job, store=store, checksums=False)
     return (found.found.step, found.found.location) if found.found else (0, None)
@@ -65,7 +65,7 @@ def newest_valid_step(job, store) -> tuple[int, str | None]:
 def checkpoint_step(job, store, location: str) -> int:
     """The step of the job's checkpoint at `location` (either tier); ValueError if it is not
     one of the job's checkpoints."""
-    from fm_pipeline.checkpoint.validate import candidates
+    from fm_pipeline.catalog.validate import candidates
 
     refs = candidates(job.name, store=store)
     for ref in refs:
@@ -85,7 +85,7 @@ def _failed_at_step(job_name: str, since: float) -> int | None:
 
 
 def _plan(job) -> dict | None:
-    from fm_pipeline.planner.job import plan_for_job
+    from fm_pipeline.planner.job_plan import plan_for_job
 
     try:
         return plan_for_job(job)
@@ -175,6 +175,7 @@ def _job_goodput(instance, job_name: str, report: dict, *, reached_step: int) ->
     """The job's goodput including this segment: steps reached x median step time over
     the wall time of every launch so far (failed ones included)."""
     from fm_pipeline.assets.training.history import attempts
+
     from fm_pipeline.orchestration import job_goodput
 
     earlier = attempts(instance, job_name)

@@ -7,7 +7,7 @@
                                   target step; a resume whose backoff has passed: request it
     checkpoint_evaluation_sensor  a checkpoint was recorded: request its evaluation
 
-Decisions are fm_pipeline.orchestration.policy's (retry budget, exponential backoff, crash
+Decisions are fm_pipeline.orchestration.retry's (retry budget, exponential backoff, crash
 loops, preemptions); these functions only read the instance and act. Every request has a
 run key, so a tick evaluated twice never starts a segment twice.
 """
@@ -27,7 +27,6 @@ from dagster import (
     run_failure_sensor,
     sensor,
 )
-
 from fm_pipeline.assets.training.checkpoints import CHECKPOINT
 from fm_pipeline.assets.training.history import attempt_of, attempts, segment_run_records
 from fm_pipeline.assets.training.jobs import checkpoint_evaluation_job, training_segment_job
@@ -58,10 +57,11 @@ from fm_pipeline.assets.training.requests import (
     segment_request,
 )
 from fm_pipeline.assets.training.segment import newest_valid_step
-from fm_pipeline.orchestration import decide_after_failure, next_segment, registered_job
-from fm_pipeline.orchestration.policy import LEASE_HELD
 from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
+
+from fm_pipeline.orchestration import decide_after_failure, next_segment, registered_job
+from fm_pipeline.orchestration.retry import LEASE_HELD
 
 SEGMENT_ASSET = "training_segment"
 

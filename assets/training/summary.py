@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterRunStatus
-
 from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
 from fm_pipeline.assets.training.history import (
     segment_metadata,
@@ -27,6 +26,7 @@ from fm_pipeline.assets.training.names import (
     TAG_START,
     TAG_TRIGGER,
 )
+
 from fm_pipeline.orchestration import job_goodput
 
 

@@ -343,8 +343,8 @@ class ControlPlane:
 
 
     def _pin(self, job_id: str, location: str) -> None:
-        from fm_pipeline.checkpoint import write_mark
-        from fm_pipeline.checkpoint.validate import candidates
+        from fm_pipeline.catalog import write_mark
+        from fm_pipeline.catalog.validate import candidates
 
         for ref in candidates(job_id, store=self._object_store()):
             if ref.location == location:

@@ -1,5 +1,5 @@
 """A job's progress as its own artifacts tell it: checkpoint manifests, their marks
-(evaluations, drills), and the trainer's JSON lines (schema: fm_pipeline/train/metrics.py).
+(evaluations, drills), and the trainer's JSON lines (schema: fm_pipeline/rundir/records.py).
 Read on every request, never cached, so the API cannot drift from what the job wrote.
 
     checkpoints   runs_dir(job)/checkpoints/step-*/ and <store>/checkpoints/<job>/step-*/
@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.rundir.records import EVENTS_FILE, METRICS_FILE, SEGMENTS_FILE, latest_record
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
-METRICS_FILE = "metrics.jsonl"  # fm_pipeline.train.metrics.METRICS_FILE
-SEGMENTS_FILE = "segments.jsonl"  # fm_pipeline.train.metrics.SEGMENTS_FILE
-EVENTS_FILE = "events.jsonl"
-_TAIL_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -47,10 +42,10 @@ class CheckpointSeen:
 
 def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen]:
     """Every checkpoint directory of the job in both tiers, newest first, local before store."""
-    from fm_pipeline.checkpoint import read_manifest, read_marks
-    from fm_pipeline.checkpoint.layout import MANIFEST
-    from fm_pipeline.checkpoint.supersede import superseded_reason
-    from fm_pipeline.checkpoint.validate import candidates, invalid_reason
+    from fm_pipeline.catalog import read_manifest, read_marks
+    from fm_pipeline.catalog.refs import MANIFEST
+    from fm_pipeline.catalog.supersede import superseded_reason
+    from fm_pipeline.catalog.validate import candidates, invalid_reason
 
     try:
         refs = candidates(job_name, store=store)
@@ -86,26 +81,10 @@ def last_committed(seen: list[CheckpointSeen]) -> CheckpointSeen | None:
                 None)
 
 
-def _tail_lines(path: Path) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - _TAIL_BYTES))
-            chunk = f.read()
-    except FileNotFoundError:
-        return []
-    lines = chunk.decode("utf-8", errors="replace").splitlines()
-    return lines[1:] if size > _TAIL_BYTES else lines  # the first may be cut
-
-
 def latest_metrics(job_name: str) -> dict:
     """The newest complete step record of the job ({} if it has not stepped yet)."""
-    for line in reversed(_tail_lines(runs_dir(job_name) / METRICS_FILE)):
-        record = _json(line)
-        if record.get("kind") == "step" and isinstance(record.get("step"), int):
-            return record
-    return {}
+    record = latest_record(runs_dir(job_name) / METRICS_FILE, "step")
+    return record if isinstance(record.get("step"), int) else {}
 
 
 def productive_seconds(job_name: str) -> float:

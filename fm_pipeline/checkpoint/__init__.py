@@ -1,5 +1,6 @@
-"""Checkpoints on torch.distributed.checkpoint: async sharded saves committed by a manifest,
-object-store tiering, validation, resharding restore, retention and restore drills.
+"""Checkpoints inside the ranks, on torch.distributed.checkpoint: async sharded saves committed
+by a manifest, resharding restores, restore drills and export. What a checkpoint is and
+where it lives (paths, manifest, validation, retention, tiering) is fm_pipeline.catalog.
 
 In the trainer (every rank):
 
@@ -11,47 +12,30 @@ In the trainer (every rank):
     manager.save(step, tokens_seen=n, probe=Probe(batch, loss), final=is_last)
     manager.close()
 
-Around training (one process): `latest_valid`, `validate`, `apply_retention`,
-`sync_to_store`, `export_torch_save`, `run_restore_drill`. See docs/checkpoints.md.
+Around training (one process): `run_restore_drill`, `drill_latest`, `export_torch_save`.
+Names resolve lazily, so the control side may import `fm_pipeline.checkpoint.drill`
+without torch. See docs/checkpoints.md.
 """
 
-from fm_pipeline.checkpoint.commit import Probe
-from fm_pipeline.checkpoint.drill import DrillResult, drill_latest, run_restore_drill
-from fm_pipeline.checkpoint.export import export_torch_save, load_full_state
-from fm_pipeline.checkpoint.layout import CheckpointRef, list_local, list_store, local_root, store_root
-from fm_pipeline.checkpoint.manager import CheckpointManager, CheckpointSaveError, SaveResult
-from fm_pipeline.checkpoint.manifest import Manifest, ManifestError
-from fm_pipeline.checkpoint.marks import read_marks, write_mark
-from fm_pipeline.checkpoint.restore import (
-    NoRestorableCheckpoint,
-    RestoreResult,
-    restore,
-    restore_latest,
-)
-from fm_pipeline.checkpoint.retention import RetentionReport, apply_retention
-from fm_pipeline.checkpoint.state import LRSchedulerState, ModelState, OptimizerState
-from fm_pipeline.checkpoint.tiering import (
-    UploadReport,
-    download_checkpoint,
-    sync_to_store,
-    upload_checkpoint,
-)
-from fm_pipeline.checkpoint.validate import (
-    CheckpointInvalid,
-    Discovery,
-    Problem,
-    latest_valid,
-    read_manifest,
-    validate,
-)
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointInvalid", "CheckpointManager", "CheckpointRef", "CheckpointSaveError",
-    "Discovery", "DrillResult", "drill_latest", "run_restore_drill", "LRSchedulerState", "Manifest", "ManifestError", "ModelState",
-    "NoRestorableCheckpoint",
-    "OptimizerState", "Probe", "Problem", "RestoreResult", "RetentionReport", "SaveResult",
-    "UploadReport", "apply_retention", "download_checkpoint", "export_torch_save",
-    "latest_valid", "list_local", "list_store", "load_full_state", "local_root",
-    "read_manifest", "read_marks", "restore", "restore_latest", "store_root", "sync_to_store",
-    "upload_checkpoint", "validate", "write_mark",
-]
+import importlib
+
+_EXPORTS = {
+    "Probe": "commit",
+    "DrillResult": "drill", "drill_latest": "drill", "run_restore_drill": "drill",
+    "export_torch_save": "export", "load_full_state": "export",
+    "CheckpointManager": "manager", "CheckpointSaveError": "manager", "SaveResult": "manager",
+    "NoRestorableCheckpoint": "load", "RestoreResult": "load", "restore": "load",
+    "restore_latest": "load",
+    "LRSchedulerState": "state", "ModelState": "state", "OptimizerState": "state",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module = importlib.import_module(f"fm_pipeline.checkpoint.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'fm_pipeline.checkpoint' has no attribute {name!r}")

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from fm_pipeline.checkpoint.layout import DCP_METADATA, MANIFEST, PROBE_FILE, is_content_file
-from fm_pipeline.checkpoint.manifest import (
+from fm_pipeline.catalog.manifest import (
     FORMAT,
     DataInfo,
     FileEntry,
@@ -29,6 +28,7 @@ from fm_pipeline.checkpoint.manifest import (
     code_version,
     now_iso,
 )
+from fm_pipeline.catalog.refs import DCP_METADATA, MANIFEST, PROBE_FILE, is_content_file
 from fm_pipeline.checkpoint.streams import write_file
 
 

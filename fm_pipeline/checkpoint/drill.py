@@ -22,9 +22,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fm_pipeline.checkpoint.layout import CheckpointRef
-from fm_pipeline.checkpoint.manifest import Manifest, now_iso
-from fm_pipeline.checkpoint.validate import (
+from fm_pipeline.catalog.manifest import Manifest, now_iso
+from fm_pipeline.catalog.refs import CheckpointRef
+from fm_pipeline.catalog.validate import (
     CheckpointInvalid,
     model_problems,
     read_manifest,
@@ -139,7 +139,7 @@ def run_restore_drill(checkpoint, *, job=None, parallelism: dict | None = None,
                       timeout_s: float = 900.0) -> DrillResult:
     """Drill one checkpoint (a CheckpointRef, a local directory, or a key prefix in `store`).
     Never raises for a bad checkpoint: the result says why it failed, and is recorded."""
-    from fm_pipeline.checkpoint.restore import localize
+    from fm_pipeline.checkpoint.load import localize
 
     t0 = time.perf_counter()
     ref = _resolve(checkpoint, store)
@@ -189,8 +189,8 @@ def drill_latest(job, *, store=None, max_nproc: int | None = None,
                  force: bool = False) -> DrillResult | None:
     """Drill the job's newest valid checkpoint unless it already has a drill result (the
     schedule's entry point). None when the job has no valid checkpoint yet."""
-    from fm_pipeline.checkpoint.marks import read_mark
-    from fm_pipeline.checkpoint.validate import latest_valid
+    from fm_pipeline.catalog.marks import read_mark
+    from fm_pipeline.catalog.validate import latest_valid
 
     found = latest_valid(job, store=store, checksums=False).found
     if found is None or (not force and read_mark(found, "drill") is not None):
@@ -200,7 +200,7 @@ def drill_latest(job, *, store=None, max_nproc: int | None = None,
 
 def _record(ref: CheckpointRef, local: CheckpointRef | None, result: DrillResult,
             t0: float) -> DrillResult:
-    from fm_pipeline.checkpoint.marks import write_mark
+    from fm_pipeline.catalog.marks import write_mark
     from fm_pipeline.storage import StoreError
 
     result.wall_s = time.perf_counter() - t0

@@ -27,6 +27,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from fm_pipeline.catalog.manifest import Manifest
+from fm_pipeline.catalog.refs import PROBE_FILE, CheckpointRef
+from fm_pipeline.catalog.validate import CheckpointInvalid, read_dcp_metadata, read_manifest
 from fm_pipeline.checkpoint.drill import (
     DrillResult,
     describe_topology,
@@ -35,11 +38,8 @@ from fm_pipeline.checkpoint.drill import (
     same_topology,
 )
 from fm_pipeline.checkpoint.export import load_full_state
-from fm_pipeline.checkpoint.layout import PROBE_FILE, CheckpointRef
-from fm_pipeline.checkpoint.manifest import Manifest
-from fm_pipeline.checkpoint.restore import restore
+from fm_pipeline.checkpoint.load import restore
 from fm_pipeline.checkpoint.state import ModelState
-from fm_pipeline.checkpoint.validate import CheckpointInvalid, read_dcp_metadata, read_manifest
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

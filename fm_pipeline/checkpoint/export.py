@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fm_pipeline.checkpoint.layout import CheckpointRef
-from fm_pipeline.checkpoint.validate import CheckpointInvalid, validate
+from fm_pipeline.catalog.refs import CheckpointRef
+from fm_pipeline.catalog.validate import CheckpointInvalid, validate
 
 
 def _local(ref: CheckpointRef | str | Path, *, verify: bool) -> CheckpointRef:
     if not isinstance(ref, CheckpointRef):
         ref = CheckpointRef.local(ref)
     if not ref.is_local:
-        from fm_pipeline.checkpoint.restore import localize
+        from fm_pipeline.checkpoint.load import localize
 
         ref, _ = localize(ref)
     if verify and (problems := validate(ref)):

@@ -35,9 +35,20 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.utils.serialization.config as serialization_config
 
+from fm_pipeline.catalog.aside import in_the_way, set_aside
+from fm_pipeline.catalog.aside import stamp as aside_stamp
+from fm_pipeline.catalog.manifest import DataInfo, ModelInfo, fsync_dir
+from fm_pipeline.catalog.refs import (
+    MANIFEST,
+    CheckpointRef,
+    local_root,
+    parse_step,
+    step_dir_name,
+)
+from fm_pipeline.catalog.retention import RetentionReport
+from fm_pipeline.catalog.tiering import UploadReport
+from fm_pipeline.catalog.verdict import record_verified
 from fm_pipeline.checkpoint import comm
-from fm_pipeline.checkpoint.aside import in_the_way, set_aside
-from fm_pipeline.checkpoint.aside import stamp as aside_stamp
 from fm_pipeline.checkpoint.commit import (
     Probe,
     SaveContext,
@@ -47,19 +58,8 @@ from fm_pipeline.checkpoint.commit import (
     write_probe,
 )
 from fm_pipeline.checkpoint.copies import discover_copies
-from fm_pipeline.checkpoint.layout import (
-    MANIFEST,
-    CheckpointRef,
-    local_root,
-    parse_step,
-    step_dir_name,
-)
-from fm_pipeline.checkpoint.manifest import DataInfo, ModelInfo, fsync_dir
 from fm_pipeline.checkpoint.publish import Publisher
-from fm_pipeline.checkpoint.retention import RetentionReport
 from fm_pipeline.checkpoint.streams import ChecksummingWriter
-from fm_pipeline.checkpoint.tiering import UploadReport
-from fm_pipeline.checkpoint.verdict import record_verified
 from fm_pipeline.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class CheckpointManager:
                  upload: bool | None = None, async_save: bool | None = None,
                  on_busy: str = "wait", staging: str = "overlap", checksum: str = "crc32c",
                  write_threads: int = WRITE_THREADS, lease=None):
-        from fm_pipeline.checkpoint.manifest import CHECKSUMS
+        from fm_pipeline.catalog.manifest import CHECKSUMS
 
         if checksum not in CHECKSUMS:
             raise ValueError(f"checksum must be one of {sorted(CHECKSUMS)}, got {checksum!r}")
@@ -140,8 +140,8 @@ class CheckpointManager:
                                     group=self._group, rank=self.rank, lease=lease)
         self._stager = None
         if self.async_save:
-            from fm_pipeline.checkpoint.state import OptimizerState
             from fm_pipeline.checkpoint.staging import HostStager
+            from fm_pipeline.checkpoint.state import OptimizerState
 
             optim = app_state.get("optimizer")
             optimizers = optim.optimizers if isinstance(optim, OptimizerState) else []
@@ -371,7 +371,7 @@ class CheckpointManager:
     def restore_latest(self, *, verify: bool = True):
         """Load the newest valid checkpoint of this job (local or store tier) into app_state,
         resharding to the current topology. Returns a RestoreResult, or None if there is none."""
-        from fm_pipeline.checkpoint.restore import restore_latest
+        from fm_pipeline.checkpoint.load import restore_latest
 
         return restore_latest(self.app_state, self.job, store=self.store, root=self.root,
                               verify=verify)

@@ -21,13 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fm_pipeline.checkpoint import comm
-from fm_pipeline.checkpoint.aside import set_aside
-from fm_pipeline.checkpoint.copies import Copies
-from fm_pipeline.checkpoint.layout import MANIFEST, CheckpointRef, delete_checkpoint, list_local
-from fm_pipeline.checkpoint.manifest import atomic_write
-from fm_pipeline.checkpoint.retention import apply_retention
-from fm_pipeline.checkpoint.tiering import (
+from fm_pipeline.catalog.aside import set_aside
+from fm_pipeline.catalog.manifest import atomic_write
+from fm_pipeline.catalog.refs import MANIFEST, CheckpointRef, delete_checkpoint, list_local
+from fm_pipeline.catalog.retention import apply_retention
+from fm_pipeline.catalog.tiering import (
     UploadReport,
     clear_remote_step,
     commit_remote,
@@ -37,6 +35,8 @@ from fm_pipeline.checkpoint.tiering import (
     sync_to_store,
     upload_files,
 )
+from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.copies import Copies
 from fm_pipeline.rundir.lease import LeaseLost
 from fm_pipeline.storage import ObjectStore, StoreError
 
@@ -78,7 +78,7 @@ class Publisher:
         gathered = comm.gather_to_rank0(errors, self.group)
         report = None
         if self.rank == 0:
-            from fm_pipeline.checkpoint.validate import read_manifest
+            from fm_pipeline.catalog.validate import read_manifest
 
             local = CheckpointRef.local(directory)
             all_errors = [e for errs in gathered for e in errs]

@@ -51,12 +51,12 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.futures import Future
 
+from fm_pipeline.catalog.manifest import CHECKSUMS, FileEntry, Manifest
+from fm_pipeline.catalog.refs import DCP_METADATA
+from fm_pipeline.catalog.validate import Problem
 from fm_pipeline.checkpoint.comm import single_threaded
-from fm_pipeline.checkpoint.layout import DCP_METADATA
-from fm_pipeline.checkpoint.manifest import CHECKSUMS, FileEntry, Manifest
 from fm_pipeline.checkpoint.streams import Hasher
 from fm_pipeline.checkpoint.torch_records import locate, tensor_view
-from fm_pipeline.checkpoint.validate import Problem
 
 READ_THREADS = 2  # files read in parallel per rank (reads, hashing and copies release the GIL)
 PREFETCH_BYTES = 64 << 20  # how far ahead of the reader the disk is asked to read

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -32,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 
 OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from fm_pipeline.checkpoint.manifest import CHECKSUMS, FileEntry
+from fm_pipeline.catalog.manifest import CHECKSUMS, FileEntry
 
 WRITEBACK_BYTES = 16 << 20
 COALESCE_BYTES = 64 << 10  # smaller writes are gathered (torch.save: ~30 per tensor record)

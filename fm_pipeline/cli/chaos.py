@@ -70,8 +70,7 @@ def run(
     json_out: Path = typer.Option(None, "--json", help="also write the results as JSON"),
 ) -> None:
     """Inject each fault into a real local run, check the outcome, write the table."""
-    from fm_pipeline.resilience.matrix import describe, render_table, run_fault
-    from fm_pipeline.resilience.matrix import write_fault_matrix
+    from fm_pipeline.resilience.matrix import describe, render_table, run_fault, write_fault_matrix
     from fm_pipeline.resilience.workspace import ChaosWorkspace
 
     selected = _parse_faults(faults)
@@ -107,7 +106,7 @@ def stragglers(job_path: Path = JOB,
                scan: bool = typer.Option(False, "--scan", help="also run the detector over "
                                                                "rank_timings.jsonl")) -> None:
     """Straggler events of a job, what they cost, and the slots/hosts excluded."""
-    from fm_pipeline.resilience.stragglers import scan_rank_timings, straggler_summary
+    from fm_pipeline.stragglers.history import scan_rank_timings, straggler_summary
 
     job = load_job(job_path)
     summary = straggler_summary(job)
@@ -133,8 +132,8 @@ def stragglers(job_path: Path = JOB,
 @user_errors
 def clear_exclusions(job_path: Path = JOB) -> None:
     """Let the job use the rank slots and hosts its straggler policy excluded again."""
-    from fm_pipeline.resilience.events import append_event
-    from fm_pipeline.resilience.mitigation import excluded_slots
+    from fm_pipeline.rundir.events import append_event
+    from fm_pipeline.stragglers.mitigation import excluded_slots
 
     job = load_job(job_path)
     before = excluded_slots(job.name)

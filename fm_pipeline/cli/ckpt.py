@@ -38,8 +38,8 @@ def _store(uri: str | None):
 
 def _resolve(checkpoint: str | None, job, store):
     """A CheckpointRef from what the user typed."""
-    from fm_pipeline.checkpoint import CheckpointRef, latest_valid, local_root, store_root
-    from fm_pipeline.checkpoint.layout import step_dir_name
+    from fm_pipeline.catalog import CheckpointRef, latest_valid, local_root, store_root
+    from fm_pipeline.catalog.refs import step_dir_name
 
     if checkpoint in (None, "latest"):
         found = latest_valid(job, store=store, checksums=False)
@@ -70,10 +70,10 @@ def list_(job: Path = JOB, store: str | None = STORE,
                                            "(default); --no-verify checks structure only")) -> None:
     """Every checkpoint of the job in both tiers, validated: status, size, tokens, topology,
     marks; then the checkpoints set aside (superseded, invalid, replaced) with the reason."""
-    from fm_pipeline.checkpoint import read_marks, validate
-    from fm_pipeline.checkpoint.aside import list_set_aside
-    from fm_pipeline.checkpoint.validate import candidates
-    from fm_pipeline.checkpoint.verdict import check
+    from fm_pipeline.catalog import read_marks, validate
+    from fm_pipeline.catalog.aside import list_set_aside
+    from fm_pipeline.catalog.validate import candidates
+    from fm_pipeline.catalog.verdict import check
 
     spec, target = load_job(job), _store(store)
     table = Table(title=f"checkpoints of {spec.name}")
@@ -122,7 +122,7 @@ def _facts_or_blank(ref) -> tuple[str, str, str]:
 
 def _facts(ref) -> tuple[str, str, str]:
     """MB, tokens and topology from a readable manifest."""
-    from fm_pipeline.checkpoint import read_manifest
+    from fm_pipeline.catalog import read_manifest
     from fm_pipeline.checkpoint.drill import describe_topology
 
     m = read_manifest(ref)
@@ -135,7 +135,7 @@ def _facts(ref) -> tuple[str, str, str]:
 def validate_(checkpoint: str | None = CHECKPOINT, job: Path = JOB,
               store: str | None = STORE) -> None:
     """Check one checkpoint (or find the newest valid one); exit 1 if invalid."""
-    from fm_pipeline.checkpoint import latest_valid, validate
+    from fm_pipeline.catalog import latest_valid, validate
 
     spec, target = load_job(job), _store(store)
     if checkpoint is None:
@@ -197,7 +197,7 @@ def retain(job: Path = JOB, store: str | None = STORE,
            tier: str = typer.Option("both", "--tier", help="local, store or both"),
            dry_run: bool = typer.Option(False, "--dry-run", help="report, delete nothing")) -> None:
     """Apply the job's retention (keep_last, milestone_every, marks, newest valid)."""
-    from fm_pipeline.checkpoint import apply_retention
+    from fm_pipeline.catalog import apply_retention
 
     spec, target = load_job(job), _store(store)
     if tier not in ("local", "store", "both"):
@@ -216,7 +216,7 @@ def retain(job: Path = JOB, store: str | None = STORE,
 @user_errors
 def upload(job: Path = JOB, store: str | None = STORE) -> None:
     """Upload every committed local checkpoint the store does not have yet; exit 1 on failure."""
-    from fm_pipeline.checkpoint import sync_to_store
+    from fm_pipeline.catalog import sync_to_store
 
     spec, target = load_job(job), _store(store)
     with console.status(f"uploading pending checkpoints to {target.uri}"):

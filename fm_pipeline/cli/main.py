@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import typer
 
-from fm_pipeline.cli import ckpt as ckpt_cli
-from fm_pipeline.cli import chaos as chaos_cli
 from fm_pipeline.cli import api as api_cli
+from fm_pipeline.cli import chaos as chaos_cli
+from fm_pipeline.cli import ckpt as ckpt_cli
 from fm_pipeline.cli import data as data_cli
 from fm_pipeline.cli import demo as demo_cli
 from fm_pipeline.cli import k8s as k8s_cli

@@ -138,7 +138,7 @@ def _inputs(o: dict) -> dict:
     """Everything a command needs, from --job or from the flags."""
     if o["job"]:
         from fm_pipeline.config import load_job
-        from fm_pipeline.planner.job import job_inputs
+        from fm_pipeline.planner.job_plan import job_inputs
 
         inp = job_inputs(load_job(o["job"]))
         inp["gpus"] = inp["layout"].gpus

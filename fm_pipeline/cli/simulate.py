@@ -116,7 +116,7 @@ def job(
     plot: Path | None = PLOT, as_json: bool = JSON,
 ) -> None:
     """Simulate one long job (default: Llama 3 405B's published 54 days on 16,384 GPUs)."""
-    from fm_pipeline.sim.job import simulate_job
+    from fm_pipeline.sim.single_job import simulate_job
 
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")

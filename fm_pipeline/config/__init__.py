@@ -1,6 +1,6 @@
 """The Job spec and where a job's state lives."""
 
-from fm_pipeline.config.job import (
+from fm_pipeline.config.spec import (
     PRIORITY_VALUES,
     CheckpointSpec,
     ClusterSpec,

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fm_pipeline.config import strict_yaml
-from fm_pipeline.config.job import JobSpec
+from fm_pipeline.config.spec import JobSpec
 
 
 class JobSpecError(ValueError):

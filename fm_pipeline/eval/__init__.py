@@ -9,7 +9,7 @@ at initialisation) on the mix's held-out windows of each source.
     torchrun --standalone --nproc-per-node 2 -m fm_pipeline.eval.worker ...   # any world size
 
 The model is built and restored with the trainer's and the checkpoint package's own code.
-The result is recorded as the checkpoint's `eval` mark (see fm_pipeline.checkpoint.marks).
+The result is recorded as the checkpoint's `eval` mark (see fm_pipeline.catalog.marks).
 """
 
 from fm_pipeline.eval.result import DomainLoss, EvalResult

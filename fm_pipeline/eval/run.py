@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fm_pipeline.checkpoint import CheckpointInvalid, CheckpointRef, read_manifest, write_mark
-from fm_pipeline.checkpoint.validate import Problem, model_problems
+from fm_pipeline.catalog import CheckpointInvalid, CheckpointRef, read_manifest, write_mark
+from fm_pipeline.catalog.validate import Problem, model_problems
 from fm_pipeline.config.paths import store_uri as default_store_uri
 from fm_pipeline.config.strict_yaml import dump_yaml
 from fm_pipeline.eval.result import EvalResult
@@ -75,7 +75,7 @@ def evaluate_checkpoint(checkpoint, *, job=None, store=None, nproc: int = 1,
     """Held-out loss and perplexity per domain of a committed checkpoint. Raises
     CheckpointInvalid (naming each problem) for a checkpoint of another model or one that
     fails its checksums while restoring; EvaluationFailed if the workers crash."""
-    from fm_pipeline.checkpoint.restore import localize
+    from fm_pipeline.checkpoint.load import localize
 
     ref = _resolve(checkpoint, store)
     manifest = read_manifest(ref)

@@ -43,8 +43,9 @@ def run(*, checkpoint: Path | None, job_path: Path | None, store_uri: str, max_b
         batch_size: int | None) -> dict:
     import torch.distributed as dist
 
-    from fm_pipeline.checkpoint import ModelState, read_manifest, restore
-    from fm_pipeline.checkpoint.layout import CheckpointRef
+    from fm_pipeline.catalog import read_manifest
+    from fm_pipeline.catalog.refs import CheckpointRef
+    from fm_pipeline.checkpoint import ModelState, restore
     from fm_pipeline.config import dump_job, load_job
     from fm_pipeline.data import mix_key, open_mix
     from fm_pipeline.eval.heldout import heldout_losses
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
 
-    from fm_pipeline.checkpoint import CheckpointInvalid
+    from fm_pipeline.catalog import CheckpointInvalid
 
     code = 0
     try:

@@ -5,12 +5,11 @@
     rendered = render_segment(SegmentLaunch(job, end_step=20),
                               KubernetesTarget(store_uri="s3://bucket/fm"))
 
-Modules: spec (the invocation), local (run it here), outcome (real exit code and reason),
-exit_record (the trainer's side of that), pod + jobset (Kubernetes objects), k8s_validate
-(strict validation), k8s_client (submit/follow/stop/delete), k8s_follow (failure causes and
-the result), k8s_stop (stopping a followed JobSet from any process), pod_local (run a rendered pod's command as a local "node"). Exports resolve
-lazily: torchrun workers import exit_record through this package and must not pay for
-the rest.
+Modules: spec (the invocation), local (run it here), outcome (real exit code and reason,
+read from what fm_pipeline.rundir.exit_record leaves), pod + jobset (Kubernetes objects),
+k8s_validate (strict validation), k8s_client (submit/follow/stop/delete), k8s_follow
+(failure causes and the result), k8s_stop (stopping a followed JobSet from any process),
+pod_local (run a rendered pod's command as a local "node"). Exports resolve lazily.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from fm_pipeline.launch.outcome import (
     parse_torchrun_summary,
 )
 from fm_pipeline.launch.spec import SegmentLaunch
-from fm_pipeline.train.exit_codes import PREEMPTED
+from fm_pipeline.rundir.exit_codes import PREEMPTED
 
 if TYPE_CHECKING:
     from fm_pipeline.launch.k8s_client import JobSetClient, JobSetStatus

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
-from fm_pipeline.train import exit_codes
+from fm_pipeline.rundir import exit_codes
 
 
 class Outcome(str, Enum):

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from fm_pipeline.accelerators import get_accelerator
 from fm_pipeline.launch.spec import PREEMPT_FLAG_ENV, SegmentLaunch, SegmentPaths
-from fm_pipeline.planner.hardware import get_accelerator
 
 CONTAINER = "trainer"
 SPEC_MOUNT = PurePosixPath("/etc/fm")

@@ -8,7 +8,7 @@ what a finished segment measured against its plan.
 The Dagster assets, sensors and schedules (fm_pipeline.assets.training) call these.
 """
 
-from fm_pipeline.orchestration.policy import (
+from fm_pipeline.orchestration.retry import (
     Decision,
     RetryPolicy,
     SegmentAttempt,
@@ -23,7 +23,7 @@ from fm_pipeline.orchestration.registry import (
     registered_job,
     registered_jobs,
 )
-from fm_pipeline.orchestration.report import job_goodput, segment_report
+from fm_pipeline.orchestration.goodput import job_goodput, segment_report
 
 __all__ = ["Decision", "RetryPolicy", "SegmentAttempt", "UnknownJob", "decide_after_failure",
            "failures_in_a_row", "job_goodput", "next_segment", "register_job",

@@ -12,11 +12,11 @@ it is the validation check's job.
 
 from __future__ import annotations
 
-from fm_pipeline.checkpoint import CheckpointRef, read_manifest
+from fm_pipeline.catalog import CheckpointRef, read_manifest
+from fm_pipeline.catalog.refs import MANIFEST
+from fm_pipeline.catalog.supersede import superseded_steps
+from fm_pipeline.catalog.validate import candidates, invalid_reason
 from fm_pipeline.checkpoint.drill import describe_topology
-from fm_pipeline.checkpoint.layout import MANIFEST
-from fm_pipeline.checkpoint.supersede import superseded_steps
-from fm_pipeline.checkpoint.validate import candidates, invalid_reason
 from fm_pipeline.storage import ObjectStore, StoreError
 
 

@@ -10,6 +10,6 @@
     est.to_dict()["mfu"]
 
 Also: search.search, whatif.what_if, job.plan_for_job, compare.compare_with_measured.
-The package itself imports nothing heavy: torchrun workers import planner.hardware for MFU
-and must not pay for numpy and the cost model. See docs/planner.md; `fm plan --help`.
+The package itself imports nothing heavy. The accelerator catalog it shares with the
+trainer's MFU is fm_pipeline.accelerators. See docs/planner.md; `fm plan --help`.
 """

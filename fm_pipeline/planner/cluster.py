@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from fm_pipeline.accelerators import Accelerator, get_accelerator
 from fm_pipeline.planner.errors import PlanInputError, require_positive
-from fm_pipeline.planner.hardware import Accelerator, get_accelerator
 
-# Defaults shared with the job spec's `cluster:` section (fm_pipeline/config/job.py).
+# Defaults shared with the job spec's `cluster:` section (fm_pipeline/config/spec.py).
 DEFAULT_STORAGE_WRITE_GBPS = 10.0
 DEFAULT_NODE_FAILURE_RATE_PER_DAY = 0.002
 
@@ -80,13 +80,20 @@ class ClusterConfig:
 
 def cpu_per_rank(ranks_per_node: int) -> Accelerator:
     """The CPU entry as one of `ranks_per_node` torchrun workers sees it: launchers give each
-    worker cores // ranks threads, and the trainer measures its peak with that many."""
+    worker cores // ranks threads, and the trainer measures its peak with that many. Without
+    torch (a control-side image) the whole machine is measured and shared out evenly."""
     import os
+    from dataclasses import replace
 
-    import torch
+    from fm_pipeline.accelerators import measured_cpu
 
-    from fm_pipeline.planner.hardware import measured_cpu
-
+    try:
+        import torch
+    except ImportError:
+        whole = measured_cpu()
+        return replace(whole, name=f"cpu-{ranks_per_node}r",
+                       peak_bf16_flops=whole.peak_bf16_flops / ranks_per_node,
+                       peak_fp32_flops=whole.peak_fp32_flops / ranks_per_node)
     threads = max(1, (os.cpu_count() or 1) // ranks_per_node)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -1,5 +1,5 @@
 """Predicted vs measured, after a training segment: pure arithmetic on numbers the caller
-pulls from the trainer's per-step records (see fm_pipeline/train/metrics.py).
+pulls from the trainer's per-step records (see fm_pipeline/rundir/records.py).
 
     measured = steady_step_time([2.9, 1.31, 1.30, 1.33], warmup=1)
     cmp = compare_with_measured(predicted_step_time_s=1.2, predicted_mfu=0.41,

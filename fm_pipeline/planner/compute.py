@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fm_pipeline.planner.hardware import Accelerator
+from fm_pipeline.accelerators import Accelerator
 from fm_pipeline.planner.layout import Candidates
 from fm_pipeline.planner.memory import layer_activations
 from fm_pipeline.planner.shape import ModelShape

@@ -62,7 +62,7 @@ class SearchResult:
     gpus: int
 
     def metrics(self, index: int) -> dict:
-        from fm_pipeline.planner.report import plan_metrics
+        from fm_pipeline.planner.prediction import plan_metrics
 
         return plan_metrics(self.evaluation, index)
 

@@ -7,7 +7,13 @@
 The plotting module imports matplotlib, so it is loaded only when plotting.
 """
 
-from fm_pipeline.report.run_history import Checkpoint, Launch, NoMetrics, RunHistory, read_run_history
+from fm_pipeline.report.run_history import (
+    Checkpoint,
+    Launch,
+    NoMetrics,
+    RunHistory,
+    read_run_history,
+)
 
 
 def plot_training(history, path):

@@ -5,7 +5,7 @@ resume (lost work), the checkpoints and their held-out evaluations.
     history = read_run_history("demo-1", store=open_store(store_uri()))
     history.lost_steps, history.summary()["final_loss"]
 
-Sources (fm_pipeline/train/metrics.py documents the files): runs_dir(job)/metrics.jsonl
+Sources (fm_pipeline/rundir/records.py documents the files): runs_dir(job)/metrics.jsonl
 (steps), segments.jsonl (one record per launch, also on failure; absent for a launch that
 was killed or is still running), and the committed checkpoints of both tiers with their
 `eval` marks (written by fm_pipeline.eval).
@@ -18,7 +18,6 @@ from pathlib import Path
 from statistics import median
 
 from fm_pipeline.config.paths import runs_dir
-
 
 
 class NoMetrics(ValueError):
@@ -148,7 +147,7 @@ def read_run_history(job: str, *, directory: Path | None = None, store=None) -> 
     store's checkpoint copies. Raises NoMetrics, naming the job and the file, if no step was
     recorded."""
     directory = Path(directory) if directory is not None else runs_dir(job)
-    from fm_pipeline.train.metrics import METRICS_FILE, SEGMENTS_FILE
+    from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE
 
     steps = _records(directory / METRICS_FILE, "step")
     if not steps:
@@ -175,7 +174,7 @@ def _start_of(segment_id: str) -> int:
 
 def _records(path: Path, kind: str) -> list[dict]:
     """Records of one kind that name their launch (torn last lines are skipped)."""
-    from fm_pipeline.train.metrics import read_records
+    from fm_pipeline.rundir.records import read_records
 
     return [r for r in read_records(path, kind) if "segment" in r
             and (kind != "step" or isinstance(r.get("step"), int))]
@@ -193,8 +192,8 @@ def _checkpoints(job: str, directory: Path, steps: list[dict], store) -> list[Ch
 
 def _committed_evals(job: str, directory: Path, store) -> dict[int, dict | None]:
     """step -> eval mark (or None) of every committed checkpoint, local tier first."""
-    from fm_pipeline.checkpoint.layout import MANIFEST, list_local, list_store, store_root
-    from fm_pipeline.checkpoint.marks import read_mark
+    from fm_pipeline.catalog.marks import read_mark
+    from fm_pipeline.catalog.refs import MANIFEST, list_local, list_store, store_root
     from fm_pipeline.storage import StoreError
 
     refs = list_local(directory / "checkpoints")

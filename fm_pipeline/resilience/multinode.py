@@ -35,7 +35,7 @@ from pathlib import Path
 from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod_local import pod_process
 from fm_pipeline.resilience.netns import NamespaceNetwork
-from fm_pipeline.train.metrics import METRICS_FILE, read_records
+from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
 
 def _free_port() -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import SegmentResult
 from fm_pipeline.launch.spec import SegmentLaunch
-from fm_pipeline.train.metrics import METRICS_FILE, read_records
+from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
 MARKER_ENV = "FM_CHAOS_MARKER"
 TRAINER_MODULE = b"fm_pipeline.train"

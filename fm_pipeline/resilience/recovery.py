@@ -5,7 +5,7 @@
     resumed = resume(ws, job, end_step=8, fault_time=t)
     resumed.restored_step, resumed.first_step_at, resumed.result.outcome
 
-The decision is fm_pipeline.orchestration.policy.decide_after_failure (the function the
+The decision is fm_pipeline.orchestration.retry.decide_after_failure (the function the
 Dagster failure sensor calls), with the backoff set to zero: chaos runs measure the
 mechanics (detection, restart, restore); production adds backoff_base_s x 2^(n-1) before
 a retry. Where that module is not installed, a failure is resumed by re-running the segment
@@ -33,7 +33,7 @@ class Decision:
 
 def attempt_of(result: SegmentResult, *, failed_at_step: int | None, start_step: int | None,
                ended_at: float | None = None, run_id: str | None = None):
-    from fm_pipeline.orchestration.policy import SegmentAttempt
+    from fm_pipeline.orchestration.retry import SegmentAttempt
 
     return SegmentAttempt(run_id=run_id or f"{result.job}-{result.segment_dir}",
                           outcome=result.outcome.value, ended_at=ended_at or time.time(),
@@ -46,7 +46,7 @@ def decide(result: SegmentResult, *, failed_at_step: int | None, start_step: int
            earlier: list[Any] = ()) -> tuple[Decision, Any]:
     """(the decision, the attempt record to pass as `earlier` next time)."""
     try:
-        from fm_pipeline.orchestration.policy import RetryPolicy, decide_after_failure
+        from fm_pipeline.orchestration.retry import RetryPolicy, decide_after_failure
     except ImportError:
         return Decision(True, "resume from the newest valid checkpoint",
                         "re-run (no orchestration policy installed)"), None

@@ -23,7 +23,6 @@ import threading
 
 from fm_pipeline.storage import open_store
 
-
 MOTO_START_TIMEOUT_S = 30.0
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                      "AWS_DEFAULT_REGION": "us-east-1"}

@@ -22,7 +22,7 @@ from typing import Any
 
 from fm_pipeline.config import JobSpec
 from fm_pipeline.config.paths import runs_dir
-from fm_pipeline.train.metrics import SEGMENTS_FILE, read_records
+from fm_pipeline.rundir.records import SEGMENTS_FILE, read_records
 
 # Sized so that faults land between checkpoints and a hang is detected in seconds.
 CHAOS_JOB: dict[str, Any] = {
@@ -89,7 +89,7 @@ class ChaosWorkspace:
 
     def newest_valid(self, job: JobSpec) -> tuple[int | None, list[str]]:
         """(step of the newest valid checkpoint or None, why newer ones were skipped)."""
-        from fm_pipeline.checkpoint import latest_valid
+        from fm_pipeline.catalog import latest_valid
 
         found = latest_valid(job, store=None)
         return (found.found.step if found.found else None), found.skipped_lines()

@@ -27,7 +27,7 @@ from fm_pipeline.scheduling.fair_share import (
     weighted_share,
     within_limit,
 )
-from fm_pipeline.scheduling.job import JobRequest
+from fm_pipeline.scheduling.request import JobRequest
 from fm_pipeline.scheduling.tenants import TenantsConfig
 
 Reason = Literal["reclaim", "priority", "fair-share"]

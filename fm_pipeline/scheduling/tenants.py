@@ -24,7 +24,7 @@ from fm_pipeline.config.strict_yaml import YamlError, load_yaml
 def priority_values() -> dict[str, int]:
     """The job spec's priority classes (low, normal, high, urgent) and their values."""
     # Imported here: fm_pipeline.config pulls in the model package (and torch) today.
-    from fm_pipeline.config.job import PRIORITY_VALUES
+    from fm_pipeline.config.spec import PRIORITY_VALUES
 
     return PRIORITY_VALUES
 

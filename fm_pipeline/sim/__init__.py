@@ -19,7 +19,7 @@ from fm_pipeline.sim.config import (
     llama3_405b,
 )
 from fm_pipeline.sim.failures import FailureMode, llama3_failure_modes, single_mode
-from fm_pipeline.sim.job import simulate_job
+from fm_pipeline.sim.single_job import simulate_job
 from fm_pipeline.sim.results import SimResult
 
 __all__ = [

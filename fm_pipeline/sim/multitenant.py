@@ -28,7 +28,7 @@ import numpy as np
 import simpy
 
 from fm_pipeline.scheduling import FairSharePolicy, JobRequest, Preemption, TenantsConfig
-from fm_pipeline.sim.job import CountingEnvironment
+from fm_pipeline.sim.single_job import CountingEnvironment
 from fm_pipeline.sim.trace import TraceJob
 
 

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from fm_pipeline.train.stragglers import RankTiming
+from fm_pipeline.stragglers.detector import RankTiming
 
 
 @dataclass(frozen=True)

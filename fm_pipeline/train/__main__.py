@@ -9,7 +9,7 @@ trains to --end-step (default: the next multiple of training.segment_steps, capp
 training.steps), checkpoints every checkpoint.every_steps and at the end. The data mix must
 be prepared first (`fm data prepare --job JOB.yaml`).
 
-Exit codes (fm_pipeline.train.exit_codes): 0 done, 1 failure (retryable), 2 bad config or
+Exit codes (fm_pipeline.rundir.exit_codes): 0 done, 1 failure (retryable), 2 bad config or
 a permanent failure (nothing will fix it by retrying: a corrupt shard, a read-only
 checkpoint directory; one line says which), 3 lease held (another live segment of the job
 holds its lease: this one did nothing), 75 preempted (SIGTERM or the flag file; a checkpoint
@@ -99,8 +99,8 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from fm_pipeline.config import JobSpecError
-    from fm_pipeline.launch.exit_record import exit_with
-    from fm_pipeline.train import exit_codes
+    from fm_pipeline.rundir import exit_codes
+    from fm_pipeline.rundir.exit_record import exit_with
 
     args = parse_args(argv)
     _setup_logging()

@@ -22,18 +22,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fm_pipeline.checkpoint import CheckpointManager, CheckpointRef, latest_valid, read_manifest
+from fm_pipeline.catalog import CheckpointRef, latest_valid, read_manifest
+from fm_pipeline.catalog.refs import MANIFEST
+from fm_pipeline.checkpoint import CheckpointManager
 from fm_pipeline.checkpoint import restore as restore_checkpoint
-from fm_pipeline.checkpoint.layout import MANIFEST
 from fm_pipeline.config import JobSpec, dump_job
 from fm_pipeline.config.paths import runs_dir, store_uri
 from fm_pipeline.model import count_params, flops_per_token
 from fm_pipeline.parallel import ParallelDims, init_distributed
+from fm_pipeline.rundir import exit_codes
 from fm_pipeline.storage import open_store
-from fm_pipeline.train import exit_codes
 from fm_pipeline.train.metrics import host_name, mfu, peak_flops_per_device
 from fm_pipeline.train.preemption import PreemptionWatcher, preempt_file
-from fm_pipeline.train.report import SegmentReporter
+from fm_pipeline.train.reporter import SegmentReporter
 from fm_pipeline.train.state import topology_key
 from fm_pipeline.train.trainer import StepResult, Trainer
 
@@ -156,7 +157,7 @@ def _roll_back(job: JobSpec, ref: CheckpointRef, restored, manager: CheckpointMa
     """After every rank restored `ref` and before the first step: the job's checkpoints newer
     than it are superseded (rank 0, both tiers; the others wait), so that no discovery ever
     resumes the abandoned continuation. A tier that cannot record it stops the segment."""
-    from fm_pipeline.checkpoint.supersede import supersede_newer
+    from fm_pipeline.catalog.supersede import supersede_newer
 
     box: list[Any] = [None]
     if dist.get_rank() == 0 and restored.manifest.job == job.name:
@@ -306,7 +307,7 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
     }
     stragglers = None
     if reporter is not None:
-        from fm_pipeline.resilience.straggler_watch import StragglerWatch
+        from fm_pipeline.stragglers.watch import StragglerWatch
 
         stragglers = StragglerWatch.for_segment(
             job, segment=reporter.segment, world_size=world, mlflow=reporter.mlflow,

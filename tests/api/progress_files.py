@@ -1,13 +1,13 @@
 """What a training job leaves behind, written the way the trainer and checkpointer do:
-a committed checkpoint (manifest per fm_pipeline.checkpoint.manifest) and metrics lines
-(per fm_pipeline.train.metrics)."""
+a committed checkpoint (manifest per fm_pipeline.catalog.manifest) and metrics lines
+(per fm_pipeline.rundir.records)."""
 
 from __future__ import annotations
 
 import json
 
-from fm_pipeline.checkpoint.layout import local_root, step_dir_name
-from fm_pipeline.checkpoint.manifest import Manifest, Timings, atomic_write, file_entry
+from fm_pipeline.catalog.manifest import Manifest, Timings, atomic_write, file_entry
+from fm_pipeline.catalog.refs import local_root, step_dir_name
 from fm_pipeline.config.paths import runs_dir
 
 

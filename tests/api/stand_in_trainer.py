@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from fm_pipeline.launch.exit_record import exit_with
+from fm_pipeline.rundir.exit_record import exit_with
 
 
 def main() -> None:

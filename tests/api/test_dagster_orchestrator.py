@@ -13,13 +13,13 @@ from datetime import datetime, timezone
 
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
-
-from fm_pipeline.api.auth import TokenStore
 from fm_pipeline.assets.training.api_orchestrator import DagsterOrchestrator
 from fm_pipeline.assets.training.api_runs import api_run_records
 from fm_pipeline.assets.training.driver import PipelineDriver
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.resources.launcher_local import LocalLauncher
+
+from fm_pipeline.api.auth import TokenStore
+from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.scheduling import parse_tenants
 from tests.api.conftest import TENANTS, auth
 
@@ -196,8 +196,9 @@ class StoppableLauncher:
         self._stopped = threading.Event()
 
     def launch_segment(self, context, *, job, end_step, **_):
-        from fm_pipeline.launch.outcome import Outcome, SegmentResult
         from fm_pipeline.resources.launcher_results import segment_failure
+
+        from fm_pipeline.launch.outcome import Outcome, SegmentResult
 
         self._stopped.clear()
         self._running = job.name

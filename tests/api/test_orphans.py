@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
-
 from fm_pipeline.assets.training.api_orchestrator import DagsterOrchestrator
 from fm_pipeline.assets.training.api_runs import LOST
 from fm_pipeline.assets.training.names import SEGMENT_JOB, TAG_API_JOB, TAG_API_RUN
+
 from fm_pipeline.config.paths import runs_dir
 
 pytestmark = pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")

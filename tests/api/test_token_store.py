@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 
-
 from fm_pipeline.api.auth import TokenStore, tokens_path
 from tests.conftest import REPO
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 import pytest
 import yaml
 from dagster import DagsterInstance, materialize
-
 from fm_pipeline.assets.data import DATA_ASSETS, DATA_CHECKS
-from fm_pipeline.data import MixRef, mix_key
-from fm_pipeline.data import pipeline
+from fm_pipeline.resources.job_spec import JobSpecResource
+from fm_pipeline.resources.store import ObjectStoreResource
+
+from fm_pipeline.data import MixRef, mix_key, pipeline
 from fm_pipeline.data.corpus import ShardsReceipt, read_receipt, write_receipt
 from fm_pipeline.data.manifest import ShardEntry, manifest_key, shards_receipt_key
 from fm_pipeline.data.testing import SMALL_JOB, small_job
-from fm_pipeline.resources.job_spec import JobSpecResource
-from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.storage import open_store
 
 
@@ -36,8 +35,9 @@ def run_data_assets(job_yaml, store_dir):
 
 
 def test_definitions_load_with_the_data_job():
-    import fm_pipeline.definitions as location
     from dagster import Definitions
+
+    import fm_pipeline.definitions as location
     from fm_pipeline.definitions import defs
 
     # `dagster dev` refuses a module with several Definitions objects at module scope.

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from fm_pipeline.checkpoint import CheckpointManager, local_root
+from fm_pipeline.catalog import local_root
+from fm_pipeline.checkpoint import CheckpointManager
 from fm_pipeline.storage import open_store
 from tests.checkpoint.dist_worker import build, dump, train_and_save
 

@@ -7,7 +7,8 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from fm_pipeline.checkpoint import CheckpointManager, local_root
+from fm_pipeline.catalog import local_root
+from fm_pipeline.checkpoint import CheckpointManager
 from fm_pipeline.cli.ckpt import app
 from fm_pipeline.config import dump_job
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job

@@ -9,10 +9,10 @@ import shutil
 import pytest
 import torch.distributed as dist
 
-from fm_pipeline.checkpoint import CheckpointRef, apply_retention, local_root, read_marks
+from fm_pipeline.catalog import CheckpointRef, apply_retention, local_root, read_marks
+from fm_pipeline.catalog.manifest import Manifest
 from fm_pipeline.checkpoint import drill_worker
 from fm_pipeline.checkpoint.drill import drill_latest, run_restore_drill
-from fm_pipeline.checkpoint.manifest import Manifest
 from tests.checkpoint.transformer_ckpt import drill_job, write_checkpoint
 from tests.conftest import free_port
 
@@ -120,7 +120,7 @@ def _with_parallelism(manifest, **degrees):
     ({"nproc_per_node": 1}, {"nproc_per_node": 2}),                                   # grow
 ])
 def test_drill_topology_differs_from_the_source(ref, source, expected):
-    from fm_pipeline.checkpoint import read_manifest
+    from fm_pipeline.catalog import read_manifest
     from fm_pipeline.checkpoint.drill import choose_parallelism, drill_job, same_topology
 
     manifest = _with_parallelism(read_manifest(ref), **source)
@@ -137,7 +137,7 @@ def test_pipeline_checkpoint_drills_with_pp_swapped_for_dp():
     import subprocess
     import sys
 
-    from fm_pipeline.checkpoint import read_manifest
+    from fm_pipeline.catalog import read_manifest
     from tests.conftest import REPO
 
     root = local_root(drill_job().name)

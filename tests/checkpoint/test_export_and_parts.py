@@ -8,12 +8,12 @@ import copy
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+from fm_pipeline.catalog import latest_valid
 from fm_pipeline.checkpoint import (
     CheckpointManager,
     ModelState,
     OptimizerState,
     export_torch_save,
-    latest_valid,
     restore_latest,
 )
 from fm_pipeline.checkpoint.state import OPTIM_OPTIONS, unpack_param_groups

@@ -14,17 +14,9 @@ import time
 import pytest
 import torch
 
-from fm_pipeline.checkpoint import (
-    CheckpointInvalid,
-    CheckpointManager,
-    CheckpointRef,
-    latest_valid,
-    local_root,
-    restore,
-    restore_latest,
-    validate,
-)
-from fm_pipeline.checkpoint.restore import NoRestorableCheckpoint
+from fm_pipeline.catalog import CheckpointInvalid, CheckpointRef, latest_valid, local_root, validate
+from fm_pipeline.checkpoint import CheckpointManager, restore, restore_latest
+from fm_pipeline.checkpoint.load import NoRestorableCheckpoint
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import REPO
 
@@ -162,7 +154,7 @@ def test_sha256_manifests_are_verified_the_same_way(tmp_path):
     trainer.step(1)
     ref = CheckpointRef.local(manager.save(1, tokens_seen=32).result().path)
     manager.close()
-    from fm_pipeline.checkpoint import read_manifest
+    from fm_pipeline.catalog import read_manifest
 
     entries = read_manifest(ref).files
     assert all(e.sha256 and e.crc32c is None for e in entries)

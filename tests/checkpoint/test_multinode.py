@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from fm_pipeline.checkpoint import CheckpointRef, read_manifest, validate
+from fm_pipeline.catalog import CheckpointRef, read_manifest, validate
 from fm_pipeline.storage import open_store
 from tests.checkpoint.test_resharding import assert_same
 from tests.checkpoint.tiny import tiny_job

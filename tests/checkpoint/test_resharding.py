@@ -9,10 +9,10 @@ import sys
 
 import pytest
 import torch
-
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-from fm_pipeline.checkpoint import latest_valid, load_full_state, read_manifest, restore_latest
+from fm_pipeline.catalog import latest_valid, read_manifest
+from fm_pipeline.checkpoint import load_full_state, restore_latest
 from fm_pipeline.checkpoint.state import OPTIM_OPTIONS
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import REPO

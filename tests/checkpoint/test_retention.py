@@ -7,8 +7,7 @@ import logging
 
 import pytest
 
-from fm_pipeline.checkpoint import (
-    CheckpointManager,
+from fm_pipeline.catalog import (
     apply_retention,
     list_local,
     list_store,
@@ -16,8 +15,9 @@ from fm_pipeline.checkpoint import (
     store_root,
     write_mark,
 )
-from fm_pipeline.checkpoint.aside import list_set_aside
-from fm_pipeline.checkpoint.layout import MANIFEST
+from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.refs import MANIFEST
+from fm_pipeline.checkpoint import CheckpointManager
 from fm_pipeline.storage import open_store
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 

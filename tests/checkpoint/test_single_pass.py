@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.utils.serialization.config as serialization_config
 
-from fm_pipeline.checkpoint import CheckpointInvalid, CheckpointManager, CheckpointRef, restore
-from fm_pipeline.checkpoint.manifest import checksum_file
+from fm_pipeline.catalog import CheckpointInvalid, CheckpointRef
+from fm_pipeline.catalog.manifest import checksum_file
+from fm_pipeline.checkpoint import CheckpointManager, restore
 from fm_pipeline.checkpoint.torch_records import locate, tensor_view
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 
@@ -64,7 +65,7 @@ def _saved(checksum: str = "crc32c"):
 @pytest.mark.parametrize("checksum", ["crc32c", "sha256"])
 def test_checksums_computed_while_writing_match_the_files(checksum):
     _, ref = _saved(checksum)
-    from fm_pipeline.checkpoint import read_manifest
+    from fm_pipeline.catalog import read_manifest
 
     for entry in read_manifest(ref).files:
         assert checksum_file(ref.dir / entry.path, checksum) == entry.checksum, entry.path

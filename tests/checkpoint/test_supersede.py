@@ -6,18 +6,11 @@ from __future__ import annotations
 
 import logging
 
-from fm_pipeline.checkpoint import (
-    CheckpointManager,
-    CheckpointRef,
-    apply_retention,
-    latest_valid,
-    local_root,
-    restore,
-    validate,
-)
-from fm_pipeline.checkpoint.aside import list_set_aside
-from fm_pipeline.checkpoint.layout import MANIFEST
-from fm_pipeline.checkpoint.supersede import supersede_newer
+from fm_pipeline.catalog import CheckpointRef, apply_retention, latest_valid, local_root, validate
+from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.refs import MANIFEST
+from fm_pipeline.catalog.supersede import supersede_newer
+from fm_pipeline.checkpoint import CheckpointManager, restore
 from fm_pipeline.storage import open_store
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 

@@ -8,16 +8,9 @@ import shutil
 import pytest
 import torch
 
-from fm_pipeline.checkpoint import (
-    CheckpointManager,
-    latest_valid,
-    local_root,
-    read_marks,
-    restore_latest,
-    sync_to_store,
-    validate,
-)
-from fm_pipeline.checkpoint.layout import CheckpointRef
+from fm_pipeline.catalog import latest_valid, local_root, read_marks, sync_to_store, validate
+from fm_pipeline.catalog.refs import CheckpointRef
+from fm_pipeline.checkpoint import CheckpointManager, restore_latest
 from fm_pipeline.storage import open_store
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import free_port
@@ -59,9 +52,8 @@ def test_s3_upload_then_restore_on_a_machine_without_the_local_copy(s3_bucket):
 @pytest.fixture
 def flaky_s3(s3_endpoint, monkeypatch):
     """A second S3 endpoint this test can stop and restart (same in-process backend state)."""
-    from moto.server import ThreadedMotoServer
-
     import boto3
+    from moto.server import ThreadedMotoServer
 
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():

@@ -11,8 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from fm_pipeline.config import JobSpecError
-from fm_pipeline.data import CorruptShardError, DataError, mix_key, open_mix, prepare_mix
-from fm_pipeline.data import pipeline
+from fm_pipeline.data import CorruptShardError, DataError, mix_key, open_mix, pipeline, prepare_mix
 from fm_pipeline.data.corpus import iter_clean_texts
 from fm_pipeline.data.manifest import clean_receipt_key, manifest_key, shards_receipt_key
 from fm_pipeline.data.testing import small_job

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from fm_pipeline.checkpoint import CheckpointInvalid, CheckpointRef, read_marks
+from fm_pipeline.catalog import CheckpointInvalid, CheckpointRef, read_marks
 from fm_pipeline.config import dump_job
 from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.eval import evaluate_at_init, evaluate_checkpoint

@@ -17,11 +17,11 @@ import time
 
 import pytest
 from dagster import asset, materialize
+from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 
 from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod_local import pod_process
-from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 from fm_pipeline.storage import open_store
 from tests.conftest import REPO, free_port
 from tests.launch.conftest import kubeconfig

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 from dagster import Field, Permissive, asset, materialize
+from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
+from fm_pipeline.resources.launcher_local import LocalLauncher
 
 from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod_local import pod_process
-from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
-from fm_pipeline.resources.launcher_local import LocalLauncher
 from tests.conftest import REPO, free_port
 from tests.launch.conftest import TINY_WORKER, kubeconfig, tiny_job
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from fm_pipeline.resources.launcher import launcher_from_env
+from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
+from fm_pipeline.resources.launcher_local import LocalLauncher
 
-from fm_pipeline.launch.exit_record import exit_record
 from fm_pipeline.launch.outcome import (
     Outcome,
     SegmentResult,
@@ -15,9 +17,7 @@ from fm_pipeline.launch.outcome import (
     parse_error_record,
     parse_torchrun_summary,
 )
-from fm_pipeline.resources.launcher import launcher_from_env
-from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
-from fm_pipeline.resources.launcher_local import LocalLauncher
+from fm_pipeline.rundir.exit_record import exit_record
 
 SUMMARY = """\
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -101,7 +101,6 @@ def test_the_launcher_is_chosen_by_environment():
 
 def test_after_a_restart_the_last_report_of_an_asset_counts():
     from dagster import AssetKey, MaterializeResult
-
     from fm_pipeline.resources.launcher_results import SegmentRun
 
     class ReportedTwice:  # what a Pipes session holds after rank 0 reported from two pods
@@ -130,7 +129,7 @@ def test_a_log_tail_without_torchruns_header_still_names_the_exception():
 
 
 def test_the_first_rank_to_exit_writes_the_pods_termination_message(tmp_path, monkeypatch):
-    from fm_pipeline.launch.exit_record import write_exit_record
+    from fm_pipeline.rundir.exit_record import write_exit_record
 
     message = tmp_path / "termination-log"
     message.write_text("")  # the kubelet creates it empty

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from fm_pipeline.launch.exit_record import exit_with
+from fm_pipeline.rundir.exit_record import exit_with
 
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 from dagster import ConfigurableResource, MaterializeResult
+from fm_pipeline.resources.launcher_results import segment_failure
 
 from fm_pipeline.checkpoint import CheckpointManager, ModelState
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome, SegmentResult
-from fm_pipeline.resources.launcher_results import segment_failure
 
 PREEMPT_ENV = "FM_DOUBLE_PREEMPT_AT"
 
@@ -37,7 +37,7 @@ class DoubleRun:
 
 
 def _newest_step(job) -> int:
-    from fm_pipeline.checkpoint import latest_valid
+    from fm_pipeline.catalog import latest_valid
 
     found = latest_valid(job, checksums=False)
     return found.found.step if found.found else 0

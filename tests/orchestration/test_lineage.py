@@ -17,15 +17,15 @@ from dagster import (
     DagsterInstance,
     RunsFilter,
 )
-
 from fm_pipeline.assets.training.driver import PipelineDriver
 from fm_pipeline.assets.training.names import EVALUATION_JOB, SEGMENT_JOB
 from fm_pipeline.assets.training.requests import checkpoint_request
 from fm_pipeline.assets.training.submit import first_segment_request, register_training_job
 from fm_pipeline.assets.training.summary import job_report
-from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.resources.launcher_local import LocalLauncher
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
+
+from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.storage import open_store
 
 pytestmark = [pytest.mark.slow,

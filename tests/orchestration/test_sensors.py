@@ -15,7 +15,6 @@ from dagster import (
     build_sensor_context,
     partition_loading_context,
 )
-
 from fm_pipeline.assets.training.names import (
     TAG_DECISION,
     TAG_DECISION_REASON,
@@ -33,10 +32,11 @@ from fm_pipeline.assets.training.submit import (
     first_segment_request,
     register_training_job,
 )
-from fm_pipeline.definitions import defs
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
+
+from fm_pipeline.definitions import defs
 from tests.orchestration.conftest import job_spec
 from tests.orchestration.launcher_double import PREEMPT_ENV, LauncherDouble
 

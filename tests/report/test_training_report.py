@@ -15,13 +15,13 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from fm_pipeline.checkpoint.layout import MANIFEST, CheckpointRef
-from fm_pipeline.checkpoint.marks import write_mark
+from fm_pipeline.catalog.marks import write_mark
+from fm_pipeline.catalog.refs import MANIFEST, CheckpointRef
 from fm_pipeline.cli.main import app
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.eval.result import DomainLoss, EvalResult
 from fm_pipeline.report import NoMetrics, read_run_history
-from fm_pipeline.train.metrics import METRICS_FILE, SEGMENTS_FILE, JsonLines
+from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE, JsonLines
 
 JOB = "plotted"
 EVERY = 10  # checkpoint.every_steps

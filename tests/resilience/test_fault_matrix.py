@@ -24,9 +24,9 @@ import pytest
 from fm_pipeline.config import dump_job, parse_job
 from fm_pipeline.launch.outcome import Outcome, SegmentResult
 from fm_pipeline.resilience import injectors
-from fm_pipeline.resilience.events import read_events
 from fm_pipeline.resilience.recovery import decide, restored_step
-from fm_pipeline.resilience.stragglers import scan_rank_timings
+from fm_pipeline.rundir.events import read_events
+from fm_pipeline.stragglers.history import scan_rank_timings
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fm_pipeline.checkpoint import CheckpointRef, validate
+from fm_pipeline.catalog import CheckpointRef, validate
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.resilience.scenarios.storage import DISK_BYTES, s3_down

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from fm_pipeline.launch.outcome import Outcome
-from fm_pipeline.resilience.events import read_events
-from fm_pipeline.resilience.mitigation import avoiding, plan_after_stragglers
 from fm_pipeline.resilience.recovery import restored_step
-from fm_pipeline.resilience.stragglers import straggler_summary
+from fm_pipeline.rundir.events import read_events
+from fm_pipeline.stragglers.history import straggler_summary
+from fm_pipeline.stragglers.mitigation import avoiding, plan_after_stragglers
 
 SLOW_S = 0.3  # seconds of sleep per step in rank 1's compute section
 
@@ -82,8 +82,8 @@ def test_straggler_events_reach_mlflow_as_tags_and_metrics(tmp_path):
     """StragglerWatch with the trainer's own MLflow sink on a sqlite store (rank 0's path),
     fed timings of a 4-rank job whose rank 2 computes 1.6x longer."""
     from fm_pipeline.data.testing import small_job
-    from fm_pipeline.resilience.straggler_watch import StragglerWatch
     from fm_pipeline.sim.rank_timings import SlowRank, synthetic_timings
+    from fm_pipeline.stragglers.watch import StragglerWatch
     from fm_pipeline.tracking.runs import open_client
     from fm_pipeline.train.tracking import MlflowSink
 

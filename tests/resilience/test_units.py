@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from fm_pipeline.cli.main import app
 from fm_pipeline.data.testing import small_job
-from fm_pipeline.resilience.events import append_event, events_path, read_events
 from fm_pipeline.resilience.matrix import FaultResult, render_table, run_fault
-from fm_pipeline.resilience.mitigation import excluded_slots, plan_after_stragglers
-from fm_pipeline.resilience.straggler_watch import StragglerWatch
-from fm_pipeline.resilience.stragglers import straggler_summary
+from fm_pipeline.rundir.events import append_event, events_path, read_events
 from fm_pipeline.sim.rank_timings import SlowRank, synthetic_timings
+from fm_pipeline.stragglers.history import straggler_summary
+from fm_pipeline.stragglers.mitigation import excluded_slots, plan_after_stragglers
+from fm_pipeline.stragglers.watch import StragglerWatch
 
 runner = CliRunner()
 
@@ -58,7 +58,7 @@ def test_local_exclusion_shrinks_dp_shard_and_kubernetes_avoids_the_host():
     assert k8s.job == job and k8s.avoid_hosts == ("node-a",)
     # The next JobSet (strictly validated) keeps its pods off the flagged node.
     from fm_pipeline.launch import KubernetesTarget, Placement, SegmentLaunch, render_segment
-    from fm_pipeline.resilience.mitigation import avoiding
+    from fm_pipeline.stragglers.mitigation import avoiding
 
     rendered = render_segment(SegmentLaunch(k8s.job, end_step=2), KubernetesTarget(
         store_uri="s3://bucket/fm", placement=avoiding(Placement(), k8s.avoid_hosts)))

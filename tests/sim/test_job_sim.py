@@ -16,8 +16,12 @@ from fm_pipeline.sim import (
     simulate_job,
     single_mode,
 )
-from fm_pipeline.sim.job import _JobSim
-from fm_pipeline.sim.sweep import sweep_checkpoint_interval, sweep_failure_rate, young_daly_interval_s
+from fm_pipeline.sim.single_job import _JobSim
+from fm_pipeline.sim.sweep import (
+    sweep_checkpoint_interval,
+    sweep_failure_rate,
+    young_daly_interval_s,
+)
 
 
 def test_component_failures_match_the_configured_rates_over_a_long_run():

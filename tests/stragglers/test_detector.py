@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fm_pipeline.sim.rank_timings import SlowRank, synthetic_timings
-from fm_pipeline.train.stragglers import RankTiming, StragglerDetector
+from fm_pipeline.stragglers.detector import RankTiming, StragglerDetector
 
 
 def run(detector: StragglerDetector, **kwargs) -> StragglerDetector:

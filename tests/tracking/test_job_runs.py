@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from fm_pipeline.resources.mlflow import MlflowTrackingResource
 
 from fm_pipeline.data.testing import small_job
-from fm_pipeline.planner.job import plan_for_job
-from fm_pipeline.resources.mlflow import MlflowTrackingResource
+from fm_pipeline.planner.job_plan import plan_for_job
 from fm_pipeline.tracking import names, runs
 
 pytestmark = pytest.mark.server

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fm_pipeline.resources.mlflow import MlflowTrackingResource
 
 from fm_pipeline.config import dump_job
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.data.testing import build_small_mix, small_job
-from fm_pipeline.resources.mlflow import MlflowTrackingResource
+from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE, read_records
 from fm_pipeline.tracking import names
-from fm_pipeline.train.metrics import METRICS_FILE, SEGMENTS_FILE, read_records
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fm_pipeline.data.testing import build_small_mix, small_job
+from fm_pipeline.rundir.records import read_records
 from fm_pipeline.storage import open_store
-from fm_pipeline.train.metrics import read_records
 from tests.train.launch import BASE, failure, run_segments, write_job
 
 # name -> overrides; all at 4 ranks (gbs 8, micro-batch 2).

@@ -10,7 +10,7 @@ import yaml
 
 from fm_pipeline.config import dump_job
 from fm_pipeline.data.testing import small_job
-from fm_pipeline.train import exit_codes
+from fm_pipeline.rundir import exit_codes
 from tests.conftest import REPO
 from tests.train.launch import env_for, train, write_job
 

@@ -9,13 +9,13 @@ import os
 
 import pytest
 
-from fm_pipeline.checkpoint import CheckpointRef, read_manifest, validate
-from fm_pipeline.checkpoint.aside import list_set_aside
-from fm_pipeline.checkpoint.layout import list_local, list_store, store_root
+from fm_pipeline.catalog import CheckpointRef, read_manifest, validate
+from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.refs import list_local, list_store, store_root
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix
+from fm_pipeline.rundir.records import read_records
 from fm_pipeline.storage import open_store
-from fm_pipeline.train.metrics import read_records
 from tests.train.launch import env_for, failure, train, write_job
 
 pytestmark = pytest.mark.slow

@@ -39,7 +39,7 @@ def test_all_layouts_start_from_the_same_model(layouts_run):
 
 @pytest.mark.slow
 def test_rank_timings_cover_every_rank_with_its_pipeline_stage(layouts_run):
-    from fm_pipeline.train.metrics import read_records
+    from fm_pipeline.rundir.records import read_records
 
     records = read_records(layouts_run.home / "runs" / "pp4-bf16" / "rank_timings.jsonl")
     assert {r["step"] for r in records} == {2, 4, 6, 8}  # rank_timings_every = 2

@@ -18,8 +18,8 @@ import pytest
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix
 from fm_pipeline.rundir.lease import store_key
+from fm_pipeline.rundir.records import read_records
 from fm_pipeline.storage import open_store
-from fm_pipeline.train.metrics import read_records
 from tests.conftest import REPO
 from tests.train.launch import env_for, failure, torchrun_cmd, write_job
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from fm_pipeline.checkpoint import CheckpointRef, read_manifest, validate
+from fm_pipeline.catalog import CheckpointRef, read_manifest, validate
 from fm_pipeline.config import load_job
-from fm_pipeline.train import exit_codes
+from fm_pipeline.rundir import exit_codes
 from tests.conftest import REPO
 from tests.train.launch import env_for, failure, torchrun_cmd, train, write_job
 from tests.train.pipes import pipes_env, read_messages
@@ -74,7 +74,7 @@ def test_sigterm_to_torchrun_checkpoints_and_exits_preempted(workspace, tmp_path
     (custom,) = [m for m in got if m["method"] == "report_custom_message"]
     assert custom["params"]["payload"]["segment"]["exit_reason"] == "preempted"
 
-    from fm_pipeline.train.metrics import read_records
+    from fm_pipeline.rundir.records import read_records
 
     timings = read_records(ws.home / "runs" / "preempt-sigterm" / "rank_timings.jsonl")
     last = {r["rank"]: r for r in timings if r["step"] == 3}

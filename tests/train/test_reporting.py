@@ -52,7 +52,7 @@ def test_an_unreachable_mlflow_server_is_a_warning_not_a_four_minute_stall(tmp_p
                                                                              monkeypatch):
     import socket
 
-    from fm_pipeline.train.report import SegmentReporter
+    from fm_pipeline.train.reporter import SegmentReporter
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

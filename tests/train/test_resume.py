@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fm_pipeline.checkpoint import load_full_state, read_manifest, CheckpointRef
+from fm_pipeline.catalog import CheckpointRef, read_manifest
+from fm_pipeline.checkpoint import load_full_state
 from tests.train.conftest import EXACT
 from tests.train.launch import failure, train, write_job
 

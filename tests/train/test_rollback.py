@@ -14,13 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 from fm_pipeline.api import progress
-from fm_pipeline.checkpoint import CheckpointRef, latest_valid, read_manifest
-from fm_pipeline.checkpoint.aside import list_set_aside
+from fm_pipeline.catalog import CheckpointRef, latest_valid, read_manifest
+from fm_pipeline.catalog.aside import list_set_aside
 from fm_pipeline.cli.ckpt import app as ckpt_app
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix
+from fm_pipeline.rundir.records import read_records
 from fm_pipeline.storage import open_store
-from fm_pipeline.train.metrics import read_records
 from tests.train.launch import env_for, failure, train, write_job
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,10 @@ import yaml
 
 from fm_pipeline.config import JobSpecError, dump_job
 from fm_pipeline.data.testing import small_job
+from fm_pipeline.rundir.records import JsonLines, read_records
 from fm_pipeline.train.__main__ import load_job_for_world, parse_overrides
 from fm_pipeline.train.grad_norm import clip_grads_, global_grad_norm
-from fm_pipeline.train.metrics import JsonLines, mfu, read_records
+from fm_pipeline.train.metrics import mfu
 from fm_pipeline.train.optimizer import lr_factor
 from fm_pipeline.train.preemption import PreemptionWatcher
 from fm_pipeline.train.segment import SegmentSetupError, segment_target

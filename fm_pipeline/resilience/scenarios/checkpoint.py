@@ -14,11 +14,11 @@ from typing import Callable
 
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
-from fm_pipeline.resilience.events import append_event
 from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import resume
 from fm_pipeline.resilience.workspace import ChaosWorkspace
+from fm_pipeline.rundir.events import append_event
 
 BASE_JOB = "chaos-ckpt"
 BASE_STEP = 6

@@ -13,11 +13,11 @@ from typing import Callable
 
 from fm_pipeline.launch.outcome import SegmentResult
 from fm_pipeline.launch.spec import SegmentLaunch
-from fm_pipeline.resilience.events import append_event, read_events
 from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import Decision, Resumed, decide, last_step, resume
 from fm_pipeline.resilience.workspace import ChaosWorkspace
+from fm_pipeline.rundir.events import append_event, read_events
 
 
 @dataclass
@@ -93,7 +93,7 @@ def steps_trained_twice(job_name: str) -> int:
     from collections import Counter
 
     from fm_pipeline.config.paths import runs_dir
-    from fm_pipeline.train.metrics import METRICS_FILE, read_records
+    from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
     counts = Counter(r["step"] for r in read_records(runs_dir(job_name) / METRICS_FILE, "step"))
     return sum(n - 1 for n in counts.values() if n > 1)

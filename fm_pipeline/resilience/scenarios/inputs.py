@@ -8,13 +8,13 @@ from __future__ import annotations
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
-from fm_pipeline.resilience.events import append_event
 from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import decide
 from fm_pipeline.resilience.scenarios.checkpoint import BASE_STEP, base_run
 from fm_pipeline.resilience.scenarios.common import first_line, steps_trained_twice
 from fm_pipeline.resilience.workspace import ChaosWorkspace
+from fm_pipeline.rundir.events import append_event
 
 # (override, the field the error must name)
 BAD_OVERRIDES = (("training.lr=-1", "training.lr"),

@@ -105,11 +105,11 @@ def kill_node(ws: ChaosWorkspace) -> FaultResult:
     network namespaces when this machine allows it, else on loopback. The whole node 1
     (agent and worker) is SIGKILLed; the JobSet recreates both pods (BlockingRecreate),
     which rendezvous again and resume from the shared claim's newest checkpoint."""
-    from fm_pipeline.checkpoint import latest_valid
+    from fm_pipeline.catalog import latest_valid
     from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
     from fm_pipeline.launch.spec import SegmentLaunch
-    from fm_pipeline.resilience.multinode import PodNodes
     from fm_pipeline.resilience.injectors import Unavailable
+    from fm_pipeline.resilience.multinode import PodNodes
     from fm_pipeline.resilience.netns import NamespaceNetwork, availability
     from fm_pipeline.resilience.processes import wait_for_checkpoint
     from fm_pipeline.storage import open_store
@@ -183,7 +183,7 @@ def kill_node(ws: ChaosWorkspace) -> FaultResult:
 
 
 def _segments(runs_dir) -> list[dict]:
-    from fm_pipeline.train.metrics import SEGMENTS_FILE, read_records
+    from fm_pipeline.rundir.records import SEGMENTS_FILE, read_records
 
     return read_records(runs_dir / SEGMENTS_FILE, "segment") if runs_dir else []
 

@@ -17,21 +17,21 @@ import time
 
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.spec import SegmentLaunch
-from fm_pipeline.resilience.events import append_event
 from fm_pipeline.resilience.injectors import small_disk
 from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import decide, last_step, resume
 from fm_pipeline.resilience.scenarios.common import describe_outcome, first_line
 from fm_pipeline.resilience.workspace import ChaosWorkspace
+from fm_pipeline.rundir.events import append_event
 
 CUT_STEP = 4
 DISK_BYTES = 6 << 20  # one 2-rank checkpoint of the debug model (3.8 MB) fits, two do not
 
 
 def s3_down(ws: ChaosWorkspace) -> FaultResult:
-    from fm_pipeline.checkpoint import CheckpointRef, sync_to_store, validate
-    from fm_pipeline.checkpoint.marks import read_mark
+    from fm_pipeline.catalog import CheckpointRef, sync_to_store, validate
+    from fm_pipeline.catalog.marks import read_mark
     from fm_pipeline.resilience.s3_outage import OutageEndpoint
 
     job = ws.job("chaos-s3-down", **{"checkpoint.upload": True})

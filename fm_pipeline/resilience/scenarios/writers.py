@@ -9,19 +9,19 @@ from __future__ import annotations
 import json
 import time
 
-from fm_pipeline.checkpoint import CheckpointRef, validate
-from fm_pipeline.checkpoint.aside import list_set_aside
-from fm_pipeline.checkpoint.layout import list_local, list_store, store_root
+from fm_pipeline.catalog import CheckpointRef, validate
+from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.refs import list_local, list_store, store_root
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
-from fm_pipeline.resilience.events import append_event
 from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import decide, resume
 from fm_pipeline.resilience.scenarios.common import first_line, steps_trained_twice
 from fm_pipeline.resilience.workspace import ChaosWorkspace
+from fm_pipeline.rundir.events import append_event
 from fm_pipeline.storage import open_store
 
 NEWEST = 6

@@ -1,7 +1,7 @@
 """Trainer exit codes (the cross-area contract in the team brief); launchers classify by them.
 
 torchrun itself exits 1 for any worker failure; the launcher recovers these codes from the
-workers' error files (see fm_pipeline.launch.exit_record and fm_pipeline.launch.outcome).
+workers' error files (see fm_pipeline.rundir.exit_record and fm_pipeline.launch.outcome).
 """
 
 SUCCESS = 0

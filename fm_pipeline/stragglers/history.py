@@ -5,7 +5,7 @@ offline scan of rank_timings.jsonl (for runs whose policy was off, or to re-chec
     found = scan_rank_timings("demo")         # {segment: [StragglerEvent, ...]}
 
 The Dagster sensor and the API call these; the trainer's rank 0 writes the events
-(fm_pipeline.resilience.straggler_watch). Cost: a straggler's idle GPU-hours are the time
+(fm_pipeline.stragglers.watch). Cost: a straggler's idle GPU-hours are the time
 every other rank waited for it (StragglerDetector's accounting), taken from each event's
 last record ("straggler_end" when written, else the "straggler" record).
 """
@@ -16,11 +16,10 @@ from collections import defaultdict
 from typing import Any
 
 from fm_pipeline.config.paths import runs_dir
-from fm_pipeline.resilience.events import read_events
-from fm_pipeline.resilience.mitigation import excluded_slots
-from fm_pipeline.train.stragglers import StragglerDetector, StragglerEvent
-
-RANK_TIMINGS_FILE = "rank_timings.jsonl"  # fm_pipeline.train.metrics.RANK_TIMINGS_FILE
+from fm_pipeline.rundir.events import read_events
+from fm_pipeline.rundir.records import RANK_TIMINGS_FILE
+from fm_pipeline.stragglers.detector import StragglerDetector, StragglerEvent
+from fm_pipeline.stragglers.mitigation import excluded_slots
 
 
 def _event_key(record: dict) -> tuple:
@@ -59,7 +58,7 @@ def straggler_summary(job) -> dict[str, Any]:
 def scan_rank_timings(job_name: str, **detector_kwargs: Any) -> dict[str, list[StragglerEvent]]:
     """Run a fresh StragglerDetector over each segment's gathered timings (one detector per
     segment: ranks and hosts change between launches)."""
-    from fm_pipeline.train.metrics import read_records
+    from fm_pipeline.rundir.records import read_records
 
     by_segment: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in read_records(runs_dir(job_name) / RANK_TIMINGS_FILE, "rank_timing"):

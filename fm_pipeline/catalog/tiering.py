@@ -20,8 +20,10 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fm_pipeline.checkpoint.aside import set_aside
-from fm_pipeline.checkpoint.layout import (
+from fm_pipeline.catalog.aside import set_aside
+from fm_pipeline.catalog.manifest import Manifest, atomic_write, entry_problem, fsync_dir
+from fm_pipeline.catalog.marks import read_mark, write_mark
+from fm_pipeline.catalog.refs import (
     MANIFEST,
     CheckpointRef,
     delete_checkpoint,
@@ -30,10 +32,8 @@ from fm_pipeline.checkpoint.layout import (
     local_root,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, atomic_write, entry_problem, fsync_dir
-from fm_pipeline.checkpoint.marks import read_mark, write_mark
-from fm_pipeline.checkpoint.supersede import LedgerUnreadable, superseded_reason, superseded_steps
-from fm_pipeline.checkpoint.validate import CheckpointInvalid, Problem, read_manifest, validate
+from fm_pipeline.catalog.supersede import LedgerUnreadable, superseded_reason, superseded_steps
+from fm_pipeline.catalog.validate import CheckpointInvalid, Problem, read_manifest, validate
 from fm_pipeline.storage import ObjectNotFound, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)

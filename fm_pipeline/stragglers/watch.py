@@ -6,10 +6,10 @@ the stop that the `exclude` policy asks for.
     if stop_reason: preemption_watcher.request(stop_reason)   # checkpoint, exit 75
     watch.close(end_step=step)                     # final cost of every event
 
-The detector is fm_pipeline.train.stragglers.StragglerDetector (window/persist from the
+The detector is fm_pipeline.stragglers.detector.StragglerDetector (window/persist from the
 job's resilience section). Policies: "report" writes events; "exclude" also asks the
 segment to stop at the next step boundary with a checkpoint (exit 75, nothing lost), after
-which fm_pipeline.resilience.mitigation.plan_after_stragglers gives the launch without the
+which fm_pipeline.stragglers.mitigation.plan_after_stragglers gives the launch without the
 slot. An exclusion the layout cannot absorb is written as "exclude_refused" with the
 reason, and the job keeps running. Record schema: fm_pipeline/resilience/events.py.
 """
@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Mapping
 
-from fm_pipeline.resilience.events import append_event
-from fm_pipeline.resilience.mitigation import exclusion_refusal
-from fm_pipeline.train.stragglers import StragglerDetector, StragglerEvent
+from fm_pipeline.rundir.events import append_event
+from fm_pipeline.stragglers.detector import StragglerDetector, StragglerEvent
+from fm_pipeline.stragglers.mitigation import exclusion_refusal
 
 log = logging.getLogger(__name__)
 

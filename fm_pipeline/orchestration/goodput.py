@@ -4,7 +4,7 @@ prediction, and goodput; plus the job's goodput over all its attempts.
     report = segment_report(job, summary, duration_s=41.2, plan=plan)
     report["goodput"], report["step_time_error"], report["plan_verdict"]
 
-`summary` is what rank 0 reports at the segment's end (fm_pipeline/train/metrics.py,
+`summary` is what rank 0 reports at the segment's end (fm_pipeline/rundir/records.py,
 segments.jsonl fields: start_step, end_step, final_loss, mean_mfu, tokens_per_s, ...), as it
 arrives through Dagster Pipes from a local process or a pod alike.
 

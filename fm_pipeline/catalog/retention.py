@@ -20,8 +20,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fm_pipeline.checkpoint.aside import set_aside
-from fm_pipeline.checkpoint.layout import (
+from fm_pipeline.catalog.aside import set_aside
+from fm_pipeline.catalog.marks import keep_reason, read_marks
+from fm_pipeline.catalog.refs import (
     MANIFEST,
     CheckpointRef,
     delete_checkpoint,
@@ -30,9 +31,8 @@ from fm_pipeline.checkpoint.layout import (
     local_root,
     store_root,
 )
-from fm_pipeline.checkpoint.marks import keep_reason, read_marks
-from fm_pipeline.checkpoint.supersede import LedgerUnreadable, superseded_steps
-from fm_pipeline.checkpoint.verdict import check
+from fm_pipeline.catalog.supersede import LedgerUnreadable, superseded_steps
+from fm_pipeline.catalog.verdict import check
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)

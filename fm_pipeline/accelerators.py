@@ -4,9 +4,13 @@ probe on this machine, with the thread count the workers use.
 
 Datasheet figures are dense (no 2:4 sparsity) tensor-core peaks. `matmul_efficiency` is the
 best bf16 matmul rate actually reached, over that peak ("maximum achievable matmul FLOPS":
-stas00/ml-engineering, compute/accelerator/README.md; for the H100 also 798 TFLOP/s measured
-on this workplace's device machine, /work/.library/device/KINDS.md). The planner uses it as
-the ceiling of every GEMM; the CPU's peak is itself a measured matmul, so its ceiling is 1.
+stas00/ml-engineering, compute/accelerator/README.md; for the H100 SXM also 798 TFLOP/s
+measured with a 8192^3 bf16 torch.matmul on one H100 SXM). The planner uses it as the
+ceiling of every GEMM; the CPU's peak is itself a measured matmul, so its ceiling is 1.
+
+The CPU probe runs torch's matmul where torch is installed (the trainer always has it); a
+control-side process without torch measures numpy's fp32 matmul instead (bf16 taken as the
+fp32 figure, the threads as numpy's own).
 """
 
 from __future__ import annotations
@@ -79,19 +83,32 @@ def cuda_accelerator_name(device_name: str) -> str | None:
     return None
 
 
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 def measure_matmul_flops(dtype: str = "fp32", *, size: int = 1024, seconds: float = 0.5) -> float:
     """Best sustained FLOP/s of a square matmul on this CPU with the current thread count."""
-    import torch
+    torch = _torch()
+    if torch is None:
+        import numpy as np
 
-    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    a = torch.randn(size, size, dtype=tdtype)
-    b = torch.randn(size, size, dtype=tdtype)
-    torch.mm(a, b)  # warm up kernels and caches
+        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+        mm, b = np.matmul, a.copy()
+    else:
+        tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        a = torch.randn(size, size, dtype=tdtype)
+        mm, b = torch.mm, torch.randn(size, size, dtype=tdtype)
+    mm(a, b)  # warm up kernels and caches
     best = 0.0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         t0 = time.perf_counter()
-        torch.mm(a, b)
+        mm(a, b)
         dt = time.perf_counter() - t0
         best = max(best, 2 * size**3 / dt)
     return best
@@ -100,14 +117,20 @@ def measure_matmul_flops(dtype: str = "fp32", *, size: int = 1024, seconds: floa
 _cpu_cache: dict[int, Accelerator] = {}
 
 
+def cpu_threads() -> int:
+    """The matmul threads of this process (torch's setting; without torch, every core)."""
+    import os
+
+    torch = _torch()
+    return torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)
+
+
 def measured_cpu() -> Accelerator:
     """The CPU entry, its peaks measured once per process (per thread count)."""
-    import torch
-
-    threads = torch.get_num_threads()
+    threads = cpu_threads()
     if threads not in _cpu_cache:
         fp32 = measure_matmul_flops("fp32")
-        bf16 = measure_matmul_flops("bf16")
+        bf16 = measure_matmul_flops("bf16") if _torch() is not None else fp32
         _cpu_cache[threads] = Accelerator(
             name=f"cpu-{threads}t", peak_bf16_flops=max(bf16, fp32), peak_fp32_flops=fp32,
             memory_gib=24, memory_bw_gbps=20, intra_node_gbps=10, inter_node_gbps=1.25,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fm_pipeline.planner.hardware import cuda_accelerator_name, get_accelerator
+from fm_pipeline.accelerators import cuda_accelerator_name, get_accelerator
 
 
 def test_h100_bf16_peak_is_the_dense_datasheet_figure():

@@ -1,7 +1,7 @@
 """The training plan of a job spec: what the `training_plan` asset records and MLflow logs.
 
     from fm_pipeline.config import load_job
-    from fm_pipeline.planner.job import plan_for_job
+    from fm_pipeline.planner.job_plan import plan_for_job
     plan = plan_for_job(load_job("configs/demo.yaml"))
     plan["estimate"]["mfu"], plan["checkpoint"]["recommended_every_steps"], plan["alternatives"]
 

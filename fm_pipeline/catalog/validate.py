@@ -7,7 +7,8 @@ Checks: manifest present and well-formed; every listed file present with its siz
 checksum; no unlisted files; DCP `.metadata` readable and consistent with the files; model
 config matching the job's; not superseded by a rollback (supersede.py). On the store tier
 the checksums are verified by downloading (restore does that anyway); `checksums=False`
-checks everything else, cheaply.
+checks everything else, cheaply. The DCP metadata check needs torch (it unpickles torch's
+own Metadata); where torch is not installed (an API or daemon image) it is left out.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fm_pipeline.checkpoint.layout import (
+from fm_pipeline.catalog.manifest import Manifest, ManifestError, entry_problem, parse_manifest
+from fm_pipeline.catalog.refs import (
     DCP_METADATA,
     MANIFEST,
     MARKS_DIR,
@@ -29,8 +31,7 @@ from fm_pipeline.checkpoint.layout import (
     local_root,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, ManifestError, entry_problem, parse_manifest
-from fm_pipeline.checkpoint.supersede import LEDGER, LedgerUnreadable, superseded_reason
+from fm_pipeline.catalog.supersede import LEDGER, LedgerUnreadable, superseded_reason
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def invalid_reason(ref: CheckpointRef, manifest_bytes: bytes) -> str | None:
     """The problems a failed restore recorded for this very manifest (verdict.py), or None."""
     import hashlib
 
-    from fm_pipeline.checkpoint.marks import read_mark
+    from fm_pipeline.catalog.marks import read_mark
 
     mark = read_mark(ref, "invalid") or {}
     if mark.get("manifest_sha256") != hashlib.sha256(manifest_bytes).hexdigest():
@@ -168,6 +169,10 @@ def read_dcp_metadata(ref: CheckpointRef):
 def _dcp_metadata_problems(ref, manifest: Manifest, present: dict[str, int]):
     if DCP_METADATA not in present:
         return []  # already reported as a missing file
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+    except ImportError:  # a control-side image without torch: files and sizes still checked
+        return []
     try:
         meta = read_dcp_metadata(ref)
     except Exception as e:  # torch raises pickle, EOF and assertion errors alike

@@ -24,7 +24,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fm_pipeline.checkpoint.layout import (
+from fm_pipeline.catalog.manifest import atomic_write, now_iso
+from fm_pipeline.catalog.refs import (
     MARKS_DIR,
     CheckpointRef,
     delete_checkpoint,
@@ -32,7 +33,6 @@ from fm_pipeline.checkpoint.layout import (
     parse_step,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import atomic_write, now_iso
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def in_the_way(ref: CheckpointRef, job, *, partial_copy: bool = False) -> tuple[
     ("superseded" | "invalid", why) to set it aside, or ("keep", why) when it is a valid
     checkpoint (or no verdict is possible) and must not be replaced. Re-hashes every file:
     a manifest that exists is not a checkpoint that validates."""
-    from fm_pipeline.checkpoint.validate import validate
+    from fm_pipeline.catalog.validate import validate
 
     problems = validate(ref, job, checksums=True)
     if partial_copy:  # this node's copy holds its own ranks' files only

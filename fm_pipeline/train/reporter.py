@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fm_pipeline.train.metrics import METRICS_FILE, RANK_TIMINGS_FILE, SEGMENTS_FILE, JsonLines
+from fm_pipeline.rundir.records import METRICS_FILE, RANK_TIMINGS_FILE, SEGMENTS_FILE, JsonLines
 from fm_pipeline.train.tracking import MlflowSink, PipesSink, pipes_requested, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,13 @@ class SegmentReporter:
         self._progress = None
         self._task = None
         if sys.stdout.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-            from rich.progress import TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
 
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                       MofNCompleteColumn(), TextColumn("{task.fields[info]}"),

@@ -26,27 +26,27 @@ from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
-from fm_pipeline.checkpoint import comm
-from fm_pipeline.checkpoint.copies import Copies, discover_copies
-from fm_pipeline.checkpoint.layout import (
+from fm_pipeline.catalog.manifest import Manifest, parse_manifest
+from fm_pipeline.catalog.refs import (
     MANIFEST,
     CheckpointRef,
     local_root,
     step_dir_name,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import Manifest, parse_manifest
-from fm_pipeline.checkpoint.reader import VerifyingReader
-from fm_pipeline.checkpoint.tiering import complete_from_store, missing_files
-from fm_pipeline.checkpoint.validate import (
+from fm_pipeline.catalog.tiering import complete_from_store, missing_files
+from fm_pipeline.catalog.validate import (
     CheckpointInvalid,
     Problem,
-    model_problems,
     candidates,
+    model_problems,
     read_manifest,
     validate,
 )
-from fm_pipeline.checkpoint.verdict import record_invalid
+from fm_pipeline.catalog.verdict import record_invalid
+from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.copies import Copies, discover_copies
+from fm_pipeline.checkpoint.reader import VerifyingReader
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)

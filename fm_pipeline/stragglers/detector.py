@@ -1,6 +1,6 @@
 """Straggler detection: which rank is persistently slow, in which section, and what it costs.
 
-    from fm_pipeline.train.stragglers import RankTiming, StragglerDetector
+    from fm_pipeline.stragglers.detector import RankTiming, StragglerDetector
     detector = StragglerDetector(world_size=8)
     for gathered in timings_every_k_steps:            # list[RankTiming | dict], one gather
         for event in detector.update(gathered):       # newly raised events

@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fm_pipeline.config.paths import runs_dir
-
-EVENTS_FILE = "events.jsonl"  # the name fm_pipeline.api.progress reads
+from fm_pipeline.rundir.records import EVENTS_FILE
 
 
 def events_path(job_name: str) -> Path:

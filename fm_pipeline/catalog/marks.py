@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 
-from fm_pipeline.checkpoint.layout import MARKS_DIR, CheckpointRef
-from fm_pipeline.checkpoint.manifest import now_iso
+from fm_pipeline.catalog.manifest import now_iso
+from fm_pipeline.catalog.refs import MARKS_DIR, CheckpointRef
 from fm_pipeline.storage import ObjectNotFound, StoreError
 
 KNOWN = ("drill", "eval", "pin", "upload", "verified", "invalid", "set_aside")

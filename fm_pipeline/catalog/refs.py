@@ -124,7 +124,7 @@ class CheckpointRef:
 
     def write_bytes(self, name: str, data: bytes) -> None:
         if self.dir is not None:
-            from fm_pipeline.checkpoint.manifest import atomic_write
+            from fm_pipeline.catalog.manifest import atomic_write
 
             atomic_write(self.dir / name, data)
         else:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import hashlib
 import logging
 
-from fm_pipeline.checkpoint.layout import MANIFEST, CheckpointRef, is_content_file
-from fm_pipeline.checkpoint.marks import read_mark, write_mark
-from fm_pipeline.checkpoint.validate import Problem, validate
+from fm_pipeline.catalog.marks import read_mark, write_mark
+from fm_pipeline.catalog.refs import MANIFEST, CheckpointRef, is_content_file
+from fm_pipeline.catalog.validate import Problem, validate
 from fm_pipeline.storage import StoreError
 
 log = logging.getLogger(__name__)

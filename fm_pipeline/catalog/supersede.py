@@ -19,14 +19,14 @@ import json
 import logging
 from pathlib import Path
 
-from fm_pipeline.checkpoint.layout import (
+from fm_pipeline.catalog.manifest import atomic_write, now_iso
+from fm_pipeline.catalog.refs import (
     MANIFEST,
     CheckpointRef,
     list_local,
     list_store,
     store_root,
 )
-from fm_pipeline.checkpoint.manifest import atomic_write, now_iso
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)

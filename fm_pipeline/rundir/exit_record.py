@@ -3,7 +3,7 @@
 torchrun exits 1 whatever its worker's code was, and torch's `@record` writes an error file
 only for uncaught exceptions. A worker that exits on purpose (preempted, bad config) calls
 
-    from fm_pipeline.launch.exit_record import exit_with
+    from fm_pipeline.rundir.exit_record import exit_with
     exit_with(75, "preempted at step 37; checkpoint step-00000037 saved")
 
 which writes its torch-elastic error file (TORCHELASTIC_ERROR_FILE, set per worker by

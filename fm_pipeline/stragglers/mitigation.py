@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from fm_pipeline.config import JobSpec, dump_job, parse_job
-from fm_pipeline.resilience.events import read_events
+from fm_pipeline.rundir.events import read_events
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The job spec as a Dagster resource: every asset of a run reads the same validated JobSpec.
 
-    resources={"job_spec": JobSpecResource(path="configs/demo.yaml")}
+    resources={"job_spec": JobSpecResource()}            # the embedded demo spec
     run_config={"resources": {"job_spec": {"config": {"path": "my.yaml",
                                                       "overrides": ["training.steps=40"]}}}}
 
-A relative path is looked up from the working directory, then from the repository root
-(where `dagster dev -w workspace.yaml` is normally started).
+A relative path is looked up from the working directory; an empty one is the spec shipped
+with the package (fm_pipeline/defaults/demo.yaml).
 """
 
 
@@ -15,19 +15,15 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from fm_pipeline.config import JobSpec, load_job, parse_overrides
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from fm_pipeline.defaults import DEMO_JOB
 
 
 class JobSpecResource(ConfigurableResource):
-    path: str = Field(default="configs/demo.yaml", description="job spec YAML")
+    path: str = Field(default="", description="job spec YAML; empty: the embedded demo spec")
     overrides: list[str] = Field(default_factory=list, description="dotted key=value (YAML value)")
 
     def resolved_path(self) -> Path:
-        path = Path(self.path).expanduser()
-        if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
-            return REPO_ROOT / path
-        return path
+        return Path(self.path).expanduser() if self.path else DEMO_JOB
 
     def load(self) -> JobSpec:
         return load_job(self.resolved_path(),

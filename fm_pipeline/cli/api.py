@@ -4,7 +4,7 @@
     fm api serve                                # http://127.0.0.1:8600, embedded defaults
     fm api kueue render --tenants configs/tenants.yaml --out .fm/kueue
 
-`serve` uses configs/tenants.yaml, the FM_HOME object store and queue database, and the
+`serve` uses the embedded tenants (configs/tenants.yaml), the FM_HOME object store and queue database, and the
 Dagster orchestrator: each API run is a chain of training_segment_job runs on the project's
 Dagster instance (DAGSTER_HOME, what `make ui` shows), driven in this process by the
 training sensors. `--orchestrator local` runs torchrun segments without Dagster.

@@ -27,12 +27,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from fm_pipeline.cli.errors import user_errors
+from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import load_job
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
 
-JOB = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help="job spec YAML")
 VERDICT_STYLE = {"pass": "green", "FAIL": "bold red", "error": "bold red", "skipped": "yellow"}
 
 

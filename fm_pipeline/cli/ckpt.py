@@ -18,13 +18,13 @@ from rich.console import Console
 from rich.table import Table
 
 from fm_pipeline.cli.errors import user_errors
+from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import load_job
 from fm_pipeline.config.paths import store_uri
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
 
-JOB = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help="job spec YAML")
 STORE = typer.Option(None, "--store", help="object store URI (default: FM_STORE_URI or <FM_HOME>/store)")
 CHECKPOINT = typer.Argument(None, help="step number, step-XXXXXXXX, a directory, or a store key "
                                        "prefix; default: the newest valid checkpoint")

@@ -25,6 +25,7 @@ from rich.progress import (
 from rich.table import Table
 
 from fm_pipeline.cli.errors import user_errors
+from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import load_job
 from fm_pipeline.config.paths import store_uri
 from fm_pipeline.data.progress import ProgressSink
@@ -33,7 +34,6 @@ from fm_pipeline.storage import ObjectStore, open_store
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
 
-JOB = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help="job spec YAML")
 STORE = typer.Option(None, "--store", help="object store URI (default: FM_STORE_URI or <FM_HOME>/store)")
 ENDPOINT = typer.Option(None, "--endpoint-url", help="S3 endpoint (default: FM_S3_ENDPOINT_URL)")
 

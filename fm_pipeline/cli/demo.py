@@ -30,12 +30,13 @@ from rich.table import Column, Table
 
 from fm_pipeline.cli.data import console
 from fm_pipeline.cli.errors import user_errors
+from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import dump_job, load_job, parse_job
 from fm_pipeline.config.paths import dagster_home, fm_home, mlflow_uri
 
 
 @user_errors
-def demo(job: Path = typer.Option(Path("configs/demo.yaml"), "--job", "-j", help="job spec YAML"),
+def demo(job: Path = JOB,
          fail_at_step: int = typer.Option(35, help="rank 1 (or 0) raises after this step in "
                                                    "the segment that reaches it; 0: no fault"),
          backoff_s: float = typer.Option(3.0, help="retry policy: wait before the first resume"),

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from fm_pipeline.cli.errors import user_errors
+from fm_pipeline.cli.options import JOB
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
@@ -29,7 +30,7 @@ def k8s() -> None:
 @app.command("render")
 @user_errors
 def render(
-    job: Path = typer.Option(..., "--job", help="job spec YAML"),
+    job: Path = JOB,
     out: Path = typer.Option(..., "--out", help="directory for the manifests"),
     end_step: int = typer.Option(0, "--end-step", help="segment end step (0: first segment)"),
     store_uri: str = typer.Option("", "--store-uri",

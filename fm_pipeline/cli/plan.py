@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 from typing import Annotated
 
@@ -166,49 +167,54 @@ def _print(payload, view, as_json: bool) -> None:
         console.print(view)
 
 
-@app.command()
-@plan_errors
-def estimate(
-    job: Job = None,
-    model: Model = None,
-    layers: Int = None,
-    hidden: Int = None,
-    heads: Int = None,
-    kv_heads: Int = None,
-    ffn: Int = None,
-    vocab: Int = None,
-    seq_len: Int = None,
-    mlp: Annotated[str | None, typer.Option(help="swiglu (Llama) or gelu (GPT)")] = None,
-    global_batch_tokens: Int = None,
-    training_tokens: Float = None,
-    micro_batch: Int = None,
-    gpus: Int = None,
-    gpu_type: Str = None,
-    gpus_per_node: Int = None,
-    tp: Int = None,
-    pp: Int = None,
-    dp: Int = None,
-    cp: Int = None,
-    virtual_stages: Int = None,
-    recompute: Annotated[str | None, typer.Option(help="none|selective|half|full")] = None,
-    sharding: Annotated[str | None, typer.Option(help="ddp|zero1|zero2|fsdp")] = None,
-    precision: Annotated[str | None, typer.Option(help="bf16|fp32")] = None,
-    intra_node_gbps: Float = None,
-    inter_node_gbps: Float = None,
-    oversubscription: Float = None,
-    nodes_per_rack: Int = None,
-    region_gpus: Int = None,
-    inter_region_gbps: Float = None,
-    storage_write_gbps: Float = None,
-    dollars_per_gpu_hour: Float = None,
-    node_failure_rate_per_day: Float = None,
-    as_json: Json = False,
-):
+# Options every command takes: the model, the batch, the cluster, --json.
+SHARED_OPTIONS: dict[str, object] = {
+    "job": Job, "model": Model, "layers": Int, "hidden": Int, "heads": Int, "kv_heads": Int,
+    "ffn": Int, "vocab": Int, "seq_len": Int,
+    "mlp": Annotated[str | None, typer.Option(help="swiglu (Llama) or gelu (GPT)")],
+    "global_batch_tokens": Int, "training_tokens": Float, "gpus": Int, "gpu_type": Str,
+    "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(help="bf16|fp32")],
+    **{flag: Float if flag.endswith(("gbps", "subscription", "hour", "per_day")) else Int
+       for flag in CLUSTER_FLAGS if flag != "gpus_per_node"},
+    "as_json": Json,
+}
+
+
+def plan_command(**own: object):
+    """Register `fn(o)` as a command taking the shared options plus its `own` (name ->
+    annotated type, default None unless the annotation is a (type, default) pair); `o` is
+    every option by name."""
+
+    def decorate(fn):
+        params, annotations = [], {}
+        for name, spec in {**SHARED_OPTIONS, **own}.items():
+            annotation, default = spec if isinstance(spec, tuple) else (spec, None)
+            if name == "as_json":
+                default = False
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                            default=default, annotation=annotation))
+            annotations[name] = annotation
+
+        @functools.wraps(fn)
+        def command(**o):
+            return fn(o)
+
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = annotations
+        return app.command(name=fn.__name__)(plan_errors(command))
+
+    return decorate
+
+
+@plan_command(
+    micro_batch=Int, tp=Int, pp=Int, dp=Int, cp=Int, virtual_stages=Int,
+    recompute=Annotated[str | None, typer.Option(help="none|selective|half|full")],
+    sharding=Annotated[str | None, typer.Option(help="ddp|zero1|zero2|fsdp")])
+def estimate(o: dict):
     """Predict one layout: memory, step time, MFU/HFU, checkpoint interval, time and cost."""
     from fm_pipeline.planner.estimate import estimate as run_estimate
     from fm_pipeline.planner.tables import estimate_view
 
-    o = locals()
     inp = _inputs(o)
     layout = inp.get("layout") or _layout(o, inp["gpus"])
     if layout.gpus != inp["gpus"]:
@@ -227,51 +233,22 @@ def estimate(
         async_checkpoint=inp.get("async_checkpoint", True),
         checkpoints_kept=inp.get("checkpoints_kept", 3),
     )
-    _print(est.to_dict(), estimate_view(est), as_json)
+    _print(est.to_dict(), estimate_view(est), o["as_json"])
 
 
-@app.command()
-@plan_errors
-def search(
-    job: Job = None,
-    model: Model = None,
-    layers: Int = None,
-    hidden: Int = None,
-    heads: Int = None,
-    kv_heads: Int = None,
-    ffn: Int = None,
-    vocab: Int = None,
-    seq_len: Int = None,
-    mlp: Str = None,
-    global_batch_tokens: Int = None,
-    training_tokens: Float = None,
-    gpus: Int = None,
-    gpu_type: Str = None,
-    gpus_per_node: Int = None,
-    micro_batch: Annotated[int | None, typer.Option(help="pin the micro-batch size")] = None,
-    tp: Annotated[int | None, typer.Option(help="pin tp")] = None,
-    pp: Annotated[int | None, typer.Option(help="pin pp")] = None,
-    cp: Annotated[int | None, typer.Option(help="pin cp")] = None,
-    recompute: Annotated[str | None, typer.Option(help="pin: none|selective|half|full")] = None,
-    sharding: Annotated[str | None, typer.Option(help="pin: ddp|zero1|zero2|fsdp")] = None,
-    precision: Str = None,
-    top: Annotated[int, typer.Option(help="plans to show")] = 5,
-    intra_node_gbps: Float = None,
-    inter_node_gbps: Float = None,
-    oversubscription: Float = None,
-    nodes_per_rack: Int = None,
-    region_gpus: Int = None,
-    inter_region_gbps: Float = None,
-    storage_write_gbps: Float = None,
-    dollars_per_gpu_hour: Float = None,
-    node_failure_rate_per_day: Float = None,
-    as_json: Json = False,
-):
+@plan_command(
+    micro_batch=Annotated[int | None, typer.Option(help="pin the micro-batch size")],
+    tp=Annotated[int | None, typer.Option(help="pin tp")],
+    pp=Annotated[int | None, typer.Option(help="pin pp")],
+    cp=Annotated[int | None, typer.Option(help="pin cp")],
+    recompute=Annotated[str | None, typer.Option(help="pin: none|selective|half|full")],
+    sharding=Annotated[str | None, typer.Option(help="pin: ddp|zero1|zero2|fsdp")],
+    top=(Annotated[int, typer.Option(help="plans to show")], 5))
+def search(o: dict):
     """Enumerate valid layouts, drop what does not fit, rank by predicted throughput."""
     from fm_pipeline.planner.search import search as run_search
     from fm_pipeline.planner.tables import search_view
 
-    o = locals()
     inp = _inputs(o)
     fixed = {
         k: o[k]
@@ -283,7 +260,7 @@ def search(
         inp["cluster"],
         gpus=inp["gpus"],
         global_batch_tokens=inp["global_batch_tokens"],
-        top=top,
+        top=o["top"],
         fixed=fixed,
         precision=inp["precision"],
     )
@@ -303,59 +280,25 @@ def search(
             for p in result.plans
         ],
     }
-    _print(payload, search_view(result), as_json)
+    _print(payload, search_view(result), o["as_json"])
     if not result.plans:
         raise typer.Exit(1)
 
 
-@app.command()
-@plan_errors
-def whatif(
-    job: Job = None,
-    model: Model = None,
-    layers: Int = None,
-    hidden: Int = None,
-    heads: Int = None,
-    kv_heads: Int = None,
-    ffn: Int = None,
-    vocab: Int = None,
-    seq_len: Int = None,
-    mlp: Str = None,
-    global_batch_tokens: Int = None,
-    training_tokens: Float = None,
-    gpus: Int = None,
-    gpu_type: Str = None,
-    gpus_per_node: Int = None,
-    micro_batch: Int = None,
-    tp: Annotated[int | None, typer.Option(help="with --pp: start from this layout")] = None,
-    pp: Int = None,
-    dp: Int = None,
-    cp: Int = None,
-    virtual_stages: Int = None,
-    recompute: Str = None,
-    sharding: Str = None,
-    precision: Str = None,
-    doublings: Annotated[int, typer.Option(help="GPU doublings to try (2x, 4x, ...)")] = 2,
-    intra_node_gbps: Float = None,
-    inter_node_gbps: Float = None,
-    oversubscription: Float = None,
-    nodes_per_rack: Int = None,
-    region_gpus: Int = None,
-    inter_region_gbps: Float = None,
-    storage_write_gbps: Float = None,
-    dollars_per_gpu_hour: Float = None,
-    node_failure_rate_per_day: Float = None,
-    as_json: Json = False,
-):
+@plan_command(
+    micro_batch=Int,
+    tp=Annotated[int | None, typer.Option(help="with --pp: start from this layout")],
+    pp=Int, dp=Int, cp=Int, virtual_stages=Int, recompute=Str, sharding=Str,
+    doublings=(Annotated[int, typer.Option(help="GPU doublings to try (2x, 4x, ...)")], 2))
+def whatif(o: dict):
     """Sweep GPU count (x2), fabric and storage bandwidth, failure rate: what breaks first."""
     from fm_pipeline.planner.tables import whatif_view
     from fm_pipeline.planner.whatif import what_if
 
-    o = locals()
     inp = _inputs(o)
     layout = inp.get("layout")
-    if layout is None and tp is not None and pp is not None:
-        layout = _layout({**o, "micro_batch": micro_batch or 1}, inp["gpus"])
+    if layout is None and o["tp"] is not None and o["pp"] is not None:
+        layout = _layout({**o, "micro_batch": o["micro_batch"] or 1}, inp["gpus"])
     wi = what_if(
         inp["shape"],
         inp["cluster"],
@@ -363,10 +306,10 @@ def whatif(
         global_batch_tokens=inp["global_batch_tokens"],
         training_tokens=inp["training_tokens"],
         layout=layout,
-        doublings=doublings,
+        doublings=o["doublings"],
         precision=inp["precision"],
     )
-    _print(wi.to_dict(), whatif_view(wi), as_json)
+    _print(wi.to_dict(), whatif_view(wi), o["as_json"])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Strict validation of rendered Kubernetes objects, as the API server would do it.
 
 Custom resources (JobSet, Kueue, Kubeflow Trainer) are checked with jsonschema against the
-CRD schemas in ../shared/k8s-schemas (or $FM_K8S_SCHEMAS), tightened so unknown fields are
+CRD schemas shipped in crd_schemas/ (or $FM_K8S_SCHEMAS), tightened so unknown fields are
 rejected like `kubectl apply --validate=strict`. Core kinds go through kubernetes-validate
 in strict mode. Neither checks `metadata` (a CRD schema declares it only as an object), so
 names, namespaces, label and annotation keys and label values are checked here with the
@@ -28,11 +28,12 @@ class ManifestInvalid(ValueError):
         super().__init__(f"{obj_ref} is invalid:\n" + "\n".join(f"  - {e}" for e in errors))
 
 
+SCHEMAS = Path(__file__).resolve().parent / "crd_schemas"  # shipped: README, sources, license
+
+
 def schemas_dir() -> Path:
     env = os.environ.get("FM_K8S_SCHEMAS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "k8s-schemas"
+    return Path(env) if env else SCHEMAS
 
 
 def _strict(schema: dict) -> dict:
@@ -65,7 +66,8 @@ def _crd_validator(group: str, kind: str, version: str):
     if not path.is_file():
         raise FileNotFoundError(
             f"no CRD schema for {group}/{version} {kind} at {path} "
-            "(set FM_K8S_SCHEMAS to the k8s-schemas directory)"
+            "(the package ships them in fm_pipeline/launch/crd_schemas; FM_K8S_SCHEMAS "
+            "overrides the directory)"
         )
     raw = json.loads(path.read_text())
     schema = raw.get("openAPIV3Schema", raw)

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fm_pipeline.config.strict_yaml import YamlError, load_yaml
+from fm_pipeline.defaults import TENANTS
 
 
 def priority_values() -> dict[str, int]:
@@ -32,7 +33,7 @@ def priority_values() -> dict[str, int]:
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 RESOURCES = ("gpu", "cpu", "memory_gib")
 Resource = Literal["gpu", "cpu", "memory_gib"]
-DEFAULT_TENANTS = Path(__file__).resolve().parents[2] / "configs" / "tenants.yaml"
+DEFAULT_TENANTS = TENANTS  # shipped with the package (fm_pipeline/defaults/tenants.yaml)
 
 
 class TenantsConfigError(ValueError):
@@ -201,7 +202,7 @@ def parse_tenants(data: object, *, source: str = "<dict>") -> TenantsConfig:
 
 
 def load_tenants(path: str | Path | None = None) -> TenantsConfig:
-    """Parse a tenants YAML file; None: the embedded default (configs/tenants.yaml)."""
+    """Parse a tenants YAML file; None: the embedded default (fm_pipeline/defaults)."""
     path = Path(path) if path is not None else DEFAULT_TENANTS
     if not path.is_file():
         raise TenantsConfigError(str(path), [("(file)", "no such file")])

@@ -131,6 +131,20 @@ class CheckpointRef:
             self.store.put_bytes(data, f"{self.prefix}/{name}")
 
 
+def ref_from_location(location: str, store: ObjectStore) -> CheckpointRef:
+    """A checkpoint named the way a user or an API caller names one: a local step directory,
+    or a location in `store` (`<store uri>/checkpoints/<job>/step-XXXXXXXX`). ValueError
+    otherwise."""
+    path = Path(location)
+    if path.is_dir():
+        return CheckpointRef.local(path)
+    prefix = location.removeprefix(store.uri).strip("/")
+    if prefix != location.strip("/"):
+        return CheckpointRef.remote(store, prefix)
+    raise ValueError(f"{location}: neither a checkpoint directory nor a location in the store "
+                     f"{store.uri}")
+
+
 def list_local(root: str | Path) -> list[CheckpointRef]:
     """Every step-XXXXXXXX directory under `root`, oldest first (committed or not)."""
     root = Path(root)

@@ -84,7 +84,7 @@ def parallelism_info(job, *, world_size: int, mesh=None) -> ParallelismInfo:
         mesh_info = MeshInfo(dim_names=list(mesh.mesh_dim_names or ()), shape=list(mesh.shape))
     return ParallelismInfo(
         world_size=world_size, nnodes=p.nnodes, nproc_per_node=p.nproc_per_node,
-        dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
+        dp_replicate=p.dp_replicate, dp_shard=p.resolved_dp_shard, tp=p.tp, pp=p.pp,
         pp_schedule=p.pp_schedule, pp_virtual_stages=p.pp_virtual_stages,
         mixed_precision=p.mixed_precision, mesh=mesh_info,
     )

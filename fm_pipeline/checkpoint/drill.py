@@ -70,8 +70,12 @@ class DrillResult:
 
 
 def describe_topology(p: dict) -> str:
-    degrees = [f"{k} {p[k]}" for k in ("dp_replicate", "dp_shard", "pp", "tp") if p.get(k, 1) > 1]
+    """`world 4 (dp_shard 2 x tp 2)` from a manifest's or a spec's parallelism."""
     world = p.get("world_size") or p.get("nnodes", 1) * p.get("nproc_per_node", 1)
+    p = dict(p)
+    if p.get("dp_shard") == -1:  # a spec's "whatever the other degrees leave"
+        p["dp_shard"] = world // (p.get("dp_replicate", 1) * p.get("pp", 1) * p.get("tp", 1))
+    degrees = [f"{k} {p[k]}" for k in ("dp_replicate", "dp_shard", "pp", "tp") if p.get(k, 1) > 1]
     return f"world {world} ({' x '.join(degrees) or 'single process'})"
 
 
@@ -94,7 +98,8 @@ def drill_job(manifest: Manifest, parallelism: dict):
 def same_topology(a, b) -> bool:
     """Whether two parallelism records (spec or manifest) place the model identically."""
     def signature(p):
-        return (p.nnodes * p.nproc_per_node, p.dp_replicate, p.dp_shard, p.tp, p.pp,
+        return (p.nnodes * p.nproc_per_node, p.dp_replicate,
+                getattr(p, "resolved_dp_shard", p.dp_shard), p.tp, p.pp,
                 p.pp_virtual_stages)
     return signature(a) == signature(b)
 

@@ -19,8 +19,11 @@ must not train on (restore_latest loads an older checkpoint over them, or raises
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from fm_pipeline.catalog.refs import (
     step_dir_name,
     store_root,
 )
+from fm_pipeline.catalog.supersede import supersede_newer
 from fm_pipeline.catalog.tiering import complete_from_store, missing_files
 from fm_pipeline.catalog.validate import (
     CheckpointInvalid,
@@ -148,12 +152,18 @@ def _complete_local(ref: CheckpointRef, dest: Path, expected: bytes | None, *,
     complete_from_store(remote, dest, expect_manifest=data, verify_present=False)
 
 
+BeforeLoad = Callable[[Manifest], ContextManager]  # wraps the load, e.g. RNG per topology
+
+
 def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = True,
-            cache_root: Path | None = None, store: ObjectStore | None = None) -> RestoreResult:
+            cache_root: Path | None = None, store: ObjectStore | None = None,
+            before_load: BeforeLoad | None = None) -> RestoreResult:
     """Load `ref` into the Stateful parts of `app_state` (all ranks). Raises CheckpointInvalid
     (naming files/fields) when the checkpoint is corrupt or belongs to another model; the
     state may then be partly overwritten and must not be used. `store`: where a copy that
-    lacks files (nodes with their own disks) fetches them."""
+    lacks files (nodes with their own disks) fetches them. `before_load(manifest)`: a context
+    manager around the load, given the checkpoint's manifest (the trainer asks for per-rank
+    RNG states only from its own topology). Every rank raises when any rank failed."""
     copies = discover_copies(_local_dir(ref, cache_root).parent)
     local, download_s = localize(ref, cache_root=cache_root, store=store,
                                  job_name=job.name if job is not None else None, copies=copies)
@@ -171,18 +181,25 @@ def restore(app_state: dict, ref: CheckpointRef, *, job=None, verify: bool = Tru
     t0 = time.perf_counter()
     load_error = None
     try:  # one intra-op thread: the copies are memory-bound and share the cores
-        with comm.quiet_single_process(), comm.intra_op_threads(1):
+        with comm.quiet_single_process(), comm.intra_op_threads(1), \
+                (before_load(manifest) if before_load else contextlib.nullcontext()):
             dcp.load(app_state, storage_reader=reader, no_dist=not comm.initialized())
     except (Exception, dcp.api.CheckpointException) as e:  # a BaseException
         load_error = e
     load_s = time.perf_counter() - t0
-    gathered = comm.all_gather((reader.problems, reader.verified))
-    problems = list(dict.fromkeys(p for ps, _ in gathered for p in ps))
+    gathered = comm.all_gather((reader.problems, reader.verified,
+                                None if load_error is None else f"{type(load_error).__name__}: "
+                                                                f"{load_error}"))
+    problems = list(dict.fromkeys(p for ps, _, _ in gathered for p in ps))
     if problems:
         raise CheckpointInvalid(ref, problems)
     if load_error is not None:
         raise load_error
-    unverified = set(manifest.file_map()) - {n for _, names in gathered for n in names}
+    failed = [(rank, error) for rank, (_, _, error) in enumerate(gathered) if error]
+    if failed:  # another rank's load failed: this rank's state is not to be trained on
+        raise RuntimeError(f"restore of {ref.location} failed on rank {failed[0][0]}: "
+                           f"{failed[0][1]}")
+    unverified = set(manifest.file_map()) - {n for _, names, _ in gathered for n in names}
     if verify and unverified:  # the reader's plan must cover every file
         raise RuntimeError(f"restore of {ref.location} left {sorted(unverified)} unverified")
     result = RestoreResult(
@@ -200,7 +217,8 @@ class NoRestorableCheckpoint(ValueError):
 
 
 def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
-                   root: Path | None = None, verify: bool = True) -> RestoreResult | None:
+                   root: Path | None = None, verify: bool = True,
+                   before_load: BeforeLoad | None = None) -> RestoreResult | None:
     """Newest checkpoint of `job` that restores, local tier first at equal steps; corrupt or
     unreachable ones are skipped with the reason. None if the job has no committed checkpoint
     (a fresh start); NoRestorableCheckpoint if it has some and none restores."""
@@ -229,7 +247,7 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
             ref = CheckpointRef.remote(store, f"{store_root(job.name)}/{step_dir_name(step)}")
         try:
             result = restore(app_state, ref, job=job, verify=verify, cache_root=root,
-                             store=store)
+                             store=store, before_load=before_load)
         except CheckpointInvalid as e:
             log.warning("cannot restore %s, trying an older one: %s", ref.location, e)
             skipped.append(f"{ref.location}: " + "; ".join(map(str, e.problems)))
@@ -255,3 +273,34 @@ def _fetchable(ref: CheckpointRef, problems: list[Problem], store, job_name: str
         return store.exists(f"{store_root(job_name)}/{ref.name}/{MANIFEST}")
     except StoreError:
         return False
+
+
+def resume(app_state: dict, job, *, store: ObjectStore, root: Path | None = None,
+           resume_from: CheckpointRef | None = None,
+           before_load: BeforeLoad | None = None) -> RestoreResult | None:
+    """What a segment restores before its first step (all ranks): the newest checkpoint of
+    the job that restores (None on a fresh start), or `resume_from`. Resuming from an older
+    checkpoint of the job is a rollback: once every rank restored it, rank 0 supersedes the
+    job's newer checkpoints in both tiers (supersede.py) so no discovery selects the abandoned
+    continuation; a tier that cannot record it stops the segment before any step."""
+    if resume_from is None:
+        return restore_latest(app_state, job, store=store, root=root,
+                              before_load=before_load)
+    result = restore(app_state, resume_from, job=job, store=store, before_load=before_load)
+    error = None
+    if comm.rank() == 0 and result.manifest.job == job.name:
+        try:
+            local = CheckpointRef.local(result.local_path)
+            superseded = supersede_newer(job.name, resume_from, local.read_bytes(MANIFEST),
+                                         root=Path(root or local_root(job.name)), store=store)
+            if superseded:
+                log.warning("resumed job %s from step %d: %d newer checkpoint(s) superseded",
+                            job.name, resume_from.step, len(superseded))
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+    error = comm.broadcast_from_rank0(error)
+    if error is not None:
+        raise RuntimeError(f"resumed from {resume_from.location} but could not supersede the "
+                           f"job's newer checkpoints, so they would still be selected: {error};"
+                           " nothing was trained, retry when every tier is reachable")
+    return result

@@ -78,9 +78,18 @@ class ParallelismSpec(_Strict):
         return self.nnodes * self.nproc_per_node
 
     @property
+    def resolved_dp_shard(self) -> int:
+        """dp_shard for this spec's world size: the declared degree, or what the other degrees
+        leave when it is -1 (the declared -1 stays in the spec: a launch on another world
+        size re-derives it, fm_pipeline.parallel.ParallelDims)."""
+        if self.dp_shard != -1:
+            return self.dp_shard
+        return self.world_size // (self.dp_replicate * self.tp * self.pp)
+
+    @property
     def dp(self) -> int:
         """Total data-parallel degree (replicas x shards): how many distinct batches per step."""
-        return self.dp_replicate * self.dp_shard
+        return self.dp_replicate * self.resolved_dp_shard
 
     @model_validator(mode="after")
     def _degrees(self) -> "ParallelismSpec":
@@ -92,13 +101,12 @@ class ParallelismSpec(_Strict):
                     f"{self.nproc_per_node}) is not divisible by dp_replicate "
                     f"{self.dp_replicate} x tp {self.tp} x pp {self.pp} = {others}"
                 )
-            object.__setattr__(self, "dp_shard", self.world_size // others)
         elif self.dp_shard < 1:
             raise ValueError(f"dp_shard must be >= 1 or -1 (infer), got {self.dp_shard}")
-        product = others * self.dp_shard
+        product = others * self.resolved_dp_shard
         if product != self.world_size:
             raise ValueError(
-                f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x tp {self.tp} "
+                f"dp_replicate {self.dp_replicate} x dp_shard {self.resolved_dp_shard} x tp {self.tp} "
                 f"x pp {self.pp} = {product} must equal world size {self.world_size} "
                 f"(nnodes {self.nnodes} x nproc_per_node {self.nproc_per_node})"
             )
@@ -334,7 +342,7 @@ def _cross_field_problems(job: JobSpec):
     if t.global_batch_size % p.dp:
         yield "training.global_batch_size", (
             f"{t.global_batch_size} must be divisible by dp = dp_replicate {p.dp_replicate} "
-            f"x dp_shard {p.dp_shard} = {p.dp}"
+            f"x dp_shard {p.resolved_dp_shard} = {p.dp}"
         )
         return
     per_dp = t.global_batch_size // p.dp

@@ -36,7 +36,13 @@ class ParallelDims:
 
     @classmethod
     def from_spec(cls, spec: ParallelismSpec, *, world_size: int) -> "ParallelDims":
-        return cls(dp_replicate=spec.dp_replicate, dp_shard=spec.dp_shard, pp=spec.pp,
+        """The degrees for the world torchrun started; a declared dp_shard of -1 takes what
+        the other degrees leave of it (so a job follows an elastic world size)."""
+        shard = spec.dp_shard
+        if shard == -1:
+            others = spec.dp_replicate * spec.pp * spec.tp
+            shard = world_size // others if world_size % others == 0 else 0
+        return cls(dp_replicate=spec.dp_replicate, dp_shard=shard, pp=spec.pp,
                    tp=spec.tp, world_size=world_size)
 
     def describe(self) -> str:

@@ -34,8 +34,9 @@ def job_inputs(job) -> dict:
     layout = Layout(
         tp=p.tp, pp=p.pp, dp=p.dp, cp=1, micro_batch=t.micro_batch_size,
         virtual_stages=p.pp_virtual_stages, recompute=p.activation_checkpoint,
-        sharding="fsdp" if p.dp_shard > 1 else "ddp",
-        dp_shard=p.dp_shard if 1 < p.dp_shard < p.dp else 0, schedule=p.pp_schedule,
+        sharding="fsdp" if p.resolved_dp_shard > 1 else "ddp",
+        dp_shard=p.resolved_dp_shard if 1 < p.resolved_dp_shard < p.dp else 0,
+        schedule=p.pp_schedule,
     )
     return {
         "shape": shape, "cluster": cluster, "layout": layout,

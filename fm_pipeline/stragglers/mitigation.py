@@ -124,7 +124,7 @@ def plan_after_stragglers(job: JobSpec, *,
     sp = smaller.parallelism
     return ExclusionPlan(job=smaller, excluded=excluded, avoid_hosts=hosts, env=env,
                          note=f"world size {p.world_size} -> {sp.world_size} (dp_shard "
-                              f"{p.dp_shard} -> {sp.dp_shard}) without "
+                              f"{p.resolved_dp_shard} -> {sp.resolved_dp_shard}) without "
                               + ", ".join(f"{s.host}/local rank {s.local_rank}"
                                           for s in excluded))
 

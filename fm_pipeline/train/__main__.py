@@ -51,25 +51,22 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 
 def load_job_for_world(path: Path, overrides: dict, *, world_size: int, local_world_size: int):
-    """The job, with nnodes/nproc_per_node re-derived for an elastic world when allowed."""
+    """The job, with nnodes/nproc_per_node re-derived for an elastic world when allowed (the
+    spec declares dp_shard -1: it keeps what it declared, config/spec.py)."""
     from fm_pipeline.config import JobSpecError, load_job
-    from fm_pipeline.config.strict_yaml import load_yaml
 
     job = load_job(path, **overrides)
-    if job.parallelism.world_size == world_size:
-        return job
-    raw = load_yaml(path.read_text(encoding="utf-8"), source=str(path)) or {}
-    declared = {**(raw.get("parallelism") or {}),
-                **{k.split(".", 1)[1]: v for k, v in overrides.items()
-                   if k.startswith("parallelism.")}}
     p = job.parallelism
-    if declared.get("dp_shard", -1) == -1 and world_size % local_world_size == 0:
+    if p.world_size == world_size:
+        return job
+    if p.dp_shard == -1 and world_size % local_world_size == 0:
         return load_job(path, **{**overrides, "parallelism.nnodes": world_size // local_world_size,
                                  "parallelism.nproc_per_node": local_world_size})
     raise JobSpecError(str(path), [("parallelism", (
-        f"dp_replicate {p.dp_replicate} x dp_shard {p.dp_shard} x pp {p.pp} x tp {p.tp} = "
-        f"{p.world_size} ranks, but torchrun started {world_size}; set nnodes/nproc_per_node "
-        "to match, or leave dp_shard unset (-1) to let it follow the world size"))])
+        f"dp_replicate {p.dp_replicate} x dp_shard {p.resolved_dp_shard} x pp {p.pp} x tp "
+        f"{p.tp} = {p.world_size} ranks, but torchrun started {world_size}; set "
+        "nnodes/nproc_per_node to match, or leave dp_shard unset (-1) to let it follow the "
+        "world size"))])
 
 
 def permanent_reason(error: BaseException) -> str | None:

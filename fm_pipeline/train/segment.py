@@ -7,7 +7,8 @@ The end step defaults to the next multiple of `training.segment_steps` after the
 step, capped at `training.steps`. Ranks restore the newest valid checkpoint of the job (or
 `resume_from`, a checkpoint directory or store location), resharding it if the topology
 changed, and start from scratch when there is none. Resuming from an older checkpoint of the
-job supersedes its newer ones (checkpoint/supersede.py) before the first step.
+job supersedes its newer ones (catalog/supersede.py) before the first step
+(fm_pipeline.checkpoint.load.resume holds that policy).
 """
 
 from __future__ import annotations
@@ -16,16 +17,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from fm_pipeline.catalog import CheckpointRef, latest_valid, read_manifest
-from fm_pipeline.catalog.refs import MANIFEST
-from fm_pipeline.checkpoint import CheckpointManager
-from fm_pipeline.checkpoint import restore as restore_checkpoint
+from fm_pipeline.catalog.refs import ref_from_location
+from fm_pipeline.checkpoint import CheckpointManager, comm
+from fm_pipeline.checkpoint.load import resume
 from fm_pipeline.config import JobSpec, dump_job
 from fm_pipeline.config.paths import runs_dir, store_uri
 from fm_pipeline.model import count_params, flops_per_token
@@ -58,18 +57,17 @@ def take_lease(job: JobSpec, store):
     every rank learns the outcome. Returns the lease on rank 0, None elsewhere."""
     from fm_pipeline.rundir.lease import JobLease, LeaseHeld, LeaseUnavailable
 
-    box: list[Any] = [None]
-    lease = None
+    refused, lease = None, None
     if dist.get_rank() == 0:
         try:
             lease = JobLease(job.name, store=store, ttl_s=job.resilience.lease_ttl_s).acquire()
         except LeaseHeld as e:
-            box[0] = (exit_codes.LEASE_HELD, str(e))
+            refused = (exit_codes.LEASE_HELD, str(e))
         except LeaseUnavailable as e:
-            box[0] = (exit_codes.FAILURE, str(e))
-    dist.broadcast_object_list(box, src=0)
-    if box[0] is not None:
-        raise SegmentRefused(*box[0])
+            refused = (exit_codes.FAILURE, str(e))
+    refused = comm.broadcast_from_rank0(refused)
+    if refused is not None:
+        raise SegmentRefused(*refused)
     return lease
 
 
@@ -100,81 +98,21 @@ def _manifest_topology(manifest) -> str:
         pp_virtual_stages=p.pp_virtual_stages))
 
 
-def _resolve_ref(resume_from: str, store) -> CheckpointRef:
-    path = Path(resume_from)
-    if path.is_dir():
-        return CheckpointRef.local(path)
-    prefix = resume_from.removeprefix(store.uri).strip("/")
-    if prefix != resume_from.strip("/"):
-        return CheckpointRef.remote(store, prefix)
-    raise SegmentSetupError(
-        f"--resume-from {resume_from}: neither a checkpoint directory nor a location in the "
-        f"store {store.uri}")
-
-
 def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | None):
-    """Load the chosen checkpoint into the trainer (all ranks). None: start from scratch."""
-    job = trainer.job
-    ref = _resolve_ref(resume_from, manager.store) if resume_from else None
-    box: list[Any] = [None, None]  # (checkpoint topology, error)
-    if dist.get_rank() == 0:  # peek: per-rank RNG states exist only for the same topology
+    """Load the chosen checkpoint into the trainer (all ranks; checkpoint.load.resume does
+    discovery, the load and a rollback's bookkeeping). None: start from scratch."""
+    ref = None
+    if resume_from:
         try:
-            if ref is not None:
-                box[0] = _manifest_topology(read_manifest(ref))
-            else:
-                found = latest_valid(job, store=manager.store, checksums=False)
-                box[0] = _manifest_topology(found.manifest) if found.found else None
-        except Exception as e:  # every rank must learn it, or the others wait forever
-            if ref is not None:
-                box[1] = f"{type(e).__name__}: {e}"
-            else:  # e.g. the store is down: restore_latest falls back to the local tier,
-                # and without the peek RNG states are reseeded instead of restored
-                log.warning("could not look ahead at the newest checkpoint: %s", e)
-    dist.broadcast_object_list(box, src=0)
-    if box[1] is not None:
-        where = f"--resume-from {resume_from}" if ref is not None else f"job {job.name}"
-        raise SegmentSetupError(f"cannot read the checkpoint of {where}: {box[1]}")
-    with trainer.state.restoring_from(box[0]):
-        if ref is None:
-            return manager.restore_latest()
-        error = None
-        try:
-            result = restore_checkpoint(trainer.app_state, ref, job=job)
-        except BaseException as e:  # every rank must learn it before rank 0 rolls back
-            error = e
-    failed: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(failed, None if error is None else f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    if any(failed):
-        rank = next(r for r, f in enumerate(failed) if f)
-        raise RuntimeError(f"restore of {ref.location} failed on rank {rank}: {failed[rank]}")
-    _roll_back(job, ref, result, manager)
-    return result
+            ref = ref_from_location(resume_from, manager.store)
+        except ValueError as e:
+            raise SegmentSetupError(f"--resume-from {e}") from None
 
+    def rng_of_this_topology(manifest):  # per-rank RNG states exist only for the same mesh
+        return trainer.state.restoring_from(_manifest_topology(manifest))
 
-def _roll_back(job: JobSpec, ref: CheckpointRef, restored, manager: CheckpointManager) -> None:
-    """After every rank restored `ref` and before the first step: the job's checkpoints newer
-    than it are superseded (rank 0, both tiers; the others wait), so that no discovery ever
-    resumes the abandoned continuation. A tier that cannot record it stops the segment."""
-    from fm_pipeline.catalog.supersede import supersede_newer
-
-    box: list[Any] = [None]
-    if dist.get_rank() == 0 and restored.manifest.job == job.name:
-        try:
-            local = CheckpointRef.local(restored.local_path)
-            superseded = supersede_newer(job.name, ref, local.read_bytes(MANIFEST),
-                                         root=manager.root, store=manager.store)
-            if superseded:
-                log.warning("resumed job %s from step %d: %d newer checkpoint(s) superseded",
-                            job.name, ref.step, len(superseded))
-        except Exception as e:
-            box[0] = f"{type(e).__name__}: {e}"
-    dist.broadcast_object_list(box, src=0)
-    if box[0] is not None:
-        raise RuntimeError(f"resumed from {ref.location} but could not supersede the job's "
-                           f"newer checkpoints, so they would still be selected: {box[0]}; "
-                           "nothing was trained, retry when every tier is reachable")
+    return resume(trainer.app_state, trainer.job, store=manager.store, root=manager.root,
+                  resume_from=ref, before_load=rng_of_this_topology)
 
 
 class RankTimingWindow:

@@ -51,7 +51,7 @@ class StepResult:
 def job_topology(job: JobSpec, world_size: int) -> str:
     p = job.parallelism
     return topology_key(world_size=world_size, degrees=dict(
-        dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, pp=p.pp, tp=p.tp,
+        dp_replicate=p.dp_replicate, dp_shard=p.resolved_dp_shard, pp=p.pp, tp=p.tp,
         pp_virtual_stages=p.pp_virtual_stages))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fm_pipeline.config import JobSpecError, load_job, parse_job
+from fm_pipeline.config import JobSpecError, dump_job, load_job, parse_job
 from tests.conftest import REPO
 
 DEMO = REPO / "configs" / "demo.yaml"
@@ -30,9 +30,14 @@ def test_demo_config_parses():
     assert job.tokens_per_step == 16 * 128
 
 
-def test_dp_shard_is_inferred_from_world_size(demo):
+def test_dp_shard_is_inferred_from_world_size_and_the_declared_minus_one_round_trips(demo):
     demo["parallelism"] = {"nproc_per_node": 4, "tp": 2}
-    assert parse_job(demo).parallelism.dp_shard == 2
+    job = parse_job(demo)
+    assert job.parallelism.resolved_dp_shard == 2 and job.parallelism.dp == 2
+    # The spec says what was declared: a dumped spec (a launcher's job.yaml) keeps -1, so
+    # a segment on another world size can still let dp_shard follow it.
+    assert dump_job(job)["parallelism"]["dp_shard"] == -1
+    assert parse_job(dump_job(job)) == job
 
 
 def test_degrees_must_multiply_to_world_size_and_message_prints_every_degree(demo):
@@ -93,7 +98,7 @@ def test_bad_yaml_and_missing_file_are_clear(tmp_path):
 def test_overrides_apply_before_validation():
     job = load_job(DEMO, **{"training.steps": 40, "parallelism.nproc_per_node": 1,
                             "parallelism.dp_shard": -1})
-    assert job.training.steps == 40 and job.parallelism.dp_shard == 1
+    assert job.training.steps == 40 and job.parallelism.resolved_dp_shard == 1
 
 
 def _spec_file(tmp_path, text: str):

@@ -26,13 +26,14 @@ def test_k8s_variable_expansion_follows_the_kubelet():
     assert expand_k8s_vars("$$(PET_MASTER_ADDR) $(UNSET)", env) == "$(PET_MASTER_ADDR) $(UNSET)"
 
 
-def _run_nodes(rendered, tmp_path, *, timeout_s: float = 180) -> list[subprocess.CompletedProcess]:
+def _run_nodes(rendered, tmp_path, *, timeout_s: float = 180,
+               nodes: int = 2) -> list[subprocess.CompletedProcess]:
     port = str(free_port())
+    overrides = {"PET_MASTER_PORT": port, **({"PET_NNODES": str(nodes)} if nodes != 2 else {})}
     nodes = [
         pod_process(rendered, node_rank=rank, root=tmp_path / "pods",
-                    hosts={rendered.leader_host: "127.0.0.1"},
-                    env_overrides={"PET_MASTER_PORT": port})
-        for rank in range(2)
+                    hosts={rendered.leader_host: "127.0.0.1"}, env_overrides=overrides)
+        for rank in range(nodes)
     ]
     procs = [subprocess.Popen(n.argv, env=n.env, cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for n in nodes]
@@ -53,7 +54,7 @@ def test_two_nodes_train_and_checkpoint_with_the_pod_command(tmp_path, s3_bucket
     on loopback), commit a checkpoint on the shared claim and upload it to the store."""
     store_uri = f"s3://{s3_bucket}/fm"
     job = small_job(**{"name": "two", "parallelism.nnodes": 2, "parallelism.nproc_per_node": 1,
-                       "training.steps": 4, "training.segment_steps": 4,
+                       "training.steps": 8, "training.segment_steps": 4,
                        "checkpoint.every_steps": 100})
     build_small_mix(job, store=open_store(store_uri))
     target = KubernetesTarget(store_uri=store_uri, s3_endpoint_url=s3_endpoint,
@@ -68,3 +69,16 @@ def test_two_nodes_train_and_checkpoint_with_the_pod_command(tmp_path, s3_bucket
         "checkpoints/two/step-00000004/manifest.json"))
     assert manifest["step"] == 4
     assert manifest["parallelism"]["world_size"] == 2 and manifest["parallelism"]["nnodes"] == 2
+
+    # The next segment on one node (the other is gone): the rendered spec still declares
+    # dp_shard -1, so the trainer follows the smaller world and reshards the checkpoint.
+    assert "dp_shard: -1" in rendered.config_map["data"]["job.yaml"]
+    following = render_segment(SegmentLaunch(job, end_step=8), target)
+    (alone,) = _run_nodes(following, tmp_path, nodes=1)
+    assert alone.returncode == 0, alone.stdout[-4000:]
+    assert "completed at step 8" in alone.stdout
+    manifest = json.loads(open_store(store_uri).get_bytes(
+        "checkpoints/two/step-00000008/manifest.json"))
+    assert manifest["parallelism"]["world_size"] == 1 and manifest["parallelism"]["dp_shard"] == 1
+    restored = [line for line in alone.stdout.splitlines() if "restored step 4" in line]
+    assert restored, alone.stdout[-3000:]

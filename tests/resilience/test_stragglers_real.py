@@ -63,7 +63,7 @@ def test_a_slowed_rank_is_flagged_alone_then_excluded_and_the_job_resumes_withou
         assert summary["idle_gpu_hours"] == pytest.approx(end["idle_gpu_hours"])
         assert "straggler" in api_kinds and "straggler_end" in api_kinds
         # Local mitigation: one rank fewer; Kubernetes: same size, the host avoided.
-        assert plan.job.parallelism.world_size == 1 and plan.job.parallelism.dp_shard == 1
+        assert plan.job.parallelism.world_size == 1 and plan.job.parallelism.resolved_dp_shard == 1
         assert k8s.job == job and k8s.avoid_hosts == (event["host"],)
         from fm_pipeline.launch.pod import Placement
 

@@ -51,7 +51,7 @@ def test_local_exclusion_shrinks_dp_shard_and_kubernetes_avoids_the_host():
     plan = plan_after_stragglers(job)
     p = plan.job.parallelism
     # 3 ranks cannot hold tp 2: the largest layout that can is 2 ranks (dp_shard 1).
-    assert (p.world_size, p.tp, p.dp_shard) == (2, 2, 1)
+    assert (p.world_size, p.tp, p.resolved_dp_shard) == (2, 2, 1)
     assert plan.job.training.global_batch_size == job.training.global_batch_size
     assert "world size 4 -> 2" in plan.note and plan.env == {}
     k8s = plan_after_stragglers(job, target="kubernetes")

@@ -131,7 +131,8 @@ def _job_file(tmp_path, **parallelism):
 def test_an_elastic_world_rederives_dp_shard_when_the_job_lets_it(tmp_path):
     path = _job_file(tmp_path, nproc_per_node=4, tp=2)  # dp_shard unset: inferred
     job = load_job_for_world(path, {}, world_size=2, local_world_size=2)
-    assert (job.parallelism.dp_shard, job.parallelism.tp, job.parallelism.world_size) == (1, 2, 2)
+    assert (job.parallelism.resolved_dp_shard, job.parallelism.tp,
+            job.parallelism.world_size) == (1, 2, 2)
 
 
 def test_a_world_size_the_degrees_do_not_allow_is_a_bad_config_naming_them(tmp_path):

@@ -9,9 +9,8 @@ from dagster import Definitions
 # Import each area as a module: Dagster refuses a code location with more than one
 # Definitions object at module scope (only `defs` may be one).
 from fm_pipeline.assets import data as data_area
-from fm_pipeline.assets import plan as plan_area
 from fm_pipeline.assets import training as training_area
 
-AREAS: list[Definitions] = [data_area.defs, plan_area.defs, training_area.defs]
+AREAS: list[Definitions] = [data_area.defs, training_area.defs]
 
 defs = Definitions.merge(*AREAS) if AREAS else Definitions()

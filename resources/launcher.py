@@ -8,9 +8,9 @@
 Environment (Kubernetes only): FM_K8S_KUBECONFIG, FM_K8S_CONTEXT, FM_K8S_IN_CLUSTER=1,
 FM_K8S_NAMESPACE, FM_K8S_IMAGE, FM_K8S_SHARED_CLAIM, FM_K8S_CREDENTIALS_SECRET,
 FM_K8S_SERVICE_ACCOUNT, FM_K8S_MAX_RESTARTS, FM_S3_ENDPOINT_URL.
-Both launchers have the same `launch_segment(context, *, job, end_step, overrides=(),
-extras=None, placement=None, env=None) -> SegmentRun` and `stop_segments(job_name, *,
-reason) -> list[str]` (checkpoint and exit 75: the flag locally, a graceful JobSet delete).
+Both are SegmentLauncher (segment_launcher.py: the contract, documented once):
+`launch_segment(...) -> SegmentRun` and `stop_segments(job_name, *, reason)` (checkpoint and
+exit 75: the flag locally, a graceful JobSet delete).
 """
 
 from __future__ import annotations

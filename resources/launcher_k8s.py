@@ -20,29 +20,25 @@ are gone: a trainer that checkpointed and exited 75 makes the segment `preempted
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from dagster import (
-    ConfigurableResource,
     PipesClientCompletedInvocation,
     PipesEnvContextInjector,
     open_pipes_session,
 )
 from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
 from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
+from fm_pipeline.resources.segment_launcher import SegmentLauncher
 from pydantic import Field
 
-from fm_pipeline.config import JobSpec
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.k8s_client import JobSetClient
 from fm_pipeline.launch.k8s_follow import segment_result
 from fm_pipeline.launch.k8s_stop import followed_jobset, followed_jobsets, stop_jobsets
 from fm_pipeline.launch.pod import Placement
-from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
+from fm_pipeline.launch.spec import SegmentLaunch
 
 
-class KubernetesLauncher(ConfigurableResource):
+class KubernetesLauncher(SegmentLauncher):
     """Runs each segment as a JobSet (one Indexed Job, a pod per node), queued by Kueue."""
 
     store_uri: str = Field(description="object store every pod shares: s3://bucket/prefix")
@@ -57,9 +53,7 @@ class KubernetesLauncher(ConfigurableResource):
     credentials_secret: str | None = Field(default=None, description="Secret with AWS_* keys")
     service_account: str | None = None
     max_restarts: int = Field(default=3, ge=0, description="JobSet restarts beyond node loss")
-    trainer_module: str = TRAINER_MODULE
     poll_interval_s: float = Field(default=5.0, gt=0)
-    timeout_s: float | None = Field(default=None, description="delete the JobSet after this")
     delete_on_completion: bool = True
 
     def jobset_client(self) -> JobSetClient:
@@ -67,35 +61,20 @@ class KubernetesLauncher(ConfigurableResource):
             return JobSetClient.in_cluster()
         return JobSetClient.from_kubeconfig(self.kubeconfig_file, self.kube_context)
 
-    def launch_segment(
-        self,
-        context,
-        *,
-        job: JobSpec,
-        end_step: int,
-        overrides: Sequence[str] = (),
-        extras: Mapping[str, Any] | None = None,
-        placement: Placement | None = None,
-        env: Mapping[str, str] | None = None,
-        resume_from: str | None = None,
-    ) -> SegmentRun:
-        """Train `job` up to `end_step` on the cluster; raises dagster.Failure (metadata:
-        outcome, exit_code, failed_rank, reason) unless the JobSet completed. `env` is added
-        to every pod's container environment (e.g. the MLflow run to log into);
-        `resume_from` (a store location the pods can read) replaces the newest valid."""
-        launch = SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
-                               overrides=tuple(overrides), resume_from=resume_from)
+    def run_launch(self, context, launch: SegmentLaunch, *, extras: dict, placement: Placement,
+                   env: dict) -> SegmentRun:
+        job, end_step = launch.job, launch.end_step
         client = self.jobset_client()
         reader = PipesK8sPodLogsMessageReader()
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),
-                                message_reader=reader, extras=dict(extras or {})) as session:
+                                message_reader=reader, extras=extras) as session:
             rendered = render_segment(launch, KubernetesTarget(
                 store_uri=self.store_uri, s3_endpoint_url=self.s3_endpoint_url,
                 shared_volume_claim=self.shared_volume_claim,
                 credentials_secret=self.credentials_secret, image=self.image,
                 namespace=self.namespace, max_restarts=self.max_restarts,
-                service_account=self.service_account, placement=placement or Placement(),
-                extra_env={**dict(env or {}), **session.get_bootstrap_env_vars()},
+                service_account=self.service_account, placement=placement,
+                extra_env={**env, **session.get_bootstrap_env_vars()},
             ))
             name, ns = rendered.name, rendered.namespace
             client.submit(rendered)

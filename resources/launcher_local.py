@@ -18,66 +18,48 @@ process of this machine, touches the running segments' preemption flags instead.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import replace
 
 from dagster import (
-    ConfigurableResource,
     PipesClientCompletedInvocation,
     PipesTempFileContextInjector,
     PipesTempFileMessageReader,
     open_pipes_session,
 )
 from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
+from fm_pipeline.resources.segment_launcher import SegmentLauncher
 from pydantic import Field
 
-from fm_pipeline.config import JobSpec
 from fm_pipeline.launch.local import preempt_running_segments, run_segment_locally
 from fm_pipeline.launch.pod import Placement
-from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
+from fm_pipeline.launch.spec import SegmentLaunch
 
 
-class LocalLauncher(ConfigurableResource):
+class LocalLauncher(SegmentLauncher):
     """Runs each segment as `torchrun --standalone` with every rank of the job on this machine."""
 
-    trainer_module: str = Field(default=TRAINER_MODULE, description="module torchrun runs (-m)")
-    timeout_s: float | None = Field(default=None, description="stop a segment after this long")
     echo_output: bool = Field(default=True, description="copy torchrun's output to the step log")
     max_restarts: int = Field(default=0, ge=0, description="torchrun restarts within a segment")
 
-    def launch_segment(
-        self,
-        context,
-        *,
-        job: JobSpec,
-        end_step: int,
-        overrides: Sequence[str] = (),
-        extras: Mapping[str, Any] | None = None,
-        placement: Placement | None = None,
-        env: Mapping[str, str] | None = None,
-        resume_from: str | None = None,
-    ) -> SegmentRun:
-        """Train `job` up to `end_step`; raises dagster.Failure (metadata: outcome, exit_code,
-        failed_rank, reason) unless the segment reached its end step. `placement` is
-        accepted for the same call as KubernetesLauncher; one machine has nothing to place.
-        `env` is added to every worker's environment (e.g. the MLflow run to log into);
-        `resume_from` (a checkpoint directory or store location) replaces the newest valid."""
-        launch = SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
-                               overrides=tuple(overrides), max_restarts=self.max_restarts,
-                               resume_from=resume_from)
+    def segment_launch(self, job, **kwargs) -> SegmentLaunch:
+        return replace(super().segment_launch(job, **kwargs), max_restarts=self.max_restarts)
+
+    def run_launch(self, context, launch: SegmentLaunch, *, extras: dict, placement: Placement,
+                   env: dict) -> SegmentRun:
         with open_pipes_session(
             context=context,
             context_injector=PipesTempFileContextInjector(),
             message_reader=PipesTempFileMessageReader(),
-            extras=dict(extras or {}),
+            extras=extras,
         ) as session:
             result = run_segment_locally(
-                launch, env={**dict(env or {}), **session.get_bootstrap_env_vars()},
+                launch, env={**env, **session.get_bootstrap_env_vars()},
                 timeout_s=self.timeout_s,
                 echo=sys.stdout if self.echo_output else None,
             )
-        context.log.info(f"segment {job.name} -> step {end_step}: {result.outcome.value} "
-                         f"in {result.duration_s:.1f} s ({result.segment_dir})")
+        context.log.info(f"segment {launch.job.name} -> step {launch.end_step}: "
+                         f"{result.outcome.value} in {result.duration_s:.1f} s "
+                         f"({result.segment_dir})")
         if not result.ok:
             raise segment_failure(result)
         return SegmentRun(result=result, pipes=PipesClientCompletedInvocation(session))

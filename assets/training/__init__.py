@@ -8,8 +8,8 @@ that carry a job from its first segment to its target step.
     dagster dev -w workspace.yaml        # group "training", partitions "training_jobs"
     fm demo                              # the whole pipeline, driven by these sensors
 
-Modules: names (partitions, tags), segment / checkpoints / evaluation / drills (assets and
-checks), jobs, requests (run requests), history (attempts read from the instance),
+Modules: names (partitions, tags), plan / segment / checkpoints / evaluation / drills
+(assets and checks), jobs, requests (run requests), history (attempts read from the instance),
 sensors, schedules, submit (programmatic submission), driver (the pipeline in one
 process, for the demo and tests). docs/orchestration.md explains the model.
 Resources: "launcher" (launcher_from_env: local torchrun, or Kubernetes), "mlflow",
@@ -23,6 +23,7 @@ from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_valid
 from fm_pipeline.assets.training.drills import restore_drill
 from fm_pipeline.assets.training.evaluation import evaluation
 from fm_pipeline.assets.training.jobs import TRAINING_JOBS
+from fm_pipeline.assets.training.plan import training_plan
 from fm_pipeline.assets.training.schedules import restore_drill_schedule
 from fm_pipeline.assets.training.segment import training_segment
 from fm_pipeline.assets.training.sensors import TRAINING_SENSORS
@@ -30,7 +31,7 @@ from fm_pipeline.resources.launcher import launcher_from_env
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
 
-TRAINING_ASSETS = [training_segment, checkpoint, evaluation, restore_drill]
+TRAINING_ASSETS = [training_plan, training_segment, checkpoint, evaluation, restore_drill]
 
 defs = Definitions(
     assets=TRAINING_ASSETS,

@@ -41,7 +41,6 @@ from fm_pipeline.assets.training.names import (
     short,
 )
 from fm_pipeline.assets.training.requests import API_RESUME, SUBMIT, segment_request
-from fm_pipeline.assets.training.segment import checkpoint_step, newest_valid_step
 from fm_pipeline.resources.launcher import launcher_from_env
 from fm_pipeline.resources.launcher_local import LocalLauncher
 
@@ -49,6 +48,7 @@ from fm_pipeline.api.orchestrator import RunInfo, ThreadedRuns
 from fm_pipeline.config import JobSpec
 from fm_pipeline.config.paths import store_uri
 from fm_pipeline.orchestration import next_segment
+from fm_pipeline.orchestration.segments import checkpoint_step, newest_valid_step
 from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)

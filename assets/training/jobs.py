@@ -1,24 +1,24 @@
 """The training layer's jobs, all partitioned by training job (names.training_jobs).
 
-    training_segment_job        one segment: training_segment -> checkpoint (+ checkpoint_valid)
+    training_segment_job        one segment: training_plan (the job's, planned once) ->
+                                training_segment -> checkpoint (+ checkpoint_valid)
     checkpoint_evaluation_job   checkpoint_valid (blocking) -> evaluation of one checkpoint
     restore_drill_job           restore_drill (+ restore_drill_passed) of one checkpoint
-    training_plan_job           the (unpartitioned) training_plan of the job_spec resource
 """
 
 from __future__ import annotations
 
 from dagster import AssetSelection, define_asset_job
-from fm_pipeline.assets.plan import training_plan
 from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_valid
 from fm_pipeline.assets.training.drills import restore_drill
 from fm_pipeline.assets.training.evaluation import evaluation
 from fm_pipeline.assets.training.names import DRILL_JOB, EVALUATION_JOB, SEGMENT_JOB, training_jobs
+from fm_pipeline.assets.training.plan import training_plan
 from fm_pipeline.assets.training.segment import training_segment
 
 training_segment_job = define_asset_job(
     SEGMENT_JOB, partitions_def=training_jobs,
-    selection=AssetSelection.assets(training_segment, checkpoint)
+    selection=AssetSelection.assets(training_plan, training_segment, checkpoint)
     | AssetSelection.checks(checkpoint_valid),
     description="Train one segment of the partition's job and record its checkpoints.")
 
@@ -31,9 +31,4 @@ restore_drill_job = define_asset_job(
     DRILL_JOB, partitions_def=training_jobs, selection=AssetSelection.assets(restore_drill),
     description="Restore one checkpoint on another topology and verify it.")
 
-training_plan_job = define_asset_job(
-    "training_plan_job", selection=AssetSelection.assets(training_plan),
-    description="Plan the job_spec resource's job (memory, MFU, checkpoint interval, cost).")
-
-TRAINING_JOBS = [training_segment_job, checkpoint_evaluation_job, restore_drill_job,
-                 training_plan_job]
+TRAINING_JOBS = [training_segment_job, checkpoint_evaluation_job, restore_drill_job]

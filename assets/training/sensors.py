@@ -56,12 +56,12 @@ from fm_pipeline.assets.training.requests import (
     checkpoint_request,
     segment_request,
 )
-from fm_pipeline.assets.training.segment import newest_valid_step
 from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
 
 from fm_pipeline.orchestration import decide_after_failure, next_segment, registered_job
 from fm_pipeline.orchestration.retry import LEASE_HELD
+from fm_pipeline.orchestration.segments import newest_valid_step
 
 SEGMENT_ASSET = "training_segment"
 

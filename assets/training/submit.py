@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dagster import RunRequest
 from fm_pipeline.assets.training.names import JOBS_PARTITION, PARTITION_TAG, SEGMENT_JOB
 from fm_pipeline.assets.training.requests import SUBMIT, segment_request
-from fm_pipeline.assets.training.segment import newest_valid_step
 
 from fm_pipeline.orchestration import next_segment, register_job
+from fm_pipeline.orchestration.segments import newest_valid_step
 
 DEFAULT_LOCATION = "fm_pipeline"  # workspace.yaml's location_name
 

@@ -19,7 +19,7 @@ without torch. See docs/checkpoints.md.
 
 from __future__ import annotations
 
-import importlib
+from fm_pipeline.lazy import lazy_exports
 
 _EXPORTS = {
     "Probe": "commit",
@@ -33,9 +33,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"fm_pipeline.checkpoint.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module 'fm_pipeline.checkpoint' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

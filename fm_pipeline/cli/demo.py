@@ -81,9 +81,8 @@ def demo(job: Path = JOB,
             "training_policy": TrainingPolicyResource(backoff_base_s=backoff_s)})
         spec_config = RunRequest(run_config={"resources": {"job_spec": {"config": {
             "path": str(job)}}}})
-        for job_name in ("data_mix_job", "training_plan_job"):
-            if not driver.execute(job_name, spec_config, origin="demo").success:
-                raise typer.Exit(_failed(instance, driver.runs[-1].run_id))
+        if not driver.execute("data_mix_job", spec_config, origin="demo").success:
+            raise typer.Exit(_failed(instance, driver.runs[-1].run_id))
         data_run_id = driver.runs[0].run_id
         taken = set(registered_jobs(store))
         name = next(f"{spec.name}-{n}" for n in range(1, 10_000) if f"{spec.name}-{n}" not in taken)

@@ -1,5 +1,6 @@
 """The Job spec and where a job's state lives."""
 
+from fm_pipeline.config.load import JobSpecError, dump_job, load_job, parse_job, parse_overrides
 from fm_pipeline.config.spec import (
     PRIORITY_VALUES,
     CheckpointSpec,
@@ -12,7 +13,6 @@ from fm_pipeline.config.spec import (
     SourceSpec,
     TrainingSpec,
 )
-from fm_pipeline.config.load import JobSpecError, dump_job, load_job, parse_job, parse_overrides
 
 __all__ = [
     "PRIORITY_VALUES", "CheckpointSpec", "ClusterSpec", "DataSpec", "JobSpec", "JobSpecError",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from fm_pipeline.data.errors import CorruptShardError, DataError
 from fm_pipeline.data.manifest import MixManifest, mix_key, mix_prefix, tokenizer_key
 from fm_pipeline.data.mix import Mix, MixRef, open_mix
+from fm_pipeline.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fm_pipeline.data.loader import MixLoader
@@ -25,12 +26,7 @@ if TYPE_CHECKING:
 _LAZY = {"MixLoader": "fm_pipeline.data.loader", "prepare_mix": "fm_pipeline.data.pipeline"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'fm_pipeline.data' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 def open_job_mix(job, store=None) -> Mix:

@@ -14,7 +14,7 @@ pod_local (run a rendered pod's command as a local "node"). Exports resolve lazi
 
 from __future__ import annotations
 
-import importlib
+from fm_pipeline.lazy import lazy_exports
 
 _EXPORTS = {
     "SegmentLaunch": "spec", "Standalone": "spec", "PetRendezvous": "spec",
@@ -29,8 +29,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'fm_pipeline.launch' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"fm_pipeline.launch.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fm_pipeline.lazy import lazy_exports
 from fm_pipeline.model.config import ModelConfig
 from fm_pipeline.model.flops import count_params, flops_per_token
 from fm_pipeline.model.registry import get_model_config, model_names
@@ -16,12 +17,7 @@ if TYPE_CHECKING:
     from fm_pipeline.model.transformer import Transformer
 
 
-def __getattr__(name: str):
-    if name == "Transformer":
-        from fm_pipeline.model.transformer import Transformer
-
-        return Transformer
-    raise AttributeError(f"module 'fm_pipeline.model' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"Transformer": "transformer"})
 
 
 __all__ = [

@@ -8,6 +8,13 @@ what a finished segment measured against its plan.
 The Dagster assets, sensors and schedules (fm_pipeline.assets.training) call these.
 """
 
+from fm_pipeline.orchestration.goodput import job_goodput, segment_report
+from fm_pipeline.orchestration.registry import (
+    UnknownJob,
+    register_job,
+    registered_job,
+    registered_jobs,
+)
 from fm_pipeline.orchestration.retry import (
     Decision,
     RetryPolicy,
@@ -17,13 +24,6 @@ from fm_pipeline.orchestration.retry import (
     next_segment,
     segment_end,
 )
-from fm_pipeline.orchestration.registry import (
-    UnknownJob,
-    register_job,
-    registered_job,
-    registered_jobs,
-)
-from fm_pipeline.orchestration.goodput import job_goodput, segment_report
 
 __all__ = ["Decision", "RetryPolicy", "SegmentAttempt", "UnknownJob", "decide_after_failure",
            "failures_in_a_row", "job_goodput", "next_segment", "register_job",

@@ -3,6 +3,7 @@
     register_job(store, job)            # jobs/<name>/spec.yaml in the object store
     job = registered_job(store, "demo") # what every segment, evaluation and drill reads
     registered_jobs(store)              # ["demo", ...]
+    plan = job_plan(store, job)         # jobs/<name>/plan.json: planned once per spec
 
 A Dagster partition of the training assets is a job name; this is where its spec lives,
 in the store every process (Dagster steps, sensors, pods, the API) already shares.
@@ -11,6 +12,9 @@ refused (its checkpoints were written for the old one) unless `replace=True`.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
 
 from fm_pipeline.config import JobSpec, dump_job, parse_job
 from fm_pipeline.config.strict_yaml import dump_yaml, load_yaml
@@ -69,3 +73,33 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
         elif x != y:
             out.append(f"{prefix}{key}")
     return out
+
+
+def plan_key(name: str) -> str:
+    return f"{PREFIX}/{name}/plan.json"
+
+
+def _spec_digest(job: JobSpec) -> str:
+    return hashlib.sha256(json.dumps(dump_job(job), sort_keys=True).encode()).hexdigest()
+
+
+def job_plan(store: ObjectStore, job: JobSpec) -> dict | None:
+    """The planner's plan of `job` (planner.job_plan.plan_for_job), computed once per spec and
+    kept beside it (the CPU's matmul probe alone costs a second per process); None for a
+    layout the planner cannot model. Every process of the job reads the same plan."""
+    from fm_pipeline.planner.job_plan import plan_for_job
+
+    digest = _spec_digest(job)
+    try:
+        stored = json.loads(store.get_bytes(plan_key(job.name)))
+        if stored.get("spec_sha256") == digest:
+            return stored.get("plan")
+    except (ObjectNotFound, FileNotFoundError, ValueError):
+        pass
+    try:
+        plan = plan_for_job(job)
+    except ValueError:  # a layout the planner cannot model: segments run without a plan
+        plan = None
+    store.put_bytes(json.dumps({"spec_sha256": digest, "plan": plan}, indent=1).encode(),
+                    plan_key(job.name))
+    return plan

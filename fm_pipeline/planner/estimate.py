@@ -17,8 +17,8 @@ from fm_pipeline.planner.cost import Cost, training_cost
 from fm_pipeline.planner.errors import PlanInputError, require_positive
 from fm_pipeline.planner.layout import Candidates, Layout, check_layout
 from fm_pipeline.planner.placement import Placement, placement
-from fm_pipeline.planner.reliability import Reliability, reliability
 from fm_pipeline.planner.prediction import plan_metrics
+from fm_pipeline.planner.reliability import Reliability, reliability
 from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import evaluate
 

@@ -34,9 +34,9 @@ verbs on jobs in the wrong state. Queries: `queue_position`, `pending`, `running
 `preemptions_last_hour`, `is_stopping`.
 """
 
-from fm_pipeline.scheduling.request import JobRequest
 from fm_pipeline.scheduling.admission import AdmissionError, Decision, FairSharePolicy
 from fm_pipeline.scheduling.preemption import Preemption
+from fm_pipeline.scheduling.request import JobRequest
 from fm_pipeline.scheduling.tenants import (
     DEFAULT_TENANTS,
     TenantsConfig,

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fm_pipeline.scheduling.fair_share import add, covers, weighted_share, within_limit
-from fm_pipeline.scheduling.request import JobRequest
 from fm_pipeline.scheduling.preemption import (
     Preemption,
     PreemptionBudget,
     RunningJob,
     plan_preemption,
 )
+from fm_pipeline.scheduling.request import JobRequest
 from fm_pipeline.scheduling.tenants import TenantsConfig
 
 

@@ -19,8 +19,8 @@ from fm_pipeline.sim.config import (
     llama3_405b,
 )
 from fm_pipeline.sim.failures import FailureMode, llama3_failure_modes, single_mode
-from fm_pipeline.sim.single_job import simulate_job
 from fm_pipeline.sim.results import SimResult
+from fm_pipeline.sim.single_job import simulate_job
 
 __all__ = [
     "CheckpointPolicy", "FailureMode", "RecoveryPolicy", "SimConfig", "SimResult",

@@ -17,8 +17,8 @@ from statistics import fmean, pstdev
 from typing import Callable, Iterable, Sequence
 
 from fm_pipeline.sim.config import SimConfig
-from fm_pipeline.sim.single_job import simulate_job
 from fm_pipeline.sim.results import SimResult
+from fm_pipeline.sim.single_job import simulate_job
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ resolve lazily: rank 0 imports the watch and must not pay for the rest.
 
 from __future__ import annotations
 
-import importlib
+from fm_pipeline.lazy import lazy_exports
 
 _EXPORTS = {
     "StragglerDetector": "detector", "RankTiming": "detector",
@@ -26,8 +26,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'fm_pipeline.stragglers' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"fm_pipeline.stragglers.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -143,14 +143,14 @@ def test_a_world_size_the_degrees_do_not_allow_is_a_bad_config_naming_them(tmp_p
 
 
 def test_resume_from_accepts_a_checkpoint_directory_or_a_store_location(tmp_path):
+    from fm_pipeline.catalog.refs import ref_from_location
     from fm_pipeline.storage import open_store
-    from fm_pipeline.train.segment import _resolve_ref
 
     store = open_store(str(tmp_path / "store"))
     local = tmp_path / "runs" / "j" / "checkpoints" / "step-00000004"
     local.mkdir(parents=True)
-    assert _resolve_ref(str(local), store).is_local
-    remote = _resolve_ref(f"{store.uri}/checkpoints/j/step-00000004", store)
+    assert ref_from_location(str(local), store).is_local
+    remote = ref_from_location(f"{store.uri}/checkpoints/j/step-00000004", store)
     assert not remote.is_local and remote.prefix == "checkpoints/j/step-00000004"
-    with pytest.raises(SegmentSetupError, match="neither a checkpoint directory"):
-        _resolve_ref(str(tmp_path / "nowhere"), store)
+    with pytest.raises(ValueError, match="neither a checkpoint directory"):
+        ref_from_location(str(tmp_path / "nowhere"), store)

@@ -1,29 +1,35 @@
-"""The `training_plan` asset: the planner's checked plan for the job spec (group "plan").
+"""The `training_plan` asset: each training job's checked plan (group "plan"), one partition
+per job like every training asset.
 
-    dagster dev -w workspace.yaml      # materialize training_plan (resource "job_spec")
-
-Thin: it calls `fm_pipeline.planner.job_plan.plan_for_job`, writes the plan to
-`runs_dir(job)/plan.json` and returns it (downstream assets take it as an input), with the
-headline predictions as metadata. Wiring it after `data_mix` and logging it to MLflow is the
-orchestration layer's job.
+Thin: `fm_pipeline.orchestration.registry.job_plan` plans the job's registered spec once and
+keeps the plan beside it in the store (later materializations of the partition read it
+back); the asset records the headline predictions as metadata and hands the plan to
+`training_segment`, which compares each segment's measurements with it. It runs in every
+segment run, so the lineage shows the plan each segment trained under.
 """
 
 
-from dagster import AssetExecutionContext, Definitions, MetadataValue, Output, asset
-from fm_pipeline.resources.job_spec import JobSpecResource
+from dagster import AssetExecutionContext, MetadataValue, Output, asset
+from fm_pipeline.assets.training.names import training_jobs
+from fm_pipeline.resources.store import ObjectStoreResource
 
 from fm_pipeline.config.paths import runs_dir
-from fm_pipeline.planner.job_plan import plan_for_job, save_plan
+from fm_pipeline.orchestration import registered_job
+from fm_pipeline.orchestration.registry import job_plan
+from fm_pipeline.planner.job_plan import save_plan
 
 GROUP = "plan"
 
 
-@asset(group_name=GROUP, kinds={"python"}, deps=["data_mix"])  # lineage: plan after the mix
-def training_plan(context: AssetExecutionContext, job_spec: JobSpecResource) -> Output[dict]:
+@asset(group_name=GROUP, kinds={"python"}, deps=["data_mix"], partitions_def=training_jobs)
+def training_plan(context: AssetExecutionContext, store: ObjectStoreResource) -> Output:
     """Memory per GPU, predicted step time and MFU, checkpoint interval, time-to-train and
     $/token for the job's declared layout, beside the search's best alternatives."""
-    job = job_spec.load()
-    plan = plan_for_job(job)
+    target = store.open()
+    job = registered_job(target, context.partition_key)
+    plan = job_plan(target, job)
+    if plan is None:
+        return Output(None, metadata={"plan": "the planner cannot model this layout"})
     path = save_plan(plan, runs_dir(job.name) / "plan.json")
     est = plan["estimate"]
     for warning in est["warnings"]:
@@ -49,7 +55,3 @@ def training_plan(context: AssetExecutionContext, job_spec: JobSpecResource) -> 
         "warnings": MetadataValue.md("\n".join(f"- {w}" for w in est["warnings"]) or "none"),
         "plan_path": MetadataValue.path(str(path)),
     })
-
-
-# The "job_spec" resource comes from the data area's definitions (one resource per key).
-defs = Definitions(assets=[training_plan])

@@ -1,0 +1,97 @@
+"""One training segment, as the orchestrator prepares and closes it (no Dagster here: the
+`training_segment` asset calls these and only adds the run's context and its metadata).
+
+    segment = prepare_segment(job, store, end_step=0, resume_from="")   # SegmentNotRunnable
+    segment.start, segment.end, segment.resume_from
+    metadata = failure_metadata(segment, launcher_metadata, failed_at_step=37, mlflow_run=id)
+
+Where a segment starts: the checkpoint it is asked to resume from (a committed checkpoint of
+the job, either tier), else the newest valid one, else step 0; where it ends: the asked end
+step, else the next segment boundary. A segment that cannot run (nothing left to train, a
+resume_from that is not one of the job's checkpoints, a data mix that is not ready) is
+refused before anything launches, as a bad config: retrying cannot help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fm_pipeline.orchestration.retry import segment_end
+
+
+class SegmentNotRunnable(ValueError):
+    """Why this segment must not launch; `metadata` goes on the failed run."""
+
+    def __init__(self, message: str, **metadata):
+        self.metadata = {"outcome": "bad_config", "reason": message, **metadata}
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class PreparedSegment:
+    job: object  # JobSpec
+    start: int
+    end: int
+    resume_from: str | None  # the checkpoint it starts from (None: scratch)
+    chosen: bool  # resume_from was asked for (a rollback), not discovered
+
+    @property
+    def name(self) -> str:
+        return f"steps-{self.start}-{self.end}"
+
+
+def newest_valid_step(job, store) -> tuple[int, str | None]:
+    """(step, location) of the checkpoint the next segment resumes from; (0, None) if none."""
+    from fm_pipeline.catalog import latest_valid
+
+    found = latest_valid(job, store=store, checksums=False)
+    return (found.found.step, found.found.location) if found.found else (0, None)
+
+
+def checkpoint_step(job, store, location: str) -> int:
+    """The step of the job's checkpoint at `location` (either tier); ValueError if it is not
+    one of the job's checkpoints."""
+    from fm_pipeline.catalog.validate import candidates
+
+    refs = candidates(job.name, store=store)
+    for ref in refs:
+        if ref.location.rstrip("/") == location.rstrip("/"):
+            return ref.step
+    known = ", ".join(sorted({r.location for r in refs})) or "none"
+    raise ValueError(f"resume_from {location!r} is not a checkpoint of job {job.name} "
+                     f"(its checkpoints: {known})")
+
+
+def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "") -> PreparedSegment:
+    """Where the segment starts and ends, checked before anything launches."""
+    from fm_pipeline.data import DataError, open_job_mix
+
+    if resume_from:
+        try:
+            start = checkpoint_step(job, store, resume_from)
+        except ValueError as e:
+            raise SegmentNotRunnable(str(e)) from None
+        location = resume_from
+    else:
+        start, location = newest_valid_step(job, store)
+    end = end_step or segment_end(job, start)
+    if start >= job.training.steps or end <= start:
+        raise SegmentNotRunnable(
+            f"job {job.name} is at step {start}; a segment to step {end} has nothing to train "
+            f"(target {job.training.steps})", start_step=start, end_step=end)
+    try:
+        open_job_mix(job, store)
+    except DataError as e:
+        raise SegmentNotRunnable(f"data mix of {job.name} is not ready: {e}; materialize "
+                                 "data_mix for this job spec first") from None
+    return PreparedSegment(job=job, start=start, end=end, resume_from=location,
+                           chosen=bool(resume_from))
+
+
+def failure_metadata(segment: PreparedSegment, launcher_metadata: dict | None, *,
+                     failed_at_step: int | None, mlflow_run: str | None) -> dict:
+    """What the failure sensor reads on a failed segment run: the launcher's outcome, exit
+    code and reason, plus where the segment started, ended and failed."""
+    return {**(launcher_metadata or {}), "start_step": segment.start, "end_step": segment.end,
+            "failed_at_step": failed_at_step if failed_at_step is not None else -1,
+            "resume_from": segment.resume_from or "scratch", "mlflow_run_id": mlflow_run}

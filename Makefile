@@ -40,11 +40,8 @@ MLFLOW_PORT ?= 5000
 MLFLOW_STORE ?= sqlite:///$(FM_HOME)/mlflow.db
 
 ui: venv
-	@mkdir -p $(DAGSTER_HOME)
-	@test -f $(DAGSTER_HOME)/dagster.yaml || touch $(DAGSTER_HOME)/dagster.yaml
 	@echo ">> Dagster UI on http://127.0.0.1:$(UI_PORT) (DAGSTER_HOME=$(DAGSTER_HOME))"
-	FM_MLFLOW_UI_URL=http://127.0.0.1:$(MLFLOW_PORT) \
-		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
+	FM_MLFLOW_UI_URL=http://127.0.0.1:$(MLFLOW_PORT) $(BIN)/fm deploy ui --port $(UI_PORT)
 
 # No job runner: 2 processes (~0.5 GB) instead of 9 (~1.9 GB); ~25 s to start on a new store.
 mlflow-ui: venv

@@ -20,11 +20,19 @@ from fm_pipeline.defaults import DEMO_JOB
 
 class JobSpecResource(ConfigurableResource):
     path: str = Field(default="", description="job spec YAML; empty: the embedded demo spec")
+    registered: str = Field(default="", description=(
+        "a registered training job's name: its spec from the store instead of a file"))
     overrides: list[str] = Field(default_factory=list, description="dotted key=value (YAML value)")
 
     def resolved_path(self) -> Path:
         return Path(self.path).expanduser() if self.path else DEMO_JOB
 
     def load(self) -> JobSpec:
+        if self.registered:
+            from fm_pipeline.config.paths import store_uri
+            from fm_pipeline.orchestration import registered_job
+            from fm_pipeline.storage import open_store
+
+            return registered_job(open_store(store_uri()), self.registered)
         return load_job(self.resolved_path(),
                         **parse_overrides(self.overrides, where="<overrides>"))

@@ -26,8 +26,8 @@ LAUNCHERS = ("local", "kubernetes")
 def launcher_from_env(env: dict[str, str] | None = None) -> LocalLauncher | KubernetesLauncher:
     env = dict(os.environ if env is None else env)
     kind = env.get("FM_LAUNCHER", "local").strip().lower()
-    if kind == "local":
-        return LocalLauncher()
+    if kind == "local":  # FM_LAUNCHER_ECHO=0: torchrun's output to its segment log only
+        return LocalLauncher(echo_output=env.get("FM_LAUNCHER_ECHO", "1") != "0")
     if kind != "kubernetes":
         raise ValueError(f"FM_LAUNCHER={kind!r}: expected one of {', '.join(LAUNCHERS)}")
     store_uri = env.get("FM_STORE_URI", "")

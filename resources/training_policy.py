@@ -24,6 +24,16 @@ class TrainingPolicyResource(ConfigurableResource):
     crash_loop_repeats: int = Field(
         default=2, ge=2, description="the same failure at the same step this often: stop")
 
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> TrainingPolicyResource:
+        """The defaults, except FM_RETRY_BACKOFF_S (the first resume's wait; fm demo sets 3):
+        a daemon's resources come from the environment it was started with."""
+        import os
+
+        env = os.environ if env is None else env
+        backoff = env.get("FM_RETRY_BACKOFF_S")
+        return cls(backoff_base_s=float(backoff)) if backoff else cls()
+
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(max_consecutive_failures=self.max_consecutive_failures,
                            max_failures=self.max_failures, backoff_base_s=self.backoff_base_s,

@@ -15,14 +15,34 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-def test_demo_runs_the_whole_pipeline_and_reports_it(fm_home):
+def _processes_of(home) -> list[str]:
+    """Command lines of live processes that name `home` (a daemon, a code server, a run)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if str(home) in cmd and "pytest" not in cmd:
+                found.append(cmd[:200])
+    return found
+
+
+def test_demo_runs_the_whole_pipeline_through_the_daemon_and_reports_it(fm_home):
+    """Started in the background the way CI runners and nohup start it (a non-interactive
+    shell's `&` leaves SIGINT ignored): every run is launched by the demo's dagster-daemon,
+    which is stopped with everything it started when the demo ends."""
     env = {**os.environ, "FM_HOME": str(fm_home), "DAGSTER_HOME": str(fm_home / "dagster"),
            "COLUMNS": "200"}
-    out = subprocess.run([sys.executable, "-m", "fm_pipeline.cli.main", "demo",
-                          "--backoff-s", "0.5"], cwd=REPO, env=env, capture_output=True,
+    command = f"{sys.executable} -m fm_pipeline.cli.main demo --backoff-s 0.5 & wait $!"
+    out = subprocess.run(["sh", "-c", command], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
+    assert not _processes_of(fm_home), _processes_of(fm_home)
+    daemon_log = (fm_home / "dagster" / "services" / "daemon.log").read_text()
+    assert "run_intake_sensor" in daemon_log and "segment_failure_sensor" in daemon_log
     # the data mix: both domains, what was dropped, Dagster's checks
     assert re.search(r"^ code +0\.6 ", text, re.M) and re.search(r"^ prose +0\.4 ", text, re.M)
     assert re.search(r"checks: (\d+)/\1 passed", text)

@@ -46,7 +46,7 @@ FLOORS = [
     {"catalog", "rundir", "data", "parallel", "planner"},
     {"checkpoint", "stragglers", "launch", "report", "scheduling"},
     {"train", "eval", "orchestration", "sim"},
-    {"resilience", "api"},
+    {"resilience", "api", "deploy"},
     {"resources", "cli", "assets", "definitions"},  # the Dagster layer and the entry points
 ]
 FLOOR = {pkg: n for n, floor in enumerate(FLOORS) for pkg in floor}

@@ -40,5 +40,5 @@ defs = Definitions(
     sensors=TRAINING_SENSORS,
     schedules=[restore_drill_schedule],
     resources={"launcher": launcher_from_env(), "mlflow": MlflowTrackingResource(),
-               "training_policy": TrainingPolicyResource()},
+               "training_policy": TrainingPolicyResource.from_env()},
 )

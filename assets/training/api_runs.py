@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dagster import DagsterRunStatus, RunsFilter
 from fm_pipeline.assets.training.history import attempt_of
 from fm_pipeline.assets.training.names import (
+    PARTITION_TAG,
     SEGMENT_JOB,
     STOPPED,
     TAG_API_JOB,
@@ -44,9 +45,11 @@ LOST = "the control plane stopped while this run was active; resume it"
 
 
 def api_run_records(instance, job_name: str) -> dict[int, list]:
-    """The job's segment run records per API run number, oldest first within each."""
+    """The job's segment run records per run number (fm/api_run: the control plane's
+    submission), oldest first within each."""
     records = instance.get_run_records(
-        filters=RunsFilter(job_name=SEGMENT_JOB, tags={TAG_API_JOB: job_name}), ascending=True)
+        filters=RunsFilter(job_name=SEGMENT_JOB, tags={PARTITION_TAG: job_name}),
+        ascending=True)
     runs: dict[int, list] = {}
     for record in records:
         number = record.dagster_run.tags.get(TAG_API_RUN, "")

@@ -65,7 +65,12 @@ def _metadata(facts: dict, copies) -> dict:
 def checkpoint(context: AssetExecutionContext, store: ObjectStoreResource) -> MaterializeResult:
     """Every checkpoint the job committed since the last one recorded, oldest first (the
     durable store copy is the URI when it exists); re-records the newest if none is new."""
-    from fm_pipeline.orchestration.checkpoints import committed_steps, describe, preferred_copy
+    from fm_pipeline.orchestration.checkpoints import (
+        await_evaluation,
+        committed_steps,
+        describe,
+        preferred_copy,
+    )
 
     name = context.partition_key
     target = store.open()
@@ -76,6 +81,8 @@ def checkpoint(context: AssetExecutionContext, store: ObjectStoreResource) -> Ma
     last = max((r["step"] for r in recorded_checkpoints(context.instance, name, limit=1)),
                default=-1)
     new = [s for s in sorted(steps) if s > last] or [max(steps)]
+    for step in new:  # the evaluation sensor evaluates each: retention must wait for it
+        await_evaluation(steps[step], step=step)
     for step in new[:-1]:
         copies = steps[step]
         context.log_event(AssetMaterialization(

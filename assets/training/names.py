@@ -5,8 +5,8 @@ One dynamic partition per training job (key = the job's name): every training as
 job's segments, checkpoints, evaluations and drills are the materialization history of its
 partition (docs/orchestration.md says why).
 
-Tags on segment runs (set by whoever requests them: the submit helpers, the sensors):
-    fm/job, fm/trigger (submit | next_segment | resume_after_failure |
+Tags on segment runs (set by whoever requests them: the intake and the other sensors):
+    fm/job, fm/segment_of (the instance's run queue admits one per value), fm/trigger (submit | next_segment | resume_after_failure |
     resume_after_preemption), fm/start_step, fm/end_step, fm/resumes_run, fm/resume_from,
     fm/tenant, fm/priority
 Tags of runs the REST API started (api_orchestrator.py), carried by the sensors to every
@@ -21,12 +21,15 @@ Tags on evaluation and drill runs: fm/checkpoint_step (which checkpoint; default
 
 from dagster import DynamicPartitionsDefinition
 
+from fm_pipeline.deploy.instance import JOB_TAG, SEGMENT_OF_TAG
+
 GROUP = "training"
 JOBS_PARTITION = "training_jobs"
 training_jobs = DynamicPartitionsDefinition(name=JOBS_PARTITION)
 
 PARTITION_TAG = "dagster/partition"
-TAG_JOB = "fm/job"
+TAG_JOB = JOB_TAG
+TAG_SEGMENT_OF = SEGMENT_OF_TAG  # segment runs only: the instance runs one per job at a time
 TAG_TRIGGER = "fm/trigger"
 TAG_START = "fm/start_step"
 TAG_END = "fm/end_step"

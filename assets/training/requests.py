@@ -13,6 +13,7 @@ from fm_pipeline.assets.training.names import (
     TAG_END,
     TAG_JOB,
     TAG_PRIORITY,
+    TAG_SEGMENT_OF,
     TAG_START,
     TAG_TENANT,
     TAG_TRIGGER,
@@ -39,9 +40,9 @@ def segment_request(job, *, start_step: int, end_step: int, trigger: str,
     return RunRequest(
         run_key=run_key, partition_key=job.name,
         run_config={"ops": {"training_segment": {"config": config}}},
-        tags={TAG_JOB: job.name, TAG_TRIGGER: trigger, TAG_START: str(start_step),
-              TAG_END: str(end_step), TAG_TENANT: job.tenant, TAG_PRIORITY: job.priority,
-              **dict(tags or {})})
+        tags={TAG_JOB: job.name, TAG_SEGMENT_OF: job.name, TAG_TRIGGER: trigger,
+              TAG_START: str(start_step), TAG_END: str(end_step), TAG_TENANT: job.tenant,
+              TAG_PRIORITY: job.priority, **dict(tags or {})})
 
 
 def checkpoint_request(job_name: str, step: int, *, kind: str) -> RunRequest:

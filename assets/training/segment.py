@@ -11,7 +11,8 @@ launcher's recovered outcome, exit code and reason plus the step it failed at: t
 failure sensor (sensors.py) reads them to decide whether and when to resume.
 
 Run config (ops.training_segment.config): end_step (0: the next segment boundary after the
-checkpoint it starts from), fail_at ("RANK:STEP" fault injection, FM_FAULT_FAIL_AT),
+checkpoint it starts from), fail_at ("RANK:STEP" fault injection, FM_FAULT_FAIL_AT; or a
+fault planted for the job, orchestration.registry.plant_fault),
 resume_from (a committed checkpoint of the job, directory or store location, to start from
 instead of the newest valid one: the trainer's --resume-from).
 """
@@ -37,6 +38,7 @@ from pydantic import Field
 
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.orchestration import registered_job, segment_report
+from fm_pipeline.orchestration.registry import take_fault
 from fm_pipeline.orchestration.segments import (
     SegmentNotRunnable,
     failure_metadata,
@@ -89,8 +91,9 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     ml_run = mlflow.start_segment_run(job, segment=segment.name, end_step=segment.end,
                                       start_step=segment.start, dagster_run_id=context.run_id)
     env = mlflow.trainer_env(ml_run)
-    if config.fail_at:
-        env[FAIL_AT_ENV] = config.fail_at
+    fault = config.fail_at or take_fault(target, job.name, start=segment.start, end=segment.end)
+    if fault:
+        env[FAIL_AT_ENV] = fault
     context.log.info(f"{job.name}: segment steps {segment.start} -> {segment.end} "
                      f"(resuming from {segment.resume_from or 'scratch'})")
     launched_at = time.time()

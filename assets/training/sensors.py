@@ -29,6 +29,7 @@ from dagster import (
 )
 from fm_pipeline.assets.training.checkpoints import CHECKPOINT
 from fm_pipeline.assets.training.history import attempt_of, attempts, segment_run_records
+from fm_pipeline.assets.training.intake import run_intake_sensor
 from fm_pipeline.assets.training.jobs import checkpoint_evaluation_job, training_segment_job
 from fm_pipeline.assets.training.names import (
     CARRIED_TAGS,
@@ -96,7 +97,7 @@ def _record(instance, job_name: str, run_id: str, tags: dict[str, str]) -> None:
 
 
 @run_failure_sensor(name="segment_failure_sensor", monitored_jobs=[training_segment_job],
-                    request_job=training_segment_job, minimum_interval_seconds=10,
+                    request_job=training_segment_job, minimum_interval_seconds=5,
                     default_status=DefaultSensorStatus.RUNNING)
 def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreResource,
                            training_policy: TrainingPolicyResource):
@@ -142,7 +143,7 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
     return request
 
 
-@sensor(name="segment_progress_sensor", job=training_segment_job, minimum_interval_seconds=15,
+@sensor(name="segment_progress_sensor", job=training_segment_job, minimum_interval_seconds=5,
         default_status=DefaultSensorStatus.RUNNING)
 def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStoreResource):
     """Start each job's next segment after a successful one, until the target step; start
@@ -188,7 +189,7 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
 
 
 @sensor(name="checkpoint_evaluation_sensor", job=checkpoint_evaluation_job,
-        minimum_interval_seconds=15, default_status=DefaultSensorStatus.RUNNING)
+        minimum_interval_seconds=5, default_status=DefaultSensorStatus.RUNNING)
 def checkpoint_evaluation_sensor(context: SensorEvaluationContext):
     """Evaluate every newly recorded checkpoint (one run per job and step)."""
     after = int(context.cursor) if context.cursor else None
@@ -207,5 +208,5 @@ def checkpoint_evaluation_sensor(context: SensorEvaluationContext):
     return SensorResult(run_requests=requests, cursor=str(records[-1].storage_id))
 
 
-TRAINING_SENSORS = [segment_failure_sensor, segment_progress_sensor,
+TRAINING_SENSORS = [run_intake_sensor, segment_failure_sensor, segment_progress_sensor,
                     checkpoint_evaluation_sensor]

@@ -4,10 +4,12 @@
     write_mark(ref, "eval", {"loss": {...}})           # by evaluation
     write_mark(ref, "pin", {"reason": "release candidate"})
     write_mark(ref, "upload", {...})                   # by the uploader
+    write_mark(ref, "eval_pending", {...})             # recorded by the orchestrator: an
+                                                       # evaluation is due
 
 They live in `<checkpoint>/marks/<name>.json`, outside the manifest (the checkpoint's content
-never changes after commit). Retention keeps checkpoints that passed a drill, were evaluated
-or are pinned.
+never changes after commit). Retention keeps checkpoints that passed a drill, were evaluated,
+await an evaluation the orchestrator recorded, or are pinned.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fm_pipeline.catalog.manifest import now_iso
 from fm_pipeline.catalog.refs import MARKS_DIR, CheckpointRef
 from fm_pipeline.storage import ObjectNotFound, StoreError
 
-KNOWN = ("drill", "eval", "pin", "upload", "verified", "invalid", "set_aside")
+KNOWN = ("drill", "eval", "eval_pending", "pin", "upload", "verified", "invalid", "set_aside")
 
 
 def write_mark(ref: CheckpointRef, name: str, payload: dict) -> None:
@@ -53,6 +55,8 @@ def keep_reason(marks: dict[str, dict]) -> str | None:
         return "drill-passed"
     if "eval" in marks:
         return "evaluated"
+    if "eval_pending" in marks:  # the orchestrator will evaluate it: not before that
+        return "awaiting evaluation"
     if "pin" in marks:
         return f"pinned ({marks['pin'].get('reason', 'no reason given')})"
     return None

@@ -4,14 +4,15 @@
     fm demo --job my.yaml --fail-at-step 0      # no injected failure
     make ui                          # dagster dev: the same runs, assets, checks, sensors
 
-Runs, each recorded in the project-local Dagster instance (DAGSTER_HOME, default
-.fm/dagster) and MLflow (sqlite under FM_HOME): the data mix (data_mix_job, blocking
-checks), the training plan, then a new training job (partition "<name>-<n>") from its
-first segment to its target step. Every run after the first segment is requested by the
-real sensors and schedule (fm_pipeline.assets.training.driver ticks them between runs, as
-the daemon would): the next segment after a success, a resume after the injected failure
-(rank 1 raises at --fail-at-step; the retry policy decides, after its backoff), an
-evaluation for each new checkpoint, and one restore drill on a different topology.
+Starts a dagster-daemon for the project-local instance (DAGSTER_HOME, default .fm/dagster;
+deploy/instance.py writes its dagster.yaml: the run queue, run monitoring) and stops it at
+the end; every run is launched by it, recorded there and in MLflow (sqlite under FM_HOME).
+fm demo only submits (orchestration.submissions) and follows: the data mix (data_mix_job,
+blocking checks), then a new training job (partition "<name>-<n>") from its first segment
+to its target step; the daemon's sensors request the rest: the next segment after a
+success, a resume after the injected failure (rank 1 raises at --fail-at-step; the retry
+policy decides, after its backoff), an evaluation for each new checkpoint; then one restore
+drill of the newest checkpoint on a different topology.
 Ends with a summary: loss, MFU, tokens/s, goodput, evaluations, drill, where to look, and
 the job's training figure (FM_HOME/runs/<job>/training.png, as `fm report <job>` writes it).
 """
@@ -33,6 +34,8 @@ from fm_pipeline.cli.errors import user_errors
 from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import dump_job, load_job, parse_job
 from fm_pipeline.config.paths import dagster_home, fm_home, mlflow_uri
+from fm_pipeline.deploy.instance import write_instance
+from fm_pipeline.deploy.services import daemon, default_signal_dispositions, running
 
 
 @user_errors
@@ -41,63 +44,64 @@ def demo(job: Path = JOB,
                                                    "the segment that reaches it; 0: no fault"),
          backoff_s: float = typer.Option(3.0, help="retry policy: wait before the first resume"),
          ) -> None:
+    default_signal_dispositions()  # started in the background, SIGINT may be ignored
     spec = load_job(job)  # a bad spec fails here, before Dagster starts
     if not 0 <= fail_at_step < spec.training.steps:
         raise ValueError(f"--fail-at-step {fail_at_step} must be in 0..{spec.training.steps - 1}")
-    home = dagster_home()
-    home.mkdir(parents=True, exist_ok=True)
+    home = write_instance(dagster_home())
     os.environ["DAGSTER_HOME"] = str(home)
-    config = home / "dagster.yaml"  # a project-local instance (sqlite)
-    if not config.is_file() or not config.read_text().strip():
-        config.write_text("telemetry:\n  enabled: false\n")  # and no first-run banner
     # The progress rows and the summary say it all; mlflow sets its level when imported.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("dagster", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     t0 = time.monotonic()
 
-    from dagster import DagsterInstance, FilesystemIOManager, RunRequest
+    from dagster import DagsterInstance
 
-    from fm_pipeline.assets.training.driver import PipelineDriver
-    from fm_pipeline.assets.training.names import SEGMENT_JOB
-    from fm_pipeline.assets.training.submit import first_segment_request, register_training_job
+    from fm_pipeline.assets.training.names import TAG_API_RUN
+    from fm_pipeline.assets.training.submit import register_training_job
+    from fm_pipeline.cli.follow import RunFollower
     from fm_pipeline.assets.training.summary import job_report
+    from fm_pipeline.config.paths import store_uri
     from fm_pipeline.orchestration import registered_jobs
-    from fm_pipeline.resources.launcher_local import LocalLauncher
-    from fm_pipeline.resources.store import ObjectStoreResource
-    from fm_pipeline.resources.training_policy import TrainingPolicyResource
+    from fm_pipeline.orchestration.registry import plant_fault
+    from fm_pipeline.orchestration.submissions import submit_run
+    from fm_pipeline.storage import open_store
 
-    instance = DagsterInstance.get()
-    store = ObjectStoreResource().open()
+    store = open_store(store_uri())
+    taken = set(registered_jobs(store))
+    name = next(f"{spec.name}-{n}" for n in range(1, 10_000) if f"{spec.name}-{n}" not in taken)
+    training = parse_job({**dump_job(spec), "name": name}, source=str(job))
+    # What the daemon's runs read from their environment: the demo's short backoff, and
+    # torchrun's output to the segment logs only.
+    env = {"FM_HOME": str(fm_home()), "FM_RETRY_BACKOFF_S": str(backoff_s),
+           "FM_LAUNCHER_ECHO": "0", "MLFLOW_LOGGING_LEVEL": "WARNING"}
     with Progress(SpinnerColumn(), TextColumn("{task.description}", table_column=Column(
                       width=34, no_wrap=True)), TimeElapsedColumn(),
                   TextColumn("{task.fields[note]}", table_column=Column(
                       ratio=1, no_wrap=True, overflow="ellipsis")),
                   console=console, expand=True) as progress:
-        rows = RunRows(progress, instance)
-        driver = PipelineDriver(instance, log_level="CRITICAL", on_progress=rows.update, resources={
-            "io_manager": FilesystemIOManager(base_dir=instance.storage_directory()),
-            "launcher": LocalLauncher(echo_output=False),
-            "training_policy": TrainingPolicyResource(backoff_base_s=backoff_s)})
-        spec_config = RunRequest(run_config={"resources": {"job_spec": {"config": {
-            "path": str(job)}}}})
-        if not driver.execute("data_mix_job", spec_config, origin="demo").success:
-            raise typer.Exit(_failed(instance, driver.runs[-1].run_id))
-        data_run_id = driver.runs[0].run_id
-        taken = set(registered_jobs(store))
-        name = next(f"{spec.name}-{n}" for n in range(1, 10_000) if f"{spec.name}-{n}" not in taken)
-        training = parse_job({**dump_job(spec), "name": name}, source=str(job))
-        register_training_job(instance, training, store=store)
-        if fail_at_step:
-            rank = 1 if training.parallelism.world_size > 1 else 0
-            driver.faults[name] = f"{rank}:{fail_at_step}"
-        driver.execute(SEGMENT_JOB, first_segment_request(training, store=store), origin="submit")
-        driver.run_until_idle()
-        driver.drill()
+        starting = progress.add_task("dagster-daemon", total=1, note="starting")
+        with running(daemon(home, env=env)):
+            progress.update(starting, completed=1, note="[green]ready[/] (sensors, schedule, "
+                                                         "run queue)")
+            instance = DagsterInstance.get()
+            register_training_job(instance, training, store=store)
+            follower = RunFollower(progress, instance, name, target_step=spec.training.steps)
+            data = follower.wait_for_key(submit_run(store, training, kind="data_mix").run_key)
+            if not data.is_success:
+                raise typer.Exit(_failed(instance, data.run_id))
+            if fail_at_step:
+                rank = 1 if training.parallelism.world_size > 1 else 0
+                plant_fault(store, name, f"{rank}:{fail_at_step}")
+            submit_run(store, training, tags={TAG_API_RUN: "1"})
+            follower.wait_until_idle(api_run=1)
+            follower.wait_for_key(submit_run(store, training, kind="drill").run_key)
+            runs = len(follower.rows)
         baseline = _baseline(training, store, progress)
-    print_data_mix(spec, store, _check_outcomes(instance, data_run_id))
+    print_data_mix(spec, store, _check_outcomes(instance, data.run_id))
     report = job_report(instance, name)
-    print_report(report, training, baseline=baseline, runs=len(driver.runs),
+    print_report(report, training, baseline=baseline, runs=runs,
                  wall_s=time.monotonic() - t0, figure=_figure(name, store, baseline))
 
 
@@ -123,50 +127,6 @@ def print_data_mix(spec, store, outcomes: list) -> None:
     console.print()
     print_summary(open_job_mix(spec, store).manifest, store, outcomes)
     console.print()
-
-
-class RunRows:
-    """One progress row per Dagster run, live step/loss for training segments."""
-
-    def __init__(self, progress: Progress, instance):
-        self.progress, self.instance = progress, instance
-        self.tasks: dict[str, int] = {}
-        self.started: dict[str, float] = {}
-
-    def update(self, job_name: str, request, run_id: str, done) -> None:
-        from fm_pipeline.api.progress import latest_metrics
-        from fm_pipeline.assets.training.names import SEGMENT_JOB, TAG_CHECKPOINT_STEP
-
-        tags = request.tags
-        if run_id not in self.tasks:
-            if job_name == SEGMENT_JOB:
-                label = (f"segment {tags.get('fm/start_step')}->{tags.get('fm/end_step')} "
-                         f"[dim]{tags.get('fm/trigger')}[/]")
-            elif TAG_CHECKPOINT_STEP in tags:
-                verb = "evaluate" if "evaluation" in job_name else "restore drill"
-                label = f"{verb} step {tags[TAG_CHECKPOINT_STEP]}"
-            else:
-                label = job_name
-            self.tasks[run_id] = self.progress.add_task(label, total=1, note="running")
-            self.started[run_id] = time.time()
-        task = self.tasks[run_id]
-        if done is None:
-            if job_name == SEGMENT_JOB:
-                m = latest_metrics(request.partition_key)
-                if m and m.get("time", 0) >= self.started[run_id]:
-                    mfu = f"  mfu {100 * m['mfu']:.1f}%" if m.get("mfu") else ""
-                    self.progress.update(task, note=f"step {m['step']}/{tags.get('fm/end_step')}"
-                                                    f"  loss {m['loss']:.3f}{mfu}")
-            return
-        if done.success:
-            note = "[green]done[/]"
-        else:
-            from fm_pipeline.assets.training.history import step_failure
-
-            _, reason = step_failure(self.instance, run_id)
-            note = f"[red]failed:[/] {reason.splitlines()[0][:110]}"
-        self.progress.update(task, completed=1, note=note)
-        self.progress.stop_task(task)
 
 
 def _failed(instance, run_id: str) -> int:

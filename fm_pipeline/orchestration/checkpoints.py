@@ -64,3 +64,18 @@ def describe(ref: CheckpointRef) -> dict:
         "git_sha": m.code.git_sha, "location": ref.location,
         "tier": "local" if ref.is_local else "store",
     }
+
+
+def await_evaluation(copies: list[CheckpointRef], *, step: int) -> None:
+    """Mark each copy as awaiting its evaluation (marks.py): retention keeps it until the
+    evaluation's own mark protects it, so a checkpoint is not deleted before it is evaluated
+    however the runs are ordered. Best effort per copy (a store outage is logged)."""
+    import logging
+
+    from fm_pipeline.catalog.marks import write_mark
+
+    for ref in copies:
+        try:
+            write_mark(ref, "eval_pending", {"step": step})
+        except (OSError, StoreError) as e:
+            logging.getLogger(__name__).warning("could not mark %s: %s", ref.location, e)

@@ -103,3 +103,38 @@ def job_plan(store: ObjectStore, job: JobSpec) -> dict | None:
     store.put_bytes(json.dumps({"spec_sha256": digest, "plan": plan}, indent=1).encode(),
                     plan_key(job.name))
     return plan
+
+
+def fault_key(name: str) -> str:
+    return f"{PREFIX}/{name}/fault.json"
+
+
+def plant_fault(store: ObjectStore, job_name: str, fail_at: str) -> None:
+    """Chaos for demos and drills: the first segment of the job whose steps contain STEP of
+    `fail_at` ("RANK:STEP") runs with that fault (FM_FAULT_FAIL_AT); then it is spent."""
+    rank, sep, step = fail_at.partition(":")
+    if not sep or not rank.strip().isdigit() or not step.strip().isdigit():
+        raise ValueError(f"fail_at {fail_at!r}: expected RANK:STEP, e.g. 1:35")
+    store.put_bytes(json.dumps({"fail_at": fail_at, "spent": False}).encode(),
+                    fault_key(job_name))
+
+
+def take_fault(store: ObjectStore, job_name: str, *, start: int, end: int) -> str:
+    """The planted fault ("RANK:STEP") if this segment's steps (start, end] contain it, and
+    mark it spent (a conditional write: one segment takes it); "" otherwise."""
+    from fm_pipeline.storage import PreconditionFailed
+
+    try:
+        data, etag = store.get_with_etag(fault_key(job_name))
+    except (ObjectNotFound, FileNotFoundError):
+        return ""
+    fault = json.loads(data)
+    step = int(fault["fail_at"].split(":")[1])
+    if fault.get("spent") or not start <= step < end:
+        return ""
+    try:
+        store.put_if(json.dumps({**fault, "spent": True}).encode(), fault_key(job_name),
+                     etag=etag)
+    except PreconditionFailed:
+        return ""
+    return fault["fail_at"]

@@ -111,8 +111,14 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
     def rng_of_this_topology(manifest):  # per-rank RNG states exist only for the same mesh
         return trainer.state.restoring_from(_manifest_topology(manifest))
 
-    return resume(trainer.app_state, trainer.job, store=manager.store, root=manager.root,
-                  resume_from=ref, before_load=rng_of_this_topology)
+    try:
+        return resume(trainer.app_state, trainer.job, store=manager.store, root=manager.root,
+                      resume_from=ref, before_load=rng_of_this_topology)
+    except (ValueError, FileNotFoundError) as e:  # CheckpointInvalid included
+        if ref is None:
+            raise
+        raise SegmentSetupError(f"cannot read the checkpoint of --resume-from {resume_from}: "
+                                f"{type(e).__name__}: {e}") from e
 
 
 class RankTimingWindow:

@@ -40,8 +40,7 @@ def test_graphql_launched_run_shows_on_the_rendered_asset_graph(webserver, chrom
                                     repository_name="__repository__")
     run_id = client.submit_job_execution(
         "data_mix_job", repository_location_name=LOCATION, repository_name="__repository__",
-        run_config={"execution": {"config": {"in_process": {}}},  # one process, not one per step
-                    "resources": {"job_spec": {"config": {"path": str(job_file)}}}})
+        run_config={"resources": {"job_spec": {"config": {"path": str(job_file)}}}})
     assert _wait_for_run(client, run_id) == DagsterRunStatus.SUCCESS
 
     # Without this, a first-visit dialog covers the page.

@@ -10,8 +10,9 @@ that carry a job from its first segment to its target step.
 
 Modules: names (partitions, tags), plan / segment / checkpoints / evaluation / drills
 (assets and checks), jobs, requests (run requests), history (attempts read from the instance),
-sensors, schedules, submit (programmatic submission), driver (the pipeline in one
-process, for the demo and tests). docs/orchestration.md explains the model.
+sensors (intake, failure, progress, evaluation), schedules, submit (registering a job),
+api_runs / api_orchestrator (the REST API's view and verbs). Every run is started by the
+Dagster daemon (its sensors and schedule, the run queue); docs/orchestration.md explains it.
 Resources: "launcher" (launcher_from_env: local torchrun, or Kubernetes), "mlflow",
 "training_policy"; "store" comes from the data area's definitions.
 """

@@ -1,27 +1,28 @@
 """The REST API's runs of a training job, read back from Dagster run records.
 
-One API run (one admission of the job by the control plane) is every segment run tagged
-with the same `fm/api_run` number: the run the API launched and each segment the sensors
-requested after it (they carry the tag). Its state is the newest of those runs, read with
-the decisions the sensors recorded on it:
+One API run (one submission of the job by a control plane, orchestration.submissions) is
+every segment run tagged with the same `fm/api_run` number: the first, which the daemon's
+intake sensor starts, and each segment the sensors requested after it (they carry the tag).
+Its state is the newest of those runs, read with the decisions the sensors recorded on it
+and the stop a control plane recorded (fm/stop, or the stop marker in the store):
 
     last segment run                                    API run
-    queued / starting / started                         starting (first run) / running
+    queued / starting                                   starting (first run) / running
+    started                                             running
     succeeded at the target step                        succeeded
     succeeded, not at the target                        running (next segment due), or
-                                                        preempted / cancelled (fm/stop)
-    failed, fm/stop=preempt, exit 75                    preempted
-    failed or canceled, fm/stop=cancel; canceled        cancelled
+                                                        preempted / cancelled (stopped)
+    canceled (terminated), stop=preempt                 preempted (at a checkpoint: exit 75)
+    canceled, stop=cancel or none                       cancelled
+    failed, refused because the run was stopped         preempted / cancelled
     failed, decision "stopped"                          failed (outcome: reason; why)
     failed, decision "resumed" / "resume_pending"       running (the resume is due)
 
-"running" needs someone to drive the job: `live` says whether a driver still does; a run
-nobody drives any more (the control plane that drove it in process stopped) is failed.
+Nothing here depends on which process asked: every API process, the daemon and the
+webserver read the same records.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from dagster import DagsterRunStatus, RunsFilter
 from fm_pipeline.assets.training.history import attempt_of
@@ -34,14 +35,14 @@ from fm_pipeline.assets.training.names import (
     TAG_DECISION,
     TAG_DECISION_REASON,
     TAG_END,
+    TAG_OUTCOME,
+    TAG_OUTCOME_REASON,
     TAG_RESUME_FROM,
-    TAG_STOP,
 )
 
 from fm_pipeline.api.orchestrator import RunInfo
 
 _WAITING = {DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING}
-LOST = "the control plane stopped while this run was active; resume it"
 
 
 def api_run_records(instance, job_name: str) -> dict[int, list]:
@@ -66,18 +67,18 @@ def api_job_names(instance) -> list[str]:
     return []
 
 
-def run_info(instance, records: list, *, target_step: int, live: bool,
-             lost_reason: str = LOST) -> RunInfo:
-    """The API run made of `records` (oldest first)."""
+def run_info(instance, records: list, *, target_step: int, stop: str | None = None,
+             run_id: str | None = None) -> RunInfo:
+    """The API run made of `records` (oldest first); `stop`: the stop a control plane
+    recorded for it (preempt | cancel); `run_id`: the id the API gave it."""
     first, last = records[0], records[-1]
-    state, reason = _state(instance, last, target_step=target_step, live=live,
+    stop = last.dagster_run.tags.get("fm/stop") or stop
+    state, reason = _state(instance, last, target_step=target_step, stop=stop,
                            first=len(records) == 1)
-    if state in ("starting", "running"):
-        state, reason = (state, None) if live else ("failed", lost_reason)
     ended_at = None
     if state not in ("starting", "running"):
         ended_at = last.end_time or last.update_timestamp.timestamp()
-    return RunInfo(run_id=first.dagster_run.run_id, state=state,
+    return RunInfo(run_id=run_id or first.dagster_run.run_id, state=state,
                    started_at=_started(first), ended_at=ended_at, reason=reason,
                    resumed_from=first.dagster_run.tags.get(TAG_RESUME_FROM))
 
@@ -86,14 +87,13 @@ def _started(record) -> float:
     return record.start_time or record.create_timestamp.timestamp()
 
 
-def _state(instance, record, *, target_step: int, live: bool,
+def _state(instance, record, *, target_step: int, stop: str | None,
            first: bool) -> tuple[str, str | None]:
     run = record.dagster_run
-    stop = run.tags.get(TAG_STOP)
     if run.status in _WAITING:
         return ("starting" if first else "running"), None
     if run.status == DagsterRunStatus.CANCELED:
-        return "cancelled", "cancelled by the control plane" if stop else "cancelled in Dagster"
+        return _terminated(run, stop)
     if run.status == DagsterRunStatus.SUCCESS:
         if int(run.tags.get(TAG_END, "0")) >= target_step:
             return "succeeded", f"reached the target step {target_step}"
@@ -102,6 +102,8 @@ def _state(instance, record, *, target_step: int, live: bool,
         return "running", None
     failed = attempt_of(instance, record)
     why = f"{failed.outcome}: {failed.reason}"
+    if failed.outcome == "stopped":  # refused at its start: the run was stopped already
+        return _stopped_between_segments(stop or "cancel")
     if stop == "cancel":
         return "cancelled", f"cancelled by the control plane ({why})"
     if stop == "preempt":
@@ -113,6 +115,19 @@ def _state(instance, record, *, target_step: int, live: bool,
     return "running", why  # a resume is due (decided, or about to be)
 
 
+def _terminated(run, stop: str | None) -> tuple[str, str]:
+    """A canceled run: terminated, its segment stopped at a checkpoint (the asset tagged
+    what the segment did)."""
+    outcome = run.tags.get(TAG_OUTCOME)
+    did = f" ({outcome}: {run.tags[TAG_OUTCOME_REASON]})" if outcome and \
+        TAG_OUTCOME_REASON in run.tags else ""
+    if stop == "preempt":
+        return "preempted", f"preempted by the control plane{did}"
+    if stop == "cancel":
+        return "cancelled", f"cancelled by the control plane{did}"
+    return "cancelled", f"terminated in Dagster{did}"
+
+
 def _stopped_between_segments(stop: str | None) -> tuple[str, str | None]:
     if stop == "preempt":
         return "preempted", "preempted before segment start"
@@ -122,7 +137,9 @@ def _stopped_between_segments(stop: str | None) -> tuple[str, str | None]:
 
 
 def run_infos(instance, job_name: str, *, target_step: int,
-              is_live: Callable[[int], bool]) -> list[RunInfo]:
-    """Every API run of the job, oldest first."""
-    return [run_info(instance, records, target_step=target_step, live=is_live(number))
-            for number, records in api_run_records(instance, job_name).items()]
+              stops: dict[int, str] | None = None) -> dict[int, RunInfo]:
+    """Every API run of the job that has a segment run, by number."""
+    stops = stops or {}
+    return {number: run_info(instance, records, target_step=target_step,
+                             stop=stops.get(number))
+            for number, records in api_run_records(instance, job_name).items()}

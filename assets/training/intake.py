@@ -5,7 +5,9 @@ A control plane (the REST API, `fm demo`) records a submission in the store
 each submission into a run with the submission's tags and run key: a "train" submission into
 the job's first segment run (from the checkpoint it names, else the newest valid one),
 "data_mix" into a data_mix_job run for the job's spec, "drill" into a restore drill of its
-newest checkpoint. The daemon never starts one key twice, so two control planes, a restarted
+newest checkpoint. A train submission a control plane stopped before it started is skipped;
+one that cannot start (an unknown checkpoint, nothing left to train) is rejected with the
+reason (submissions.reject), which the API reports. The daemon never starts one key twice, so two control planes, a restarted
 daemon or a tick evaluated again start each run once. It also adds the job's partition if a
 control plane could not.
 """
@@ -14,6 +16,7 @@ from dagster import (
     AddDynamicPartitionsRequest,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -25,7 +28,9 @@ from fm_pipeline.assets.training.jobs import restore_drill_job, training_segment
 from fm_pipeline.assets.training.names import (
     DRILL_JOB,
     JOBS_PARTITION,
+    RUN_KEY_TAG,
     SEGMENT_JOB,
+    TAG_API_RUN,
     TAG_JOB,
     TAG_RESUME_FROM,
     short,
@@ -38,9 +43,9 @@ from fm_pipeline.assets.training.requests import (
 )
 from fm_pipeline.resources.store import ObjectStoreResource
 
-from fm_pipeline.orchestration import next_segment, registered_job
-from fm_pipeline.orchestration.segments import checkpoint_step, newest_valid_step
-from fm_pipeline.orchestration.submissions import submissions
+from fm_pipeline.orchestration import registered_job
+from fm_pipeline.orchestration.segments import first_segment
+from fm_pipeline.orchestration.submissions import reject, stop_of, submissions
 
 # Submissions are looked at again for this long after the newest one seen: a control plane
 # whose record lands late (written earlier, visible later) is not missed; run keys make the
@@ -64,22 +69,22 @@ def submission_request(submission, store, instance) -> RunRequest | None:
         return request.with_replaced_attrs(run_key=submission.run_key, job_name=DRILL_JOB,
                                            tags={**request.tags, **submission.tags})
     job = registered_job(store, submission.job)
-    tags = dict(submission.tags)
-    if submission.resume_from:
-        start = checkpoint_step(job, store, submission.resume_from)
-        location = submission.resume_from
-    else:
-        start, location = newest_valid_step(job, store)
-    following = next_segment(job, reached_step=start)
-    if following is None:
-        return None
+    tags = {**submission.tags, TAG_API_RUN: str(submission.number)}
+    start, end, location = first_segment(job, store, submission.resume_from)
     if location:
         tags[TAG_RESUME_FROM] = short(location)
-    request = segment_request(job, start_step=following[0], end_step=following[1],
+    request = segment_request(job, start_step=start, end_step=end,
                               trigger=API_RESUME if submission.number > 1 else SUBMIT,
                               run_key=submission.run_key, tags=tags,
                               fail_at=submission.fail_at, resume_from=submission.resume_from)
     return request.with_replaced_attrs(job_name=SEGMENT_JOB)
+
+
+def _started(instance, submission) -> bool:
+    """A run with the submission's key exists (a later look at a started one is no
+    rejection: by then its job may have reached the target)."""
+    return bool(instance.get_run_ids(RunsFilter(tags={RUN_KEY_TAG: submission.run_key}),
+                                     limit=1))
 
 
 @sensor(name="run_intake_sensor", minimum_interval_seconds=1,
@@ -92,10 +97,15 @@ def run_intake_sensor(context: SensorEvaluationContext, store: ObjectStoreResour
     requests, notes, partitions = [], [], set()
     pending = submissions(target, after=seen - LOOKBACK_S)
     for submission in pending:
+        if submission.kind == "train" and stop_of(target, submission.job, submission.number):
+            notes.append(f"{submission.run_key}: stopped before it started")
+            continue
         try:
             request = submission_request(submission, target, context.instance)
         except ValueError as e:  # an unknown job or checkpoint: nothing to start, say why
             notes.append(f"{submission.run_key}: {e}")
+            if submission.kind == "train" and not _started(context.instance, submission):
+                reject(target, submission.job, submission.number, str(e))
             continue
         if request is None:
             notes.append(f"{submission.run_key}: nothing to run")

@@ -51,7 +51,9 @@ TAG_DECISION = "fm/decision"
 TAG_DECISION_REASON = "fm/decision_reason"
 TAG_RESUME_AT = "fm/resume_at"
 
+TAG_OUTCOME_REASON = "fm/outcome_reason"  # a terminated segment's result, in one line
 TAG_CHECKPOINT_STEP = "fm/checkpoint_step"
+RUN_KEY_TAG = "dagster/run_key"  # Dagster's own: the run key a sensor's request carried
 
 RESUMED, RESUME_PENDING, STOPPED = "resumed", "resume_pending", "stopped"
 

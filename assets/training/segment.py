@@ -8,7 +8,10 @@ it ended on. Where it starts and ends, and what refuses it, is
 fm_pipeline.orchestration.segments; this asset adds the run's context. Rank 0's summary
 arrives through Dagster Pipes and becomes the metadata. A segment that does not reach its end step raises dagster.Failure carrying the
 launcher's recovered outcome, exit code and reason plus the step it failed at: the
-failure sensor (sensors.py) reads them to decide whether and when to resume.
+failure sensor (sensors.py) reads them to decide whether and when to resume. A run
+terminated (the UI, the API's preempt or cancel) stops its segment at a checkpoint first
+(exit 75) and ends canceled, its outcome in the tags fm/outcome, fm/exit_code and
+fm/outcome_reason. A segment of a training run a control plane stopped does not launch.
 
 Run config (ops.training_segment.config): end_step (0: the next segment boundary after the
 checkpoint it starts from), fail_at ("RANK:STEP" fault injection, FM_FAULT_FAIL_AT; or a
@@ -29,7 +32,16 @@ from dagster import (
     ResourceParam,
     asset,
 )
-from fm_pipeline.assets.training.names import GROUP, training_jobs
+from fm_pipeline.assets.training.names import (
+    GROUP,
+    TAG_API_RUN,
+    TAG_EXIT_CODE,
+    TAG_OUTCOME,
+    TAG_OUTCOME_REASON,
+    TAG_STOP,
+    short,
+    training_jobs,
+)
 from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 from fm_pipeline.resources.launcher_local import LocalLauncher
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
@@ -80,10 +92,14 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     to the next segment boundary; metadata: steps, loss, MFU, goodput, plan vs measured."""
     target = store.open()
     job = registered_job(target, context.partition_key)
+    api_run = context.run.tags.get(TAG_API_RUN, "")
     try:
         segment = prepare_segment(job, target, end_step=config.end_step,
-                                  resume_from=config.resume_from)
+                                  resume_from=config.resume_from,
+                                  api_run=int(api_run) if api_run.isdigit() else None)
     except SegmentNotRunnable as e:
+        if "stop" in e.metadata:  # the sensors must leave it to the control plane
+            context.instance.add_run_tags(context.run_id, {TAG_STOP: e.metadata["stop"]})
         raise Failure(description=str(e), metadata=e.metadata, allow_retries=False) from None
     plan = training_plan
     if segment.start == 0 and plan is not None:
@@ -103,9 +119,11 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
             context, job=job, end_step=segment.end, env=env, **chosen,
             extras={"job": job.name, "start_step": segment.start, "end_step": segment.end})
     except BaseException as e:
-        if not isinstance(e, Failure):  # cancelled, or the launcher itself broke
-            mlflow.finish_segment(ml_run, outcome="cancelled" if isinstance(
-                e, KeyboardInterrupt) else "failed", failure_reason=repr(e))
+        if not isinstance(e, Failure):  # terminated, or the launcher itself broke
+            if _interrupted(e):
+                _record_termination(context, e, ml_run, mlflow)
+            else:
+                mlflow.finish_segment(ml_run, outcome="failed", failure_reason=repr(e))
             raise
         failure = _values(e.metadata)
         mlflow.finish_segment(ml_run, outcome=str(failure.get("outcome", "failed")),
@@ -125,6 +143,28 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     return MaterializeResult(metadata=_metadata(job, summary, report,
                                                 resume_from=segment.resume_from,
                                                 ml_run=ml_run, mlflow=mlflow))
+
+
+def _interrupted(e: BaseException) -> bool:
+    """The run was terminated (the UI, the API's preempt/cancel: Dagster interrupts the op)."""
+    from dagster._core.errors import DagsterExecutionInterruptedError
+
+    return isinstance(e, (DagsterExecutionInterruptedError, KeyboardInterrupt))
+
+
+def _record_termination(context, e: BaseException, ml_run, mlflow) -> None:
+    """What the stopped segment did (the launcher stopped it at a checkpoint first), on the
+    run's tags: the run itself ends canceled, without the metadata a Failure carries."""
+    result = getattr(e, "segment_result", None)
+    if result is None:  # a launcher that could not say (e.g. it never started)
+        mlflow.finish_segment(ml_run, outcome="cancelled", failure_reason="terminated")
+        return
+    mlflow.finish_segment(ml_run, outcome=result.outcome.value, failure_reason=result.reason)
+    context.instance.add_run_tags(context.run_id, {
+        TAG_OUTCOME: result.outcome.value, TAG_EXIT_CODE: str(result.exit_code),
+        TAG_OUTCOME_REASON: short(result.reason)})
+    context.log.info(f"terminated: the segment stopped {result.outcome.value} "
+                     f"(exit {result.exit_code}): {result.reason}")
 
 
 def _job_goodput(instance, job_name: str, report: dict, *, reached_step: int) -> float | None:

@@ -38,6 +38,7 @@ from fm_pipeline.assets.training.names import (
     RESUME_PENDING,
     RESUMED,
     STOPPED,
+    TAG_API_RUN,
     TAG_DECISION,
     TAG_DECISION_REASON,
     TAG_EXIT_CODE,
@@ -63,6 +64,7 @@ from fm_pipeline.resources.training_policy import TrainingPolicyResource
 from fm_pipeline.orchestration import decide_after_failure, next_segment, registered_job
 from fm_pipeline.orchestration.retry import LEASE_HELD
 from fm_pipeline.orchestration.segments import newest_valid_step
+from fm_pipeline.orchestration.submissions import stop_of
 
 SEGMENT_ASSET = "training_segment"
 
@@ -70,6 +72,18 @@ SEGMENT_ASSET = "training_segment"
 def carried(tags) -> dict[str, str]:
     """The tags a following segment inherits from the run before it (the API's run)."""
     return {k: tags[k] for k in CARRIED_TAGS if k in tags}
+
+
+def stop_asked(run, store) -> str | None:
+    """How a control plane stopped this segment run's training run (preempt | cancel), from
+    the run's tag or the stop it recorded in the store (which may come before the tag)."""
+    if run.tags.get(TAG_STOP):
+        return run.tags[TAG_STOP]
+    number, name = run.tags.get(TAG_API_RUN, ""), run.tags.get(PARTITION_TAG)
+    if not (number.isdigit() and name):
+        return None
+    stop = stop_of(store, name, int(number))
+    return stop.how if stop else None
 
 
 def resume_request(job, *, failed_run_id: str, outcome: str, store,
@@ -119,7 +133,7 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
                                else -1),
             TAG_FAILURE: short(failed.reason), TAG_DECISION_REASON: short(decision.reason)}
     context.log.info(f"{name}: run {run.run_id[:8]} {failed.outcome}: {decision.reason}")
-    stop = record.dagster_run.tags.get(TAG_STOP)  # fresh: the tag may postdate the event
+    stop = stop_asked(record.dagster_run, store.open())  # fresh: it may postdate the event
     if stop:  # the control plane stopped it: it, not the retry policy, decides what next
         reason = f"stopped by the control plane ({stop}); it decides when the job resumes"
         _record(instance, name, run.run_id, {**tags, TAG_DECISION: STOPPED,
@@ -157,8 +171,9 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
         if not records:
             continue
         run = records[0].dagster_run
-        if run.tags.get(TAG_STOP):
-            notes.append(f"{name}: stopped by the control plane ({run.tags[TAG_STOP]})")
+        stop = stop_asked(run, target)
+        if stop:
+            notes.append(f"{name}: stopped by the control plane ({stop})")
             continue
         if run.status == DagsterRunStatus.SUCCESS:
             job = registered_job(target, name)

@@ -1,10 +1,9 @@
 """Submitting a training job programmatically (the REST API, scripts, the demo).
 
-In the process that owns the Dagster instance:
+With the instance (the daemon's intake sensor then starts the run):
 
     register_training_job(instance, job, store=store)       # spec + partition
-    request = first_segment_request(job, store=store, tags={"fm/api_job_id": "42"})
-    training_segment_job.execute_in_process(instance=instance, **as_execution(request))
+    submit_run(store, job, tags={"fm/api_job_id": "42"})    # orchestration.submissions
 
 Against a running deployment (`dagster dev` / webserver on host:port):
 
@@ -23,8 +22,8 @@ from dagster import RunRequest
 from fm_pipeline.assets.training.names import JOBS_PARTITION, PARTITION_TAG, SEGMENT_JOB
 from fm_pipeline.assets.training.requests import SUBMIT, segment_request
 
-from fm_pipeline.orchestration import next_segment, register_job
-from fm_pipeline.orchestration.segments import newest_valid_step
+from fm_pipeline.orchestration import register_job
+from fm_pipeline.orchestration.segments import first_segment
 
 DEFAULT_LOCATION = "fm_pipeline"  # workspace.yaml's location_name
 
@@ -50,19 +49,9 @@ def register_training_job(instance, job, *, store) -> str:
 def first_segment_request(job, *, store, tags: Mapping[str, str] | None = None,
                           fail_at: str = "") -> RunRequest:
     """The segment a (re)submitted job starts with: from its newest valid checkpoint."""
-    start, _ = newest_valid_step(job, store)
-    following = next_segment(job, reached_step=start)
-    if following is None:
-        raise ValueError(f"job {job.name} already reached its target step "
-                         f"{job.training.steps}")
-    return segment_request(job, start_step=following[0], end_step=following[1],
-                           trigger=SUBMIT, tags=tags, fail_at=fail_at)
-
-
-def as_execution(request: RunRequest) -> dict:
-    """Keyword arguments for JobDefinition.execute_in_process."""
-    return {"partition_key": request.partition_key, "run_config": request.run_config,
-            "tags": dict(request.tags)}
+    start, end, _ = first_segment(job, store)
+    return segment_request(job, start_step=start, end_step=end, trigger=SUBMIT, tags=tags,
+                           fail_at=fail_at)
 
 
 def submit_over_graphql(job, *, store, url: str, tags: Mapping[str, str] | None = None,

@@ -10,13 +10,19 @@ Every verb takes the calling `Principal`: a tenant sees and acts on its own jobs
 (another tenant's job is NotFound, exactly like a job that does not exist); an admin acts
 on all. Stop requests: "preempt" (admin or policy), "cancel", "restart" (a resume of a
 running job: stop it, then start again from the chosen checkpoint).
+
+Several control-plane processes may serve one FM_HOME (two `fm api serve`, a CLI): every
+verb and reconcile runs under the queue's exclusive hold (JobStore.exclusive) and re-reads
+the fair-share queue from the store when another process changed it, so each decides on
+what the others committed, and the orchestrator's records (Dagster's, shared by all) say
+what runs. Per process still: the preemption budget and the victims a preemptor waits for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable
 
@@ -44,8 +50,8 @@ class ControlPlane:
         self.store_root = store_root or store_uri()
         self.clock = clock
         self.policy = FairSharePolicy(tenants, clock=clock)
-        self._lock = threading.RLock()
-        self._restore()
+        with self._locked():
+            pass
 
     # -- verbs -------------------------------------------------------------------------
 
@@ -60,7 +66,7 @@ class ControlPlane:
         except AdmissionError as e:
             raise FieldError([("gpus", str(e))]) from None
         job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.store_root)
-        with self._lock:
+        with self._locked():
             record = self.store.add(
                 job_id=job_id, tenant=tenant.name, priority=body.priority, gpus=body.gpus,
                 request=body.model_dump(mode="json"), spec=dump_job(job),
@@ -74,7 +80,7 @@ class ControlPlane:
             return self.store.get(job_id)
 
     def cancel(self, who: Principal, job_id: str) -> str:
-        with self._lock:
+        with self._locked():
             record = self._visible(who, job_id)
             if record.queue_state == "queued":
                 self.policy.cancel(job_id)
@@ -93,7 +99,7 @@ class ControlPlane:
     def preempt(self, who: Principal, job_id: str) -> str:
         if not who.is_admin:
             raise Forbidden("preempting a job needs an admin token")
-        with self._lock:
+        with self._locked():
             record = self._visible(who, job_id)
             if record.queue_state != "admitted" or record.stop_requested:
                 raise Conflict(f"job {job_id} is not running ({self._status(record)})")
@@ -103,7 +109,7 @@ class ControlPlane:
             return "preempting"
 
     def resume(self, who: Principal, job_id: str, checkpoint: str | None) -> str:
-        with self._lock:
+        with self._locked():
             record = self._visible(who, job_id)
             location = self._checkpoint_location(job_id, checkpoint) if checkpoint else None
             status = self._status(record)
@@ -131,7 +137,7 @@ class ControlPlane:
 
     def reconcile(self) -> None:
         """Notice ended runs, then admit and preempt what the policy decides."""
-        with self._lock:
+        with self._locked():
             for record in self.store.list(queue_state="admitted"):
                 runs = self._runs(record.job_id)
                 if runs and runs[-1].ended:
@@ -149,7 +155,7 @@ class ControlPlane:
     # -- reads -------------------------------------------------------------------------
 
     def status(self, who: Principal, job_id: str) -> dict:
-        with self._lock:
+        with self._locked():
             return self._assemble(self._visible(who, job_id))
 
     def list_jobs(self, who: Principal, *, tenant: str | None = None,
@@ -158,7 +164,7 @@ class ControlPlane:
             if tenant not in (None, who.tenant):
                 return []  # another tenant's jobs do not exist for this caller
             tenant = who.tenant
-        with self._lock:
+        with self._locked():
             jobs = [self._assemble(r) for r in self.store.list(tenant=tenant)]
         return [j for j in jobs if status in (None, j["status"])]
 
@@ -174,7 +180,7 @@ class ControlPlane:
         ]
 
     def events(self, who: Principal, job_id: str) -> list[dict]:
-        with self._lock:
+        with self._locked():
             self._visible(who, job_id)
             events = self.store.events(job_id)
             for run in self._runs(job_id):
@@ -187,7 +193,7 @@ class ControlPlane:
         return sorted(events, key=lambda e: e["at"])
 
     def tenant_usage(self, who: Principal) -> list[dict]:
-        with self._lock:
+        with self._locked():
             rows = []
             for t in self.tenants.tenants:
                 if not who.is_admin and t.name != who.tenant:
@@ -205,8 +211,19 @@ class ControlPlane:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _restore(self) -> None:
-        """Rebuild the policy's queue from the store after a restart."""
+    @contextlib.contextmanager
+    def _locked(self):
+        """The queue held against every other thread and process; the policy re-read from
+        the store on the outermost entry (another process may have changed it)."""
+        with self.store.exclusive() as outermost:
+            if outermost and self.store.changed_elsewhere():
+                self._sync()
+            yield
+
+    def _sync(self) -> None:
+        """Rebuild the policy's queue from the store (at start, and at each outermost hold:
+        another process may have admitted, requeued or finished jobs meanwhile)."""
+        self.policy = FairSharePolicy(self.tenants, clock=self.clock)
         for record in self.store.list():
             if record.queue_state == "queued":
                 self.policy.submit(_request(record))

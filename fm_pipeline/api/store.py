@@ -3,12 +3,17 @@ to it in the queue. Run state (started, ended, why) belongs to the orchestrator 
 progress to the job's checkpoints and metrics; this store never caches either.
 
 One SQLite file, `<FM_HOME>/api/queue.db`. With the Dagster orchestrator these records
-map onto run tags (tenant, priority, seq) and run config (the job spec).
+map onto run tags (tenant, priority, seq) and run config (the job spec). Several API
+processes may share it: `exclusive()` serialises their read-decide-write sections (an flock
+on queue.db.lock), and each statement waits out another process's write.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -74,13 +79,43 @@ class JobStore:
         self.path = path or queue_db_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._exclusive = threading.RLock()
+        self._depth, self._fd = 0, None
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=30.0)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        self._version = None
+
+    def changed_elsewhere(self) -> bool:
+        """Another connection (another process) committed since the last call (sqlite's
+        data_version); True on the first call."""
+        with self._lock:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+        changed, self._version = version != self._version, version
+        return changed
 
     def close(self) -> None:
         self._db.close()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Hold the queue against every other thread and process (re-entrant in a thread);
+        yields True in the outermost hold, where state cached from the store is re-read."""
+        with self._exclusive:
+            if self._depth == 0:
+                self._fd = os.open(self.path.with_name(self.path.name + ".lock"),
+                                   os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield self._depth == 1
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    os.close(self._fd)  # closing the descriptor releases the flock
+                    self._fd = None
 
     def add(self, *, job_id: str, tenant: str, priority: str, gpus: int, request: dict,
             spec: dict, submitted_at: float | None = None) -> JobRecord:

@@ -4,15 +4,19 @@
     fm api serve                                # http://127.0.0.1:8600, embedded defaults
     fm api kueue render --tenants configs/tenants.yaml --out .fm/kueue
 
-`serve` uses the embedded tenants (configs/tenants.yaml), the FM_HOME object store and queue database, and the
-Dagster orchestrator: each API run is a chain of training_segment_job runs on the project's
-Dagster instance (DAGSTER_HOME, what `make ui` shows), driven in this process by the
-training sensors. `--orchestrator local` runs torchrun segments without Dagster.
+`serve` uses the embedded tenants (configs/tenants.yaml), the FM_HOME object store and
+queue database, and the Dagster orchestrator: it writes the instance's dagster.yaml
+(DAGSTER_HOME; sqlite, or PostgreSQL with --postgres), submits each API run for the
+daemon and reads run records; it starts no run itself. It keeps a dagster-daemon for the
+instance (one per instance, whoever started it: a second `fm api serve` on the same
+FM_HOME shares the first one's; --no-daemon where the deployment runs its own).
+`--orchestrator local` runs torchrun segments in this process, without Dagster.
 Logs never show tokens: every handler masks anything that looks like one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 
@@ -58,12 +62,54 @@ def serve(
     tick_s: float = typer.Option(2.0, "--tick-s", min=0.1, help="seconds between reconciles"),
     orchestrator: str = typer.Option(
         "dagster", "--orchestrator",
-        help="dagster: runs on the Dagster instance (DAGSTER_HOME), driven by the training "
-             "sensors; local: torchrun segments in threads, run records in runs.json"),
+        help="dagster: runs on the Dagster instance (DAGSTER_HOME), started by its daemon; "
+             "local: torchrun segments in threads of this process, records in runs.json"),
+    postgres: str = typer.Option(None, "--postgres", help=(
+        "instance storage in this PostgreSQL database (postgresql://user@host:port/db) "
+        "instead of sqlite under DAGSTER_HOME")),
+    keep_daemon: bool = typer.Option(True, "--daemon/--no-daemon", help=(
+        "keep a dagster-daemon serving the instance while the API serves")),
 ) -> None:
     """Serve the API (OpenAPI at /openapi.json, docs at /docs)."""
     import uvicorn
 
+    from fm_pipeline.deploy.services import default_signal_dispositions
+
+    default_signal_dispositions()  # a background start must still stop on SIGTERM
+    if orchestrator not in ORCHESTRATORS:
+        raise ValueError(f"--orchestrator {orchestrator!r}: expected one of "
+                         f"{', '.join(ORCHESTRATORS)}")
+    with contextlib.ExitStack() as stack:
+        if orchestrator == "dagster":
+            daemon = _instance(postgres, keep_daemon=keep_daemon, stack=stack)
+        else:
+            daemon = "no Dagster"
+        _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uvicorn)
+
+
+def _instance(postgres: str | None, *, keep_daemon: bool, stack) -> str:
+    """Write the instance's dagster.yaml, point DAGSTER_HOME at it, keep its daemon."""
+    import os
+
+    from fm_pipeline.config.paths import dagster_home, fm_home
+    from fm_pipeline.deploy.instance import Postgres, Sqlite, write_instance
+    from fm_pipeline.deploy.services import daemon, kept
+
+    storage = Postgres(postgres) if postgres else Sqlite()
+    home = write_instance(dagster_home(), storage=storage)
+    os.environ["DAGSTER_HOME"] = str(home)
+    where = f"instance {home} ({'PostgreSQL' if postgres else 'sqlite'})"
+    if not keep_daemon:
+        return f"{where}; its daemon runs elsewhere"
+    env = {"FM_HOME": str(fm_home()), "FM_LAUNCHER_ECHO": "0",
+           "MLFLOW_LOGGING_LEVEL": "WARNING"}
+    console.print(f"starting dagster-daemon for {where} ...", highlight=False)
+    kept_daemon = stack.enter_context(kept(lambda: daemon(home, env=env)))
+    shared = " (another fm's, shared)" if kept_daemon[0].shared else ""
+    return f"{where}; dagster-daemon{shared} log {kept_daemon[0].log}"
+
+
+def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uvicorn):
     from fm_pipeline.api.app import create_app
     from fm_pipeline.api.auth import TokenStore
     from fm_pipeline.api.control_plane import ControlPlane
@@ -78,7 +124,7 @@ def serve(
     console.print(
         f"fm-pipeline control plane on [bold]http://{host}:{port}[/] "
         f"(tenants {', '.join(config.tenant_names)}; pool {config.pool['gpu']} GPUs; "
-        f"{len(issued)} API token(s); {orchestrator} orchestrator)", highlight=False)
+        f"{len(issued)} API token(s); {orchestrator} orchestrator: {daemon})", highlight=False)
     if not issued:
         console.print("no API tokens yet: `fm api token issue --tenant NAME` (or --admin)")
     uvicorn.run(create_app(plane, tokens, max_body_bytes=max_body_bytes, tick_s=tick_s),
@@ -97,9 +143,7 @@ def _orchestrator(kind: str):
     if kind == "dagster":
         from fm_pipeline.assets.training.api_orchestrator import DagsterOrchestrator
 
-        orchestrator = DagsterOrchestrator.for_project()
-        orchestrator.recover_orphans()  # runs a previous `fm api serve` left behind
-        return orchestrator
+        return DagsterOrchestrator.for_project()
     raise ValueError(f"--orchestrator {kind!r}: expected one of {', '.join(ORCHESTRATORS)}")
 
 

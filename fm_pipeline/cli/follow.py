@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 
 from dagster import DagsterRunStatus, RunsFilter
-from dagster._core.storage.tags import RUN_KEY_TAG
 from rich.progress import Progress
 
 from fm_pipeline.assets.training.api_runs import api_run_records, run_info
 from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
 from fm_pipeline.assets.training.names import (
     EVALUATION_JOB,
+    RUN_KEY_TAG,
     SEGMENT_JOB,
     TAG_CHECKPOINT_STEP,
     TAG_END,
@@ -119,7 +119,7 @@ class RunFollower:
             records = self.refresh()
             mine = api_run_records(self.instance, self.job_name).get(api_run)
             if mine:
-                info = run_info(self.instance, mine, target_step=self.target_step, live=True)
+                info = run_info(self.instance, mine, target_step=self.target_step)
                 busy = [r for r in records if r.dagster_run.status not in FINISHED]
                 if info.state not in ("starting", "running") and not busy and \
                         self._evaluated(records):

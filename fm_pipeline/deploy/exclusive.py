@@ -16,6 +16,21 @@ import sys
 ALREADY_RUNNING = 3
 
 
+def held(lock) -> bool:
+    """Some process holds `lock` now (its daemon runs)."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases it if we got it
+    return False
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") != 1 or len(argv) < 3:
         print("usage: python -m fm_pipeline.deploy.exclusive LOCK -- COMMAND ...",

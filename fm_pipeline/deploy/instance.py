@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from fm_pipeline.storage.durable import atomic_write
+
 SEGMENT_OF_TAG = "fm/segment_of"  # on every segment run: the training job it trains
 JOB_TAG = "fm/job"  # on every run of a training job (segments, evaluations, drills, data)
 CODE_LOCATION = "fm_pipeline"  # the workspace's location name (submit_over_graphql uses it)
@@ -123,8 +125,9 @@ def write_instance(home: Path, **kwargs) -> Path:
     returns `home`. Rewritten each time: the file is the product's, not hand-edited."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config(**kwargs),
-                                                      sort_keys=False), encoding="utf-8")
-    (home / "workspace.yaml").write_text(yaml.safe_dump(workspace_config(), sort_keys=False),
-                                         encoding="utf-8")
+    # Whole or not at all: another fm process (a second API server) may be reading it.
+    atomic_write(home / "dagster.yaml", yaml.safe_dump(instance_config(**kwargs),
+                                                       sort_keys=False).encode())
+    atomic_write(home / "workspace.yaml", yaml.safe_dump(workspace_config(),
+                                                         sort_keys=False).encode())
     return home

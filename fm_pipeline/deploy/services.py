@@ -4,6 +4,8 @@ dagster-webserver (the UI and GraphQL).
 
     with running(daemon(home), webserver(home, port=3000)):   # both ready, both stopped after
         ...
+    with kept(lambda: daemon(home)):    # a daemon serves the instance as long as this runs
+        ...                             # (started again whenever none does)
 
 Signal dispositions are explicit for every process started here: a shell that runs fm in
 the background (`&`, nohup, a CI runner) leaves SIGINT ignored, Dagster then maps SIGTERM to
@@ -17,16 +19,20 @@ started. fm itself resets them at start (`default_signal_dispositions`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fm_pipeline.deploy.exclusive import ALREADY_RUNNING
+from fm_pipeline.deploy.exclusive import ALREADY_RUNNING, held
+
+log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 20.0
@@ -65,6 +71,7 @@ class Service:
     ready_line: str | None = None  # a line its log prints once it works
     # Exit code meaning "one already serves this instance" (exclusive.py): ready, not ours.
     already_running: int | None = None
+    lock: Path | None = None  # held by the one instance of it that serves (already_running)
     process: subprocess.Popen | None = None
 
     @property
@@ -144,7 +151,8 @@ def daemon(home: Path, *, env: dict[str, str] | None = None) -> Service:
         sys.executable, "-m", "fm_pipeline.deploy.exclusive", str(home / "daemon.lock"), "--",
         _bin("dagster-daemon"), "run", "-w", str(home / "workspace.yaml")],
         home=home, log=home / "services" / "daemon.log", env=dict(env or {}),
-        ready_line="Checking for new runs for sensor", already_running=ALREADY_RUNNING)
+        ready_line="Checking for new runs for sensor", already_running=ALREADY_RUNNING,
+        lock=home / "daemon.lock")
 
 
 def webserver(home: Path, *, port: int, host: str = "127.0.0.1",
@@ -168,3 +176,34 @@ def running(*services: Service, timeout_s: float = READY_TIMEOUT_S):
     finally:
         for service in reversed(started):
             service.stop()
+
+
+@contextlib.contextmanager
+def kept(make, *, every_s: float = 5.0, timeout_s: float = READY_TIMEOUT_S):
+    """A service of which one instance must always serve (the daemon of an instance several
+    fm processes share): start `make()`; every `every_s`, when none serves any more (ours
+    died, or the other process's one stopped: its lock is free), start another. Ours is
+    stopped at the end."""
+    current = [make().start().wait_ready(timeout_s)]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(every_s):
+            service = current[0]
+            alive = service.process.poll() is None
+            if alive or (service.lock is not None and held(service.lock)):
+                continue
+            log.warning("%s: none serves this instance any more; starting one", service.name)
+            try:
+                current[0] = make().start().wait_ready(timeout_s)
+            except RuntimeError as e:  # try again next time
+                log.warning("%s did not start: %s", service.name, e)
+
+    watcher = threading.Thread(target=watch, daemon=True, name=f"keep-{current[0].name}")
+    watcher.start()
+    try:
+        yield current
+    finally:
+        stop.set()
+        watcher.join(timeout=timeout_s + every_s)
+        current[0].stop()

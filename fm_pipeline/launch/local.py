@@ -10,12 +10,17 @@ segment leaves is under runs_dir(job)/segments/<end_step>-<time>/: job.yaml, tor
 (torchrun's and the workers' output), torchrun/ (per-worker error files), error.json,
 result.json. Touching `preempt` there (preempt_running_segments) asks the trainer to
 checkpoint and exit (75).
-Interrupting the caller (Ctrl-C, a cancelled Dagster run) sends torchrun SIGTERM, which
-it forwards to the workers: they checkpoint, exit, and the result says "preempted".
+Interrupting the caller (Ctrl-C, a Dagster run terminated from the UI or the API) sends
+torchrun SIGTERM, which it forwards to the workers: they checkpoint and exit 75; result.json
+is written and the exception carries the result (`e.segment_result`), so the caller can
+record what the segment did before it re-raises. Should the caller die outright (SIGKILL),
+torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG): the segment stops at a checkpoint
+rather than training on with nobody to follow it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -90,22 +95,43 @@ def run_segment_locally(
     with open(output_log, "wb") as log:
         # Own session: a Ctrl-C in the terminal reaches us, and we decide what torchrun gets.
         proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_stop_with_parent)
         pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo), daemon=True)
         pump.start()
         try:
             timed_out = _wait(proc, timeout_s=timeout_s, preempt=preempt)
             if timed_out or proc.poll() is None:
                 stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
-        except BaseException:
+        except BaseException as e:  # interrupted: the segment stops at a checkpoint first
             stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
+            pump.join(timeout=10)
+            e.segment_result = _finish(launch, paths, proc, output_log, started,
+                                       timed_out=False, timeout_s=timeout_s)
             raise
         finally:
             pump.join(timeout=10)
+    return _finish(launch, paths, proc, output_log, started, timed_out=timed_out,
+                   timeout_s=timeout_s)
+
+
+def _finish(launch, paths, proc, output_log: Path, started: float, *, timed_out: bool,
+            timeout_s: float | None) -> SegmentResult:
     result = _result(launch, paths, proc.returncode, output_log,
                      time.monotonic() - started, timed_out=timed_out, timeout_s=timeout_s)
-    (segment_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    (paths.job_file.parent / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:  # in the child, between fork and exec
+    """SIGTERM torchrun when the process that launched it dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):  # not Linux: the caller's own cleanup must do
+        pass
 
 
 def _wait(proc: subprocess.Popen, *, timeout_s: float | None,

@@ -62,9 +62,37 @@ def checkpoint_step(job, store, location: str) -> int:
                      f"(its checkpoints: {known})")
 
 
-def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "") -> PreparedSegment:
-    """Where the segment starts and ends, checked before anything launches."""
+def first_segment(job, store, resume_from: str = "") -> tuple[int, int, str | None]:
+    """(start, end, location) of the segment a (re)submitted training run starts with: from
+    `resume_from` (one of the job's checkpoints) or the newest valid one; ValueError when it
+    is not a checkpoint of the job or the job has nothing left to train."""
+    from fm_pipeline.orchestration.retry import next_segment
+
+    if resume_from:
+        start, location = checkpoint_step(job, store, resume_from), resume_from
+    else:
+        start, location = newest_valid_step(job, store)
+    following = next_segment(job, reached_step=start)
+    if following is None:
+        raise ValueError(f"job {job.name} already reached its target step "
+                         f"{job.training.steps}")
+    return following[0], following[1], location
+
+
+def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
+                    api_run: int | None = None) -> PreparedSegment:
+    """Where the segment starts and ends, checked before anything launches. A segment of
+    training run `api_run` that a control plane stopped (submissions.request_stop) does not
+    launch: SegmentNotRunnable with outcome "stopped"."""
     from fm_pipeline.data import DataError, open_job_mix
+    from fm_pipeline.orchestration.submissions import stop_of
+
+    if api_run is not None:
+        stop = stop_of(store, job.name, api_run)
+        if stop is not None:
+            raise SegmentNotRunnable(f"training run {api_run} of {job.name} was stopped "
+                                     f"({stop.how}) before this segment started",
+                                     outcome="stopped", stop=stop.how)
 
     if resume_from:
         try:

@@ -1,5 +1,6 @@
 """`fm api serve` on 127.0.0.1: a real server process answers with the published OpenAPI,
-and neither its access log nor its own log ever shows a token."""
+and neither its access log nor its own log ever shows a token; it keeps a dagster-daemon
+for its instance and stops it when it stops."""
 
 from __future__ import annotations
 
@@ -52,8 +53,13 @@ def test_serve_answers_and_keeps_tokens_out_of_its_logs(fm_home, mix_store):
     finally:
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=60)[0].decode()
-    # uvicorn shuts down cleanly, then re-raises the SIGTERM it caught
-    assert proc.returncode in (0, -signal.SIGTERM) and "Finished server process" in out, out
+    # uvicorn shuts down cleanly, then re-raises the SIGTERM it caught: fm exits 128+15
+    # after its `finally` blocks stopped the daemon it kept (its lock is free again)
+    assert proc.returncode == 128 + signal.SIGTERM and "Finished server process" in out, out
+    from fm_pipeline.deploy.exclusive import held
+
+    assert not held(fm_home / "dagster" / "daemon.lock")
+    assert "dagster-daemon" in out
     assert "Logging error" not in out
     assert f"http://127.0.0.1:{port}" in out and '"GET /v1/training/jobs HTTP/1.1" 200' in out
     flat = " ".join(out.split())  # rich wraps the banner at the console width

@@ -27,11 +27,7 @@ from fm_pipeline.assets.training.sensors import (
     segment_failure_sensor,
     segment_progress_sensor,
 )
-from fm_pipeline.assets.training.submit import (
-    as_execution,
-    first_segment_request,
-    register_training_job,
-)
+from fm_pipeline.assets.training.submit import first_segment_request, register_training_job
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
@@ -55,8 +51,8 @@ class Pipeline:
         if fault:
             config["fail_at"] = fault
         job_def = defs.resolve_job_def("training_segment_job")
-        kwargs = as_execution(request)
-        kwargs["run_config"] = {"ops": {"training_segment": {"config": config}}}
+        kwargs = {"partition_key": request.partition_key, "tags": dict(request.tags),
+                  "run_config": {"ops": {"training_segment": {"config": config}}}}
         double = LauncherDouble()
         if preempt_at is not None:  # the double reads it from the env the asset passes on
             class Preempting(LauncherDouble):

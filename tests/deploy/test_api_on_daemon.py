@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from dagster import DagsterRunStatus
@@ -194,15 +193,14 @@ def test_cancel_before_the_first_segment_starts_withdraws_the_submission(stack, 
     assert orch.wait(job.name, timeout=120).state == "cancelled"
 
 
-def run_worker_pid(run_id: str) -> int | None:
-    """The `dagster api execute_run` process of the run (the local run launcher's)."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"execute_run" in argv and any(run_id.encode() in a for a in argv):
-            return int(cmdline.parent.name)
+def run_worker_pid(instance, run_id: str) -> int | None:
+    """The run worker's pid, from the engine event its code server records at its start."""
+    import re
+
+    for entry in instance.all_logs(run_id):
+        found = re.search(r"Started process for run \(pid: (\d+)\)", entry.message or "")
+        if found:
+            return int(found.group(1))
     return None
 
 
@@ -212,7 +210,7 @@ def test_a_killed_run_worker_is_failed_and_the_failure_sensor_resumes_it(stack, 
     wait_for("step 3", lambda: steps_by_launch(job.name) and
              steps_by_launch(job.name)[0][-1] >= 3)
     (record,) = segment_runs(stack.instance, job.name)
-    pid = run_worker_pid(record.dagster_run.run_id)
+    pid = run_worker_pid(stack.instance, record.dagster_run.run_id)
     assert pid, "the run worker process was not found"
     os.kill(pid, signal.SIGKILL)  # no cleanup of its own: the launcher's process is gone
     run = orch.wait(job.name, timeout=300)

@@ -1,8 +1,9 @@
-"""The whole training lineage on a small real job, through Dagster in process: real
-torchrun segments (one rank, the debug model), checkpoints with their blocking validation,
-per-domain evaluation of each checkpoint, a restore drill on another topology; every run
-after the first requested by the real sensors and schedule (PipelineDriver), including the
-resume after an injected failure (FM_FAULT_FAIL_AT)."""
+"""The whole training lineage on a small real job, on a real Dagster deployment (the
+instance's dagster.yaml, `dagster-daemon`): real torchrun segments (one rank, the debug
+model), checkpoints with their blocking validation, per-domain evaluation of each
+checkpoint, a restore drill on another topology; every run started by the daemon: the
+first from a submission (the intake sensor), the rest requested by the real sensors,
+including the resume after an injected failure (a fault planted for the job)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,24 @@ from dagster import (
     AssetKey,
     AssetRecordsFilter,
     DagsterEventType,
-    DagsterInstance,
+    DagsterRunStatus,
     RunsFilter,
+    SkipReason,
+    build_schedule_context,
 )
-from fm_pipeline.assets.training.driver import PipelineDriver
 from fm_pipeline.assets.training.names import EVALUATION_JOB, SEGMENT_JOB
 from fm_pipeline.assets.training.requests import checkpoint_request
-from fm_pipeline.assets.training.submit import first_segment_request, register_training_job
+from fm_pipeline.assets.training.schedules import restore_drill_schedule
+from fm_pipeline.assets.training.submit import register_training_job
 from fm_pipeline.assets.training.summary import job_report
-from fm_pipeline.resources.launcher_local import LocalLauncher
-from fm_pipeline.resources.training_policy import TrainingPolicyResource
+from rich.progress import Progress
 
+from fm_pipeline.cli.follow import RunFollower
 from fm_pipeline.data.testing import build_small_mix, small_job
+from fm_pipeline.orchestration.registry import plant_fault
+from fm_pipeline.orchestration.submissions import submit_run
 from fm_pipeline.storage import open_store
+from tests.deploy.stack import deployment
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")]
@@ -41,8 +47,8 @@ def check_results(instance, run_id: str) -> list:
 
 
 class Ran:
-    def __init__(self, home: Path, instance, driver: PipelineDriver, job):
-        self.home, self.instance, self.driver, self.job = home, instance, driver, job
+    def __init__(self, home: Path, instance, job):
+        self.home, self.instance, self.job = home, instance, job
 
     def materializations(self, key: str) -> list[dict]:
         records = self.instance.fetch_materializations(
@@ -51,43 +57,54 @@ class Ran:
         return [{k: getattr(v, "value", v) for k, v in r.asset_materialization.metadata.items()}
                 | {"run_id": r.event_log_entry.run_id} for r in records]
 
+    def runs(self) -> list:
+        """(job, what started it, succeeded) of every run, oldest first."""
+        out = []
+        for record in self.instance.get_run_records(ascending=True):
+            run = record.dagster_run
+            origin = run.tags.get("dagster/sensor_name") or run.tags.get(
+                "dagster/schedule_name") or "outside the daemon"
+            out.append((run.job_name, origin, run.status == DagsterRunStatus.SUCCESS))
+        return out
+
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
     home = tmp_path_factory.mktemp("lineage")
+    store_dir = home / "store"
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in {"FM_HOME": home, "DAGSTER_HOME": home / "dagster"}.items():
+        for key, value in {"FM_HOME": home, "DAGSTER_HOME": home / "dagster",
+                           "FM_STORE_URI": store_dir}.items():
             mp.setenv(key, str(value))
-        for key in ("FM_STORE_URI", "FM_MLFLOW_URI"):
-            mp.delenv(key, raising=False)
-        (home / "dagster").mkdir()
-        (home / "dagster" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        mp.delenv("FM_MLFLOW_URI", raising=False)
         job = small_job(**{"name": JOB, "training.steps": 4, "training.segment_steps": 2,
                            "checkpoint.every_steps": 2, "training.lr": 1e-2})
-        store = open_store(str(home / "store"))
+        store = open_store(str(store_dir))
         build_small_mix(job, store=store)
-        instance = DagsterInstance.get()
-        register_training_job(instance, job, store=store)
-        driver = PipelineDriver(instance, faults={JOB: "0:3"}, resources={
-            "launcher": LocalLauncher(echo_output=False),
-            "training_policy": TrainingPolicyResource(backoff_base_s=0.5)})
-        driver.execute(SEGMENT_JOB, first_segment_request(job, store=store), origin="submit")
-        driver.run_until_idle()
-        driver.drill()
-        yield Ran(home, instance, driver, job)
-        instance.dispose()
+        env = {"FM_STORE_URI": str(store_dir), "FM_RETRY_BACKOFF_S": "0.5"}
+        with deployment(home, env=env) as stack:
+            register_training_job(stack.instance, job, store=store)
+            plant_fault(store, JOB, "0:3")  # rank 0 raises after step 3, once
+            submit_run(store, job)
+            follower = RunFollower(Progress(disable=True), stack.instance, JOB,
+                                   target_step=4)
+            follower.wait_until_idle(api_run=1, timeout_s=900)
+            follower.wait_for_key(submit_run(store, job, kind="drill").run_key)
+            yield Ran(home, stack.instance, job)
 
 
-def test_the_sensors_and_the_schedule_requested_every_run_after_the_first(ran):
-    runs = [(r.job_name, r.origin, r.success) for r in ran.driver.runs]
-    assert runs == [
-        ("training_segment_job", "submit", True),
-        ("checkpoint_evaluation_job", "checkpoint_evaluation_sensor", True),
-        ("training_segment_job", "segment_progress_sensor", False),  # the injected fault
-        ("training_segment_job", "segment_progress_sensor", True),  # resumed after backoff
-        ("checkpoint_evaluation_job", "checkpoint_evaluation_sensor", True),
-        ("restore_drill_job", "restore_drill_schedule", True),
-    ]
+def test_the_daemon_started_every_run_the_sensors_requested(ran):
+    runs = ran.runs()
+    segments = [r for r in runs if r[0] == SEGMENT_JOB]
+    assert segments[0] == (SEGMENT_JOB, "run_intake_sensor", True)  # the submission
+    assert segments[1] == (SEGMENT_JOB, "segment_progress_sensor", False)  # the fault
+    assert segments[2][2] and segments[2][1] in ("segment_failure_sensor",  # resumed at once
+                                                 "segment_progress_sensor")  # after backoff
+    assert len(segments) == 3
+    assert [r for r in runs if r[0] == EVALUATION_JOB] == [
+        (EVALUATION_JOB, "checkpoint_evaluation_sensor", True)] * 2
+    assert [r for r in runs if r[0] == "restore_drill_job"] == [
+        ("restore_drill_job", "run_intake_sensor", True)]
 
 
 def test_segments_record_their_step_range_mfu_goodput_and_the_plan(ran):
@@ -121,8 +138,10 @@ def test_the_injected_failure_is_recorded_and_resumed_from_the_last_valid_checkp
 
 def test_each_checkpoint_is_validated_then_evaluated_per_domain(ran):
     assert [c["step"] for c in ran.materializations("checkpoint")] == [2, 4]
-    for run in ran.driver.runs:  # segment runs check what they recorded, evaluations theirs
-        if run.success and run.job_name in (SEGMENT_JOB, EVALUATION_JOB):
+    for record in ran.instance.get_run_records():  # segments check what they recorded,
+        run = record.dagster_run                     # evaluations what they read
+        if run.status == DagsterRunStatus.SUCCESS and run.job_name in (SEGMENT_JOB,
+                                                                       EVALUATION_JOB):
             (check,) = check_results(ran.instance, run.run_id)
             assert check.passed, check.description
     evals = {e["checkpoint_step"]: e for e in ran.materializations("evaluation")}
@@ -141,7 +160,9 @@ def test_the_newest_checkpoint_passed_a_restore_drill_on_another_topology(at_hom
     assert drill["checkpoint_step"] == 4 and drill["passed"] is True
     assert drill["source_topology"] != drill["drill_topology"]
     assert drill["drill_topology"].startswith("world 2")
-    assert ran.driver.drill() == []  # the schedule leaves a drilled checkpoint alone
+    # The schedule leaves a drilled checkpoint alone.
+    skipped = restore_drill_schedule(build_schedule_context(instance=ran.instance))
+    assert isinstance(skipped, SkipReason) and "drilled" in skipped.skip_message
 
 
 def test_mlflow_has_the_job_run_with_a_child_run_per_segment_evaluation_and_drill(ran):
@@ -162,6 +183,7 @@ def at_home(ran, monkeypatch):
     """The module's FM_HOME / DAGSTER_HOME (each test otherwise gets its own)."""
     monkeypatch.setenv("FM_HOME", str(ran.home))
     monkeypatch.setenv("DAGSTER_HOME", str(ran.home / "dagster"))
+    monkeypatch.setenv("FM_STORE_URI", str(ran.home / "store"))
     return ran
 
 
@@ -171,9 +193,13 @@ def test_a_tampered_checkpoint_fails_validation_and_its_evaluation_is_skipped(at
     original = shard.read_bytes()
     evaluated = len(ran.materializations("evaluation"))
     shard.write_bytes(original[:100] + bytes([original[100] ^ 0xFF]) + original[101:])
-    try:
-        run = ran.driver.execute(EVALUATION_JOB, checkpoint_request(JOB, 2, kind="evaluate")
-                                 .with_replaced_attrs(run_key=None), origin="test")
+    request = checkpoint_request(JOB, 2, kind="evaluate")
+    try:  # in process: this test is about the check, not about who starts the run
+        from fm_pipeline.definitions import defs
+
+        run = defs.resolve_job_def(EVALUATION_JOB).execute_in_process(
+            instance=ran.instance, partition_key=request.partition_key,
+            run_config=request.run_config, tags=dict(request.tags), raise_on_error=False)
     finally:
         shard.write_bytes(original)
     assert not run.success

@@ -79,12 +79,14 @@ class Stack:
 
 @contextlib.contextmanager
 def deployment(root: Path, *, storage: Sqlite | Postgres = Sqlite(),
-               webserver_port: int | None = None, env: dict[str, str] | None = None):
-    """The instance in root/dagster, its daemon (and webserver) running; yields a Stack."""
+               webserver_port: int | None = None, env: dict[str, str] | None = None,
+               with_daemon: bool = True):
+    """The instance in root/dagster, its daemon (and webserver) running; yields a Stack.
+    `with_daemon=False`: the API servers keep it (`fm api serve` does by default)."""
     env = {"FM_HOME": str(root), "DAGSTER_HOME": str(root / "dagster"),
            "FM_LAUNCHER_ECHO": "0", "MLFLOW_LOGGING_LEVEL": "WARNING", **(env or {})}
     home = write_instance(root / "dagster", storage=storage)
-    services = [daemon(home, env=env)]
+    services = [daemon(home, env=env)] if with_daemon else []
     if webserver_port:
         services.append(webserver(home, port=webserver_port, env=env))
     with running(*services):

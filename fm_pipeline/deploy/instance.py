@@ -40,7 +40,12 @@ class Postgres:
     url: str  # postgresql://user[:password]@host:port/database
 
     def config(self) -> dict:
-        return {"postgres": {"postgres_url": self.url}}
+        # The driver dagster-postgres ships with: SQLAlchemy >= 2.1 maps a bare
+        # postgresql:// to psycopg 3, which is not installed.
+        url = self.url
+        if url.startswith(("postgresql://", "postgres://")):
+            url = "postgresql+psycopg2://" + url.split("://", 1)[1]
+        return {"postgres": {"postgres_url": url}}
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ def test_postgres_deployment_daemon_webserver_and_api(fm_home, mix_store, monkey
             data = reply["data"]
             runs = {r["runId"]: r["status"] for r in data["runsOrError"]["results"]}
             segments = data["segments"]["assetMaterializations"]
-            assert len(segments) == 2 and {s["runId"] for s in segments} <= set(runs)
+            succeeded = {run_id for run_id, state in runs.items() if state == "SUCCESS"}
+            assert segments and {s["runId"] for s in segments} <= succeeded
             assert sorted(runs.values()).count("FAILURE") == 1
             assert data["checkpoints"]["assetMaterializations"]
             assert data["drills"]["assetMaterializations"]

@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from fm_pipeline.orchestration.registry import PREFIX
 from fm_pipeline.storage import ObjectNotFound, ObjectStore, PreconditionFailed
 
-
 KINDS = ("train", "data_mix", "drill")
 STOPS = ("preempt", "cancel")  # cancel outranks preempt: a cancelled run stays cancelled
 _SUBMISSION = re.compile(r"^[a-z_]+-\d{6}\.json$")

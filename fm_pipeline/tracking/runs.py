@@ -29,9 +29,23 @@ BATCH = 100  # MlflowClient.log_batch takes at most 100 params or tags, 1000 met
 
 
 def open_client(uri: str) -> MlflowClient:
+    """A client of `uri`. On a sqlite store the first client creates the schema (MLflow's
+    migrations): several processes doing that at once on a new database break it ("Online
+    migration expected to match one row", seen with three segment runs starting together),
+    so opening the store is serialised by an flock beside the database."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    database = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+    if database is None:
+        return MlflowClient(tracking_uri=uri)
+    import fcntl
+
+    Path(database).parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = MlflowClient(tracking_uri=uri)
+        client._tracking_client.store  # noqa: B018 - opening the store runs the migrations
+    return client
 
 
 def sqlite_artifact_root(uri: str) -> Path | None:

@@ -36,9 +36,19 @@ def step_failure(instance, run_id: str) -> tuple[dict, str]:
         if user is not None:
             metadata = {k: getattr(v, "value", v) for k, v in (user.metadata or {}).items()}
             return metadata, user.description or ""
-        message = data.error.message.strip() if data.error else "step failed"
-        return {}, f"{record.step_key}: {message.splitlines()[0] if message else 'failed'}"
+        return {}, f"{record.step_key}: {_root_cause(data.error)}"
     return {}, "the run failed before any step ran"
+
+
+def _root_cause(error) -> str:
+    """The innermost error of a step failure, in one line (Dagster wraps the op's exception
+    in DagsterExecutionStepExecutionError: its own message names the op, not the cause)."""
+    if error is None:
+        return "step failed"
+    while error.cause is not None:
+        error = error.cause
+    message = (error.message or "").strip()
+    return message.splitlines()[0] if message else error.cls_name or "failed"
 
 
 def _int(value) -> int | None:

@@ -66,7 +66,8 @@ def check_every_job_recovered(instance, job_ids: list[str]) -> None:
                     if r.dagster_run.job_name == "training_segment_job"
                     and r.dagster_run.tags.get("dagster/partition") == job_id]
         failed = [s for s in segments if s.status == DagsterRunStatus.FAILURE]
-        assert len(failed) == 1, [(s.status, s.tags.get("fm/failure")) for s in segments]
+        assert len(failed) == 1, "\n".join(f"{s.status.value}: {s.tags.get('fm/failure')}"
+                                            for s in segments)
         assert failed[0].tags["fm/decision"] == "resumed"
         assert "InjectedFault" in failed[0].tags["fm/failure"]
         (resume,) = [s for s in segments if s.tags.get("fm/resumes_run") == failed[0].run_id]

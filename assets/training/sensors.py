@@ -111,7 +111,7 @@ def _record(instance, job_name: str, run_id: str, tags: dict[str, str]) -> None:
 
 
 @run_failure_sensor(name="segment_failure_sensor", monitored_jobs=[training_segment_job],
-                    request_job=training_segment_job, minimum_interval_seconds=5,
+                    request_job=training_segment_job, minimum_interval_seconds=1,
                     default_status=DefaultSensorStatus.RUNNING)
 def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreResource,
                            training_policy: TrainingPolicyResource):
@@ -157,7 +157,7 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
     return request
 
 
-@sensor(name="segment_progress_sensor", job=training_segment_job, minimum_interval_seconds=5,
+@sensor(name="segment_progress_sensor", job=training_segment_job, minimum_interval_seconds=1,
         default_status=DefaultSensorStatus.RUNNING)
 def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStoreResource):
     """Start each job's next segment after a successful one, until the target step; start

@@ -68,8 +68,11 @@ def read_manifest(ref: CheckpointRef) -> Manifest:
     return parse_manifest(data, where=ref.location)
 
 
-def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = True) -> list[Problem]:
-    """Every problem with the checkpoint; [] means it can be restored. `job`: a JobSpec."""
+def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = True,
+             dcp: bool = True) -> list[Problem]:
+    """Every problem with the checkpoint; [] means it can be restored. `job`: a JobSpec.
+    `dcp=False`: leave torch's own `.metadata` unread (no torch import: a control-side look
+    whose restore, which reads it anyway, comes later)."""
     if not isinstance(ref, CheckpointRef):
         ref = CheckpointRef.local(ref)
     try:
@@ -102,7 +105,8 @@ def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = Tru
         problems.append(Problem(f"{MANIFEST} step",
                                 f"{manifest.step}, but the directory is {ref.name}"))
     problems += _file_problems(ref, manifest, present, checksums=checksums)
-    problems += _dcp_metadata_problems(ref, manifest, present)
+    if dcp:
+        problems += _dcp_metadata_problems(ref, manifest, present)
     problems += model_problems(manifest, job)
     return problems
 
@@ -258,7 +262,7 @@ def candidates(job_name: str, *, store: ObjectStore | None = None,
 
 def latest_valid(job, *, store: ObjectStore | None = None,
                  tiers: tuple[str, ...] = ("local", "store"), checksums: bool = True,
-                 root: Path | None = None) -> Discovery:
+                 dcp: bool = True, root: Path | None = None) -> Discovery:
     """Newest checkpoint of `job` (a JobSpec, or a job name) that passes `validate`."""
     job_name = job if isinstance(job, str) else job.name
     spec = None if isinstance(job, str) else job
@@ -266,7 +270,7 @@ def latest_valid(job, *, store: ObjectStore | None = None,
     refs = candidates(job_name, store=store, tiers=tiers, root=root,
                       unreachable=discovery.unreachable)
     for ref in refs:
-        problems = validate(ref, spec, checksums=checksums)
+        problems = validate(ref, spec, checksums=checksums, dcp=dcp)
         if not problems:
             discovery.found = ref
             discovery.manifest = read_manifest(ref)

@@ -41,10 +41,13 @@ class PreparedSegment:
 
 
 def newest_valid_step(job, store) -> tuple[int, str | None]:
-    """(step, location) of the checkpoint the next segment resumes from; (0, None) if none."""
+    """(step, location) of the checkpoint the next segment resumes from; (0, None) if none.
+    Structure, sizes and model only: the trainer's restore checks the checksums and torch's
+    own metadata again before it loads, so the control side neither repeats that work nor
+    imports torch for it (~2.5 s per segment run on 2 cores)."""
     from fm_pipeline.catalog import latest_valid
 
-    found = latest_valid(job, store=store, checksums=False)
+    found = latest_valid(job, store=store, checksums=False, dcp=False)
     return (found.found.step, found.found.location) if found.found else (0, None)
 
 

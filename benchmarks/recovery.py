@@ -1,0 +1,212 @@
+"""Time from a rank's failure to the resumed segment's first step, through the Dagster daemon.
+
+    python -m benchmarks.recovery [--repeats 3] [--backoff-s 2]
+
+A real deployment on this machine (deploy/instance.py's dagster.yaml, a `dagster-daemon`:
+intake, failure and progress sensors, the run queue, the local run launcher) and small real
+jobs (debug model, one CPU rank, torchrun): each job is submitted with a fault planted at
+step 3 (rank 0 raises after logging it), fails, and is resumed from its step-2 checkpoint by
+the daemon's sensors. Per job, from the run records' events, the segment directories and the
+trainer's records (all timestamps of this machine):
+
+  detection_s      fault -> the failed run's end (torchrun sees the worker die, the launcher
+                   reads the error files, the run is marked failed)
+  failure_sensor_s run failed -> the failure sensor's decision (its tick)
+  backoff_s        the retry policy's wait (excluded from durable_resume_s)
+  resume_tick_s    decision (or backoff's end) -> the resume run created by a sensor
+  queue_s          created -> taken from the run queue and handed to the run launcher
+  launch_s         -> the run worker process started by the code server
+  process_start_s  worker started -> the run started (imports, definitions load)
+  step_setup_s     run started -> torchrun started (the segment asset: registry, plan,
+                   MLflow run, the segment's checks)
+  trainer_start_s  torchrun started -> the first step began, less the restore (torchrun,
+                   the worker process, torch import, model and optimizer build)
+  restore_s        the trainer's checkpoint restore
+  first_step_s     the first step itself
+  durable_resume_s fault -> the resumed segment's first step completed, backoff excluded
+
+Baseline, same run, like for like: cold_start_s, a job's submission -> its first step (the
+same intake, queue, launch and trainer start, no failure, no restore). Target on 2 cores:
+durable_resume_s <= 30. Last stdout line: one JSON object (medians; each field's spread in
+"spread", max - min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+STEPS, FAULT = 8, "0:3"
+console = Console(stderr=True)
+
+
+def _events(instance, run_id: str) -> dict[str, float]:
+    """The first timestamp of each lifecycle event of the run."""
+    from dagster import DagsterEventType
+
+    wanted = {DagsterEventType.RUN_ENQUEUED: "enqueued", DagsterEventType.RUN_STARTING:
+              "launching", DagsterEventType.RUN_START: "started",
+              DagsterEventType.RUN_FAILURE: "failed", DagsterEventType.RUN_SUCCESS: "succeeded"}
+    out: dict[str, float] = {}
+    for entry in instance.all_logs(run_id):
+        event = entry.dagster_event
+        if event is None:
+            continue
+        name = wanted.get(event.event_type)
+        if name is None and (entry.message or "").startswith("Started process for run"):
+            name = "worker_started"
+        if name and name not in out:
+            out[name] = entry.timestamp
+    return out
+
+
+def _steps(job_name: str) -> list[list[dict]]:
+    """The trainer's step records per launch, in order."""
+    from fm_pipeline.config.paths import runs_dir
+
+    launches: dict[str, list[dict]] = {}
+    path = runs_dir(job_name) / "metrics.jsonl"
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "step":
+            launches.setdefault(record["segment"], []).append(record)
+    return list(launches.values())
+
+
+def _segment_records(job_name: str) -> list[dict]:
+    from fm_pipeline.config.paths import runs_dir
+    from fm_pipeline.rundir.records import SEGMENTS_FILE, read_records
+
+    return read_records(runs_dir(job_name) / SEGMENTS_FILE, "segment")
+
+
+def _torchrun_starts(job_name: str) -> list[float]:
+    """When each launch's torchrun started (its segment directory's UTC stamp)."""
+    from fm_pipeline.config.paths import runs_dir
+
+    starts = []
+    for d in (runs_dir(job_name) / "segments").iterdir():
+        stamp = datetime.strptime(d.name.split("-", 1)[1], "%Y%m%dT%H%M%S%f")
+        starts.append(stamp.replace(tzinfo=timezone.utc).timestamp())
+    return sorted(starts)
+
+
+def _decided_at(instance, job_name: str) -> float:
+    """The failure sensor's decision: the observation it records on the job's partition."""
+    from dagster import AssetKey, AssetRecordsFilter
+
+    records = instance.fetch_observations(AssetRecordsFilter(
+        asset_key=AssetKey("training_segment"), asset_partitions=[job_name]), limit=10).records
+    return min(r.timestamp for r in records)
+
+
+def measure(instance, job_name: str, submitted_at: float) -> dict:
+    from fm_pipeline.assets.training.api_runs import api_run_records
+
+    (records,) = api_run_records(instance, job_name).values()
+    failed = next(r.dagster_run for r in records if r.dagster_run.status.value == "FAILURE")
+    resumed = next(r for r in records if r.dagster_run.tags.get("fm/resumes_run")
+                   == failed.run_id)
+    first_launch, second_launch = _steps(job_name)[:2]
+    fault_at = first_launch[-1]["time"]  # the fault raises right after this record
+    failed_events = _events(instance, failed.run_id)
+    ev = _events(instance, resumed.dagster_run.run_id)
+    decided = _decided_at(instance, job_name)
+    resume_at = float(failed.tags.get("fm/resume_at", decided))
+    backoff = max(0.0, resume_at - decided)
+    created = resumed.create_timestamp.timestamp()
+    torchrun = [t for t in _torchrun_starts(job_name) if t > ev["started"]][0]
+    first = second_launch[0]
+    restore = next(s for s in _segment_records(job_name) if s.get("restored_from"))["restore_s"]
+    step_began = first["time"] - first["step_time_s"]
+    cold = first_launch[0]["time"] - submitted_at
+    return {
+        "detection_s": failed_events["failed"] - fault_at,
+        "failure_sensor_s": decided - failed_events["failed"],
+        "backoff_s": backoff,
+        "resume_tick_s": created - max(decided, resume_at),
+        "queue_s": ev["launching"] - ev.get("enqueued", created),
+        "launch_s": ev["worker_started"] - ev["launching"],
+        "process_start_s": ev["started"] - ev["worker_started"],
+        "step_setup_s": torchrun - ev["started"],
+        "trainer_start_s": step_began - torchrun - restore,
+        "restore_s": restore,
+        "first_step_s": first["step_time_s"],
+        "durable_resume_s": first["time"] - fault_at - backoff,
+        "cold_start_s": cold,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backoff-s", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="fm-recovery-"))
+    store_dir = root / "store"
+    os.environ.update({"FM_HOME": str(root), "DAGSTER_HOME": str(root / "dagster"),
+                       "FM_STORE_URI": str(store_dir), "MLFLOW_LOGGING_LEVEL": "WARNING"})
+    from dagster import DagsterInstance
+
+    from fm_pipeline.assets.training.api_runs import run_infos
+    from fm_pipeline.assets.training.submit import register_training_job
+    from fm_pipeline.data.testing import build_small_mix, small_job
+    from fm_pipeline.deploy.instance import write_instance
+    from fm_pipeline.deploy.services import daemon, default_signal_dispositions, running
+    from fm_pipeline.orchestration.registry import plant_fault
+    from fm_pipeline.orchestration.submissions import submit_run
+    from fm_pipeline.storage import open_store
+
+    default_signal_dispositions()
+    store = open_store(str(store_dir))
+    build_small_mix(small_job(), store=store)
+    home = write_instance(root / "dagster")
+    env = {"FM_HOME": str(root), "FM_STORE_URI": str(store_dir), "FM_LAUNCHER_ECHO": "0",
+           "FM_RETRY_BACKOFF_S": str(args.backoff_s), "MLFLOW_LOGGING_LEVEL": "WARNING"}
+    runs = []
+    with Progress(console=console) as progress, running(daemon(home, env=env)):
+        instance = DagsterInstance.get()
+        task = progress.add_task("fault -> resumed first step", total=args.repeats)
+        for i in range(args.repeats):
+            job = small_job(**{"name": f"recovery-{i}", "training.steps": STEPS,
+                               "training.segment_steps": STEPS,
+                               "checkpoint.every_steps": 2})
+            register_training_job(instance, job, store=store)
+            plant_fault(store, job.name, FAULT)
+            submitted_at = time.time()
+            submit_run(store, job)
+            deadline = time.monotonic() + 600
+            while True:
+                infos = run_infos(instance, job.name, target_step=STEPS)
+                if infos and infos[1].state in ("succeeded", "failed", "cancelled"):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{job.name} did not finish in 600 s")
+                time.sleep(0.5)
+            if infos[1].state != "succeeded":
+                raise RuntimeError(f"{job.name}: {infos[1].state}: {infos[1].reason}")
+            runs.append(measure(instance, job.name, submitted_at))
+            progress.update(task, advance=1, description=(
+                f"durable_resume_s {runs[-1]['durable_resume_s']:.1f}"))
+        instance.dispose()
+    keys = list(runs[0])
+    result = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+    result["spread"] = {k: round(max(r[k] for r in runs) - min(r[k] for r in runs), 3)
+                        for k in keys}
+    result.update({"repeats": len(runs), "target_durable_resume_s": 30.0,
+                   "cpu_count": os.cpu_count(), "runs": runs})
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

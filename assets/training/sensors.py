@@ -204,7 +204,7 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
 
 
 @sensor(name="checkpoint_evaluation_sensor", job=checkpoint_evaluation_job,
-        minimum_interval_seconds=5, default_status=DefaultSensorStatus.RUNNING)
+        minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
 def checkpoint_evaluation_sensor(context: SensorEvaluationContext):
     """Evaluate every newly recorded checkpoint (one run per job and step)."""
     after = int(context.cursor) if context.cursor else None

@@ -88,13 +88,16 @@ def demo(job: Path = JOB,
             instance = DagsterInstance.get()
             register_training_job(instance, training, store=store)
             follower = RunFollower(progress, instance, name, target_step=spec.training.steps)
-            data = follower.wait_for_key(submit_run(store, training, kind="data_mix").run_key)
-            if not data.is_success:
-                raise typer.Exit(_failed(instance, data.run_id))
+            data_key = submit_run(store, training, kind="data_mix").run_key
             if fail_at_step:
                 rank = 1 if training.parallelism.world_size > 1 else 0
                 plant_fault(store, name, f"{rank}:{fail_at_step}")
+            # Submitted together: the run queue starts the job's runs one at a time, in
+            # order, so the first segment starts as soon as its data mix is published.
             submit_run(store, training, tags={TAG_API_RUN: "1"})
+            data = follower.wait_for_key(data_key)
+            if not data.is_success:
+                raise typer.Exit(_failed(instance, data.run_id))
             follower.wait_until_idle(api_run=1)
             follower.wait_for_key(submit_run(store, training, kind="drill").run_key)
             runs = len(follower.rows)

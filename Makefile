@@ -30,7 +30,7 @@ test: venv
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).
-BENCHMARKS ?= data trainer checkpoint planner simulation
+BENCHMARKS ?= data trainer checkpoint planner simulation recovery
 bench: venv
 	@for b in $(BENCHMARKS); do echo ">> benchmarks.$$b"; $(BIN)/python -m benchmarks.$$b || exit 1; done
 

@@ -8,8 +8,8 @@ the job's first segment run (from the checkpoint it names, else the newest valid
 newest checkpoint. A train submission a control plane stopped before it started is skipped;
 one that cannot start (an unknown checkpoint, nothing left to train) is rejected with the
 reason (submissions.reject), which the API reports. The daemon never starts one key twice,
-so two control planes, a restarted daemon or a tick evaluated again start each run once. It also adds the job's partition if a
-control plane could not.
+so two control planes, a restarted daemon or a tick evaluated again start each run once.
+It also adds the job's partition if a control plane could not.
 """
 
 from dagster import (

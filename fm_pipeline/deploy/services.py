@@ -128,17 +128,49 @@ class Service:
             return ""
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGTERM to its process group, SIGKILL after `grace_s`; returns its exit code."""
+        """SIGTERM to its process group, SIGKILL after `grace_s`; then the same to whatever
+        it started in sessions of their own (Dagster's code servers: they are meant to exit
+        when their heartbeat stops, but one whose storage went away first stays forever).
+        Returns its exit code."""
+        from fm_pipeline.launch.local import descendants
+
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
+        tree = descendants(self.process.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            return self.process.wait(grace_s)
+            code = self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait(10)
+            code = self.process.wait(10)
+        _end(tree, grace_s=5.0)
+        return code
+
+
+def _end(pids: list[int], *, grace_s: float) -> None:
+    """SIGTERM the processes still alive, SIGKILL those left after `grace_s`."""
+    def alive() -> list[int]:
+        return [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)]
+
+    for pid in alive():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in alive():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def daemon(home: Path, *, env: dict[str, str] | None = None) -> Service:

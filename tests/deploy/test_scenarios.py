@@ -78,6 +78,21 @@ def check_every_job_recovered(instance, job_ids: list[str]) -> None:
         assert segments[0].tags["dagster/sensor_name"] == "run_intake_sensor"
 
 
+def processes_naming(path) -> list[str]:
+    """Command lines of live processes that name `path` (a test's FM_HOME)."""
+    from pathlib import Path
+
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in argv and "pytest" not in argv:
+            found.append(argv[:300])
+    return found
+
+
 def job_status(base: str, headers: dict, job_id: str) -> dict:
     return httpx.get(f"{base}/v1/training/jobs/{job_id}", headers=headers, timeout=30).json()
 
@@ -135,6 +150,8 @@ def test_postgres_deployment_daemon_webserver_and_api(fm_home, mix_store, monkey
             assert sorted(runs.values()).count("FAILURE") == 1
             assert data["checkpoints"]["assetMaterializations"]
             assert data["drills"]["assetMaterializations"]
+    # Stopped means stopped: no process of the deployment (code servers included) outlives it.
+    assert processes_naming(fm_home) == []
 
 
 def test_two_api_servers_on_one_sqlite_instance_four_submissions_at_once(

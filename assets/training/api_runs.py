@@ -38,6 +38,7 @@ from fm_pipeline.assets.training.names import (
     TAG_OUTCOME,
     TAG_OUTCOME_REASON,
     TAG_RESUME_FROM,
+    TAG_STOP,
 )
 
 from fm_pipeline.api.orchestrator import RunInfo
@@ -72,7 +73,7 @@ def run_info(instance, records: list, *, target_step: int, stop: str | None = No
     """The API run made of `records` (oldest first); `stop`: the stop a control plane
     recorded for it (preempt | cancel); `run_id`: the id the API gave it."""
     first, last = records[0], records[-1]
-    stop = last.dagster_run.tags.get("fm/stop") or stop
+    stop = last.dagster_run.tags.get(TAG_STOP) or stop
     state, reason = _state(instance, last, target_step=target_step, stop=stop,
                            first=len(records) == 1)
     ended_at = None

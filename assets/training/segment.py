@@ -147,7 +147,7 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
 
 def _interrupted(e: BaseException) -> bool:
     """The run was terminated (the UI, the API's preempt/cancel: Dagster interrupts the op)."""
-    from dagster._core.errors import DagsterExecutionInterruptedError
+    from dagster import DagsterExecutionInterruptedError
 
     return isinstance(e, (DagsterExecutionInterruptedError, KeyboardInterrupt))
 

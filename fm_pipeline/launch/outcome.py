@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -223,6 +224,16 @@ def is_peer_loss(reason: str | None) -> bool:
     return bool(reason) and bool(_PEER_LOSS.search(reason))
 
 
+# torchrun ends the surviving workers with SIGTERM once one has failed (the trainer's own
+# SIGTERM handler turns a real stop into exit 75): a worker that died by it after raising
+# its own error was torn down, and the whole-second ordering can still name it first.
+_TEARDOWN_CODES = (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def _is_consequence(evidence: FailureEvidence) -> bool:
+    return is_peer_loss(evidence.reason) or evidence.exit_code in _TEARDOWN_CODES
+
+
 def parse_other_failures(text: str, *, source: str) -> list[FailureEvidence]:
     """The workers torchrun lists under "Failures:" besides its root cause (a SIGKILLed
     worker leaves no error file, only this)."""
@@ -280,11 +291,12 @@ def diagnose(*, log_dir: Path | None, agent_error_file: Path | None,
     for other in sources:
         if other is not root:
             root = root.merged(other)
-    if is_peer_loss(root.reason):  # torchrun's "first" by the second: a consequence
-        others = [*workers, *(parse_other_failures(output_text, source="torchrun summary")
-                              if output_text else [])]
+    if _is_consequence(root):  # torchrun's "first" by the second: a consequence
+        # torchrun's list first: it names every worker's rank and exit code.
+        others = [*(parse_other_failures(output_text, source="torchrun summary")
+                    if output_text else []), *workers]
         cause = next((e for e in others if e.rank != root.rank and e.reason
-                      and not is_peer_loss(e.reason)), None)
+                      and not _is_consequence(e)), None)
         if cause is not None:
             return replace(cause.merged(root), exit_code=cause.exit_code if
                            cause.exit_code is not None else root.exit_code,

@@ -192,3 +192,42 @@ def test_a_peer_loss_root_cause_gives_way_to_the_worker_that_really_failed(tmp_p
               "\nRoot Cause (first observed failure):\n[0]:\n" + closed + "=" * 60 + "\n")
     hung = diagnose(log_dir=tmp_path, agent_error_file=None, output_text=output)
     assert (hung.rank, hung.exit_code) == (0, 1) and "Timed out" in hung.reason
+
+
+TORN_DOWN_ROOT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fm_pipeline.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-02_05:22:09
+  host      : vm
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4410)
+  error_file: /tmp/x/attempt_0/0/error.json
+  traceback : RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to complete
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_05:22:08
+  host      : vm
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 4411)
+  error_file: /tmp/x/attempt_0/1/error.json
+  traceback : RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for send operation to complete
+============================================================
+"""
+
+
+def test_a_worker_torn_down_by_torchrun_gives_way_to_the_one_that_failed_on_its_own():
+    """Seen in CI: the hung rank, woken, raised its own timeout and wrote its error file a
+    moment before rank 0's; torchrun's SIGTERM then ended it (-15) and torchrun named it
+    first. Rank 0 failed on its own (exit 1): the segment failed, nothing was killed."""
+    evidence = diagnose(log_dir=None, agent_error_file=None, output_text=TORN_DOWN_ROOT)
+    assert (evidence.rank, evidence.exit_code) == (0, 1)
+    assert "Timed out" in evidence.reason and outcome_of(evidence.exit_code) is Outcome.FAILED
+    # With no worker that failed on its own, a SIGTERM death stays what it was.
+    alone = TORN_DOWN_ROOT.split("Root Cause")[0].replace("exitcode  : 1 ", "exitcode  : -15 ")
+    alone += "Root Cause" + TORN_DOWN_ROOT.split("Root Cause")[1]
+    assert diagnose(log_dir=None, agent_error_file=None, output_text=alone).exit_code == -15

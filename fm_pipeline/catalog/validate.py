@@ -7,8 +7,8 @@ Checks: manifest present and well-formed; every listed file present with its siz
 checksum; no unlisted files; DCP `.metadata` readable and consistent with the files; model
 config matching the job's; not superseded by a rollback (supersede.py). On the store tier
 the checksums are verified by downloading (restore does that anyway); `checksums=False`
-checks everything else, cheaply. The DCP metadata check needs torch (it unpickles torch's
-own Metadata); where torch is not installed (an API or daemon image) it is left out.
+checks everything else, cheaply. The DCP metadata is read without torch and without running
+the pickle (dcp_outline.py), so the control side checks it too.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fm_pipeline.catalog.dcp_outline import OutlineError, read_outline
 from fm_pipeline.catalog.manifest import Manifest, ManifestError, entry_problem, parse_manifest
 from fm_pipeline.catalog.refs import (
     DCP_METADATA,
@@ -71,8 +72,8 @@ def read_manifest(ref: CheckpointRef) -> Manifest:
 def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = True,
              dcp: bool = True) -> list[Problem]:
     """Every problem with the checkpoint; [] means it can be restored. `job`: a JobSpec.
-    `dcp=False`: leave torch's own `.metadata` unread (no torch import: a control-side look
-    whose restore, which reads it anyway, comes later)."""
+    `dcp=False`: leave torch's own `.metadata` unread (a quick look whose restore, which
+    reads it anyway, comes later)."""
     if not isinstance(ref, CheckpointRef):
         ref = CheckpointRef.local(ref)
     try:
@@ -174,29 +175,23 @@ def _dcp_metadata_problems(ref, manifest: Manifest, present: dict[str, int]):
     if DCP_METADATA not in present:
         return []  # already reported as a missing file
     try:
-        import torch.distributed.checkpoint  # noqa: F401
-    except ImportError:  # a control-side image without torch: files and sizes still checked
-        return []
-    try:
-        meta = read_dcp_metadata(ref)
-    except Exception as e:  # torch raises pickle, EOF and assertion errors alike
-        return [Problem(DCP_METADATA, f"unreadable DCP metadata: {type(e).__name__}: {e}")]
+        outline = read_outline(ref.read_bytes(DCP_METADATA))
+    except OutlineError as e:
+        return [Problem(DCP_METADATA, f"unreadable DCP metadata: {e}")]
+    except (OSError, StoreError) as e:
+        return [Problem(DCP_METADATA, f"unreadable: {e}")]
     problems = []
     sizes = {f.path: f.size for f in manifest.files}
     bad_refs: dict[str, str] = {}
-    for info in (meta.storage_data or {}).values():
-        path = getattr(info, "relative_path", None)
-        if path is None:
-            continue
+    for path, offset, length in outline.storage:
         if path not in sizes:
             bad_refs.setdefault(path, "is referenced by .metadata but not in the manifest")
-        elif info.offset + info.length > sizes[path]:
+        elif offset + length > sizes[path]:
             bad_refs.setdefault(path, f"is shorter than .metadata expects "
-                                      f"({info.offset + info.length} > {sizes[path]} bytes)")
+                                      f"({offset + length} > {sizes[path]} bytes)")
     problems += [Problem(p, msg) for p, msg in sorted(bad_refs.items())]
-    keys = meta.state_dict_metadata.keys()
     for part in manifest.state_keys:
-        if not any(k == part or k.startswith(f"{part}.") for k in keys):
+        if not any(k == part or k.startswith(f"{part}.") for k in outline.state_keys):
             problems.append(Problem(DCP_METADATA, f"holds no entries for state part {part!r} "
                                                   "that the manifest lists"))
     return problems

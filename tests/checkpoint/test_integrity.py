@@ -162,3 +162,37 @@ def test_sha256_manifests_are_verified_the_same_way(tmp_path):
     _flip_byte(ref.dir / "__0_0.distcp")
     assert [p.where for p in validate(ref)] == ["__0_0.distcp"]
     assert "SHA-256 mismatch" in validate(ref)[0].message
+
+
+def test_the_control_side_reads_dcp_metadata_as_torch_does_without_torch(pristine):
+    """The validator's torch-free outline of `.metadata` (state keys, storage references)
+    equals torch's own reading, and a full validation imports no torch."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from fm_pipeline.catalog.dcp_outline import read_outline
+
+    step = pristine[0] / "step-00000002"
+    outline = read_outline((step / ".metadata").read_bytes())
+    meta = FileSystemReader(str(step)).read_metadata()
+    assert outline.state_keys == set(meta.state_dict_metadata)
+    assert sorted(outline.storage) == sorted((str(i.relative_path), i.offset, i.length)
+                                             for i in meta.storage_data.values())
+    check = ("import sys; from fm_pipeline.catalog import validate; "
+             f"assert validate({str(step)!r}) == []; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", check], cwd=REPO, check=True, timeout=60)
+
+
+def test_a_metadata_pickle_that_would_run_code_is_refused_without_running_it(run_root,
+                                                                             tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    import pickle
+
+    (run_root / "step-00000002" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    problems = [str(p) for p in validate(run_root / "step-00000002", tiny_job())]
+    assert any(p.startswith(".metadata: unreadable DCP metadata: refers to ")
+               and "system, which DCP metadata never holds" in p for p in problems), problems
+    assert not (tmp_path / "ran").exists()
+    assert latest_valid(tiny_job()).found.step == 1

@@ -315,3 +315,22 @@ def complete_from_store(remote: CheckpointRef, dest: Path, *, verify_present: bo
     if verify_present:  # every file was checked or fetched: an old verdict no longer holds
         (dest / "marks" / "invalid.json").unlink(missing_ok=True)
     return CheckpointRef.local(dest)
+
+
+def local_copy(ref: CheckpointRef, *, cache_root: Path | None = None
+               ) -> tuple[CheckpointRef, float]:
+    """For one process of the control side (an evaluation or drill launching its workers):
+    the checkpoint as a complete local directory and the seconds spent fetching. A local
+    ref is used as it is (the workers verify it while restoring); a store ref is fetched
+    into `cache_root` (default: the job's local tier), keeping files already there intact.
+    Inside a training job, checkpoint.load.localize does this collectively."""
+    if ref.is_local:
+        return ref, 0.0
+    dest = Path(cache_root or local_root(ref.prefix.split("/")[-2])) / ref.name
+    t0 = time.perf_counter()
+    try:
+        complete_from_store(ref, dest, verify_present=True)
+    except (StoreError, OSError) as e:
+        raise CheckpointInvalid(ref, [Problem(ref.location, f"cannot fetch the checkpoint: {e}",
+                                              kind="unreachable")]) from None
+    return CheckpointRef.local(dest), time.perf_counter() - t0

@@ -144,7 +144,7 @@ def run_restore_drill(checkpoint, *, job=None, parallelism: dict | None = None,
                       timeout_s: float = 900.0) -> DrillResult:
     """Drill one checkpoint (a CheckpointRef, a local directory, or a key prefix in `store`).
     Never raises for a bad checkpoint: the result says why it failed, and is recorded."""
-    from fm_pipeline.checkpoint.load import localize
+    from fm_pipeline.catalog.tiering import local_copy
 
     t0 = time.perf_counter()
     ref = _resolve(checkpoint, store)
@@ -153,7 +153,7 @@ def run_restore_drill(checkpoint, *, job=None, parallelism: dict | None = None,
         manifest = read_manifest(ref)
         if job is not None and (problems := model_problems(manifest, job)):
             raise CheckpointInvalid(ref, problems)
-        local, result.download_s = localize(ref)
+        local, result.download_s = local_copy(ref)
         # Structure and sizes first (cheap); the workers verify every checksum while restoring.
         if problems := validate(local, job, checksums=False):
             raise CheckpointInvalid(local, problems)

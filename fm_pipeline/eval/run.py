@@ -75,13 +75,13 @@ def evaluate_checkpoint(checkpoint, *, job=None, store=None, nproc: int = 1,
     """Held-out loss and perplexity per domain of a committed checkpoint. Raises
     CheckpointInvalid (naming each problem) for a checkpoint of another model or one that
     fails its checksums while restoring; EvaluationFailed if the workers crash."""
-    from fm_pipeline.checkpoint.load import localize
+    from fm_pipeline.catalog.tiering import local_copy
 
     ref = _resolve(checkpoint, store)
     manifest = read_manifest(ref)
     if problems := model_problems(manifest, job):
         raise CheckpointInvalid(ref, problems)
-    local, _ = localize(ref)
+    local, _ = local_copy(ref)
     args = ["--checkpoint", str(local.dir), "--max-batches", str(max_batches),
             "--store", store.uri if store is not None else default_store_uri()]
     if batch_size:

@@ -24,7 +24,7 @@ from dagster import (
     asset,
     asset_check,
 )
-from fm_pipeline.assets.training.names import GROUP, TAG_CHECKPOINT_STEP, training_jobs
+from fm_pipeline.assets.training.names import GROUP, checkpoint_steps_of, training_jobs
 from fm_pipeline.assets.training.segment import training_segment
 from fm_pipeline.resources.store import ObjectStoreResource
 
@@ -95,11 +95,10 @@ def checkpoint(context: AssetExecutionContext, store: ObjectStoreResource) -> Ma
 
 
 def steps_to_check(context, job_name: str) -> list[int]:
-    """The checkpoint named by the run's fm/checkpoint_step tag, else those this run
-    recorded, else the newest recorded."""
-    tag = context.run.tags.get(TAG_CHECKPOINT_STEP)
-    if tag is not None:
-        return [int(tag)]
+    """The checkpoints named by the run's tags (fm/checkpoint_steps, fm/checkpoint_step),
+    else those this run recorded, else the newest recorded."""
+    if tagged := checkpoint_steps_of(context.run.tags):
+        return tagged
     mine = recorded_checkpoints(context.instance, job_name, run_id=context.run.run_id)
     if mine:
         return sorted(r["step"] for r in mine)
@@ -145,21 +144,26 @@ with warnings.catch_warnings():  # a partitioned asset check is a "preview" feat
 
 
 def checkpoint_for_run(context, job_name: str, store) -> tuple[int, list]:
-    """(step, committed copies) of the checkpoint an evaluation or drill run is about: the
-    run's fm/checkpoint_step tag, else the newest committed one."""
+    """(step, committed copies) of the checkpoint a drill run is about: the run's
+    fm/checkpoint_step tag, else the newest committed one."""
+    return checkpoints_for_run(context, job_name, store)[-1]
+
+
+def checkpoints_for_run(context, job_name: str, store) -> list[tuple[int, list]]:
+    """[(step, committed copies)] of the checkpoints an evaluation or drill run is about,
+    oldest first: the run's tags, else the newest committed one."""
     from fm_pipeline.orchestration.checkpoints import committed_steps
 
     steps = committed_steps(job_name, store)
-    tag = context.run.tags.get(TAG_CHECKPOINT_STEP)
-    if tag is not None:
-        step = int(tag)
-        if step not in steps:
-            raise Failure(description=f"job {job_name} has no committed checkpoint at step "
-                                      f"{step} (committed: {sorted(steps) or 'none'})",
+    tagged = checkpoint_steps_of(context.run.tags)
+    if tagged:
+        if missing := [s for s in tagged if s not in steps]:
+            raise Failure(description=f"job {job_name} has no committed checkpoint at step(s) "
+                                      f"{missing} (committed: {sorted(steps) or 'none'})",
                           allow_retries=False)
-        return step, steps[step]
+        return [(s, steps[s]) for s in tagged]
     if not steps:
         raise Failure(description=f"job {job_name} has no committed checkpoint yet",
                       allow_retries=False)
     step = max(steps)
-    return step, steps[step]
+    return [(step, steps[step])]

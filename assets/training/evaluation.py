@@ -1,14 +1,22 @@
 """`evaluation`: held-out loss and perplexity per data domain of one checkpoint.
 
-Requested by the checkpoint sensor for every new checkpoint (run tag fm/checkpoint_step),
-or materialized from the UI for the newest one. Runs with the blocking `checkpoint_valid`
-check in the same run: a corrupt copy skips the evaluation. The evaluation itself runs in
-a fresh process (fm_pipeline.eval), is recorded as the checkpoint's `eval` mark and as an
-MLflow child run of the job.
+Requested by the checkpoint sensor for the checkpoints each segment run recorded (run tags
+fm/checkpoint_steps, fm/checkpoint_step), or materialized from the UI for the newest one.
+Runs with the blocking `checkpoint_valid` check in the same run: a corrupt copy skips the
+evaluation. The evaluation itself runs in a fresh process (fm_pipeline.eval) that scores
+the run's checkpoints in turn; each is one materialization of the job's partition (the
+newest last), the checkpoint's `eval` mark and an MLflow child run of the job.
 """
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
-from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_for_run
+from dagster import (
+    AssetExecutionContext,
+    AssetMaterialization,
+    Config,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoints_for_run
 from fm_pipeline.assets.training.names import GROUP, training_jobs
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
@@ -36,17 +44,35 @@ def _table(result) -> str:
 @asset(partitions_def=training_jobs, group_name=GROUP, deps=[checkpoint], kinds={"pytorch"})
 def evaluation(context: AssetExecutionContext, config: EvaluationConfig,
                store: ObjectStoreResource, mlflow: MlflowTrackingResource) -> MaterializeResult:
-    """Held-out loss and perplexity per data domain of one checkpoint of the job."""
-    from fm_pipeline.eval import evaluate_checkpoint
+    """Held-out loss and perplexity per data domain of each checkpoint the run is about (one
+    materialization per checkpoint, the newest last)."""
+    from fm_pipeline.eval import evaluate_checkpoints
     from fm_pipeline.orchestration.checkpoints import preferred_copy
 
     target = store.open()
     job = registered_job(target, context.partition_key)
-    step, copies = checkpoint_for_run(context, job.name, target)
-    ref = preferred_copy(copies, tier="local")  # no download when this machine trained it
-    result = evaluate_checkpoint(ref, job=job, store=target, nproc=config.nproc,
-                                 max_batches=config.max_batches)
-    context.log.info(result.summary())
+    chosen = checkpoints_for_run(context, job.name, target)
+    # The local copy where this machine trained it: no download.
+    results = evaluate_checkpoints([preferred_copy(copies, tier="local") for _, copies in chosen],
+                                   job=job, store=target, nproc=config.nproc,
+                                   max_batches=config.max_batches)
+    entries = []
+    for (step, copies), result in zip(chosen, results, strict=True):
+        context.log.info(result.summary())
+        entries.append(_materialization(job, step, copies, result, config=config,
+                                        mlflow=mlflow, run_id=context.run.run_id))
+    for metadata in entries[:-1]:
+        context.log_event(AssetMaterialization(asset_key=context.asset_key,
+                                               partition=context.partition_key,
+                                               metadata=metadata))
+    return MaterializeResult(metadata=entries[-1])
+
+
+def _materialization(job, step: int, copies, result, *, config: EvaluationConfig, mlflow,
+                     run_id: str) -> dict:
+    """One checkpoint's evaluation as metadata, after its MLflow child run is logged."""
+    from fm_pipeline.orchestration.checkpoints import preferred_copy
+
     metrics = {}
     for name, d in result.domains.items():
         if d.loss is not None:
@@ -55,7 +81,7 @@ def evaluation(context: AssetExecutionContext, config: EvaluationConfig,
         metrics["loss"], metrics["perplexity"] = result.loss, result.perplexity
     uri = preferred_copy(copies, tier="store").location
     ml_run = mlflow.log_evaluation(job, checkpoint_step=step, checkpoint_uri=uri,
-                                   metrics=metrics, dagster_run_id=context.run.run_id,
+                                   metrics=metrics, dagster_run_id=run_id,
                                    params={"eval": {"max_batches": config.max_batches,
                                                     "topology": result.topology}})
     metadata = {"checkpoint_step": step, "checkpoint": MetadataValue.path(uri),
@@ -65,4 +91,4 @@ def evaluation(context: AssetExecutionContext, config: EvaluationConfig,
                 "mlflow_run_id": ml_run}
     if url := mlflow.run_url(ml_run):
         metadata["mlflow"] = MetadataValue.url(url)
-    return MaterializeResult(metadata=metadata)
+    return metadata

@@ -52,7 +52,15 @@ TAG_DECISION_REASON = "fm/decision_reason"
 TAG_RESUME_AT = "fm/resume_at"
 
 TAG_OUTCOME_REASON = "fm/outcome_reason"  # a terminated segment's result, in one line
-TAG_CHECKPOINT_STEP = "fm/checkpoint_step"
+TAG_CHECKPOINT_STEP = "fm/checkpoint_step"  # the checkpoint (the newest of them) a run is about
+TAG_CHECKPOINT_STEPS = "fm/checkpoint_steps"  # "10,20": every checkpoint an evaluation run scores
+
+
+def checkpoint_steps_of(tags) -> list[int]:
+    """The checkpoint steps an evaluation or drill run is about, from its tags ([]: none)."""
+    if tags.get(TAG_CHECKPOINT_STEPS):
+        return sorted(int(s) for s in tags[TAG_CHECKPOINT_STEPS].split(","))
+    return [int(tags[TAG_CHECKPOINT_STEP])] if tags.get(TAG_CHECKPOINT_STEP) else []
 RUN_KEY_TAG = "dagster/run_key"  # Dagster's own: the run key a sensor's request carried
 
 RESUMED, RESUME_PENDING, STOPPED = "resumed", "resume_pending", "stopped"

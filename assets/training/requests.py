@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dagster import RunRequest
 from fm_pipeline.assets.training.names import (
     TAG_CHECKPOINT_STEP,
+    TAG_CHECKPOINT_STEPS,
     TAG_END,
     TAG_JOB,
     TAG_PRIORITY,
@@ -49,6 +50,21 @@ def checkpoint_request(job_name: str, step: int, *, kind: str) -> RunRequest:
     """Evaluate (kind "evaluate") or drill (kind "drill") the job's checkpoint at `step`."""
     if kind not in ("evaluate", "drill"):
         raise ValueError(f"kind must be 'evaluate' or 'drill', got {kind!r}")
+    if kind == "evaluate":
+        return evaluation_request(job_name, [step])
     return RunRequest(run_key=f"{kind}-{job_name}-{step}", partition_key=job_name,
                       tags={TAG_JOB: job_name, TAG_CHECKPOINT_STEP: str(step),
                             TAG_TRIGGER: f"{kind}_checkpoint"})
+
+
+def evaluation_request(job_name: str, steps) -> RunRequest:
+    """One evaluation run for the job's checkpoints at `steps` (those one segment recorded):
+    one worker restores and scores each in turn, one materialization per checkpoint."""
+    steps = sorted({int(s) for s in steps})
+    if not steps:
+        raise ValueError("an evaluation needs at least one checkpoint step")
+    return RunRequest(run_key=f"evaluate-{job_name}-{'+'.join(map(str, steps))}",
+                      partition_key=job_name,
+                      tags={TAG_JOB: job_name, TAG_CHECKPOINT_STEP: str(steps[-1]),
+                            TAG_CHECKPOINT_STEPS: ",".join(map(str, steps)),
+                            TAG_TRIGGER: "evaluate_checkpoint"})

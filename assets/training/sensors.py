@@ -55,7 +55,7 @@ from fm_pipeline.assets.training.requests import (
     NEXT_SEGMENT,
     RESUME_AFTER_FAILURE,
     RESUME_AFTER_PREEMPTION,
-    checkpoint_request,
+    evaluation_request,
     segment_request,
 )
 from fm_pipeline.resources.store import ObjectStoreResource
@@ -206,20 +206,22 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
 @sensor(name="checkpoint_evaluation_sensor", job=checkpoint_evaluation_job,
         minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
 def checkpoint_evaluation_sensor(context: SensorEvaluationContext):
-    """Evaluate every newly recorded checkpoint (one run per job and step)."""
+    """Evaluate every newly recorded checkpoint: one run per job for the checkpoints one
+    segment run recorded (a worker's start-up, torch's import and the run's own start are
+    paid once, not per checkpoint)."""
     after = int(context.cursor) if context.cursor else None
     records = context.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=CHECKPOINT, after_storage_id=after),
         limit=100, ascending=True).records
     if not records:
         return SkipReason("no new checkpoint")
-    requests, seen = [], set()
+    batches: dict[tuple[str, str], set[int]] = {}
     for record in records:
         name = record.asset_materialization.partition
-        step = record.asset_materialization.metadata["step"].value
-        if name and (name, step) not in seen:
-            seen.add((name, step))
-            requests.append(checkpoint_request(name, step, kind="evaluate"))
+        if name:
+            step = record.asset_materialization.metadata["step"].value
+            batches.setdefault((name, record.event_log_entry.run_id), set()).add(step)
+    requests = [evaluation_request(name, steps) for (name, _), steps in batches.items()]
     return SensorResult(run_requests=requests, cursor=str(records[-1].storage_id))
 
 

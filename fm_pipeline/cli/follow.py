@@ -3,7 +3,8 @@ run (live step and loss for segments), and waiting until the job is done.
 
     follower = RunFollower(progress, instance, job_name, target_step=60)
     run = follower.wait_for_key("data_mix-demo-1-1")      # that run, once finished
-    runs = follower.wait_until_idle(api_run=1)             # the job's run 1 ended, nothing due
+    follower.wait_for_target(api_run=1)                    # the job's run 1 ended
+    runs = follower.wait_until_idle(api_run=1)             # ... and nothing more is due
 
 Nothing is executed here: fm demo submits (orchestration.submissions) and watches the
 instance's run records, the files the trainer writes and the sensors' decisions.
@@ -22,11 +23,11 @@ from fm_pipeline.assets.training.names import (
     EVALUATION_JOB,
     RUN_KEY_TAG,
     SEGMENT_JOB,
-    TAG_CHECKPOINT_STEP,
     TAG_END,
     TAG_JOB,
     TAG_START,
     TAG_TRIGGER,
+    checkpoint_steps_of,
 )
 
 FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
@@ -110,6 +111,22 @@ class RunFollower:
         raise TimeoutError(f"run {run_key} did not finish within {timeout_s:.0f} s (is the "
                            "Dagster daemon running? fm starts one with the demo)")
 
+    def wait_for_target(self, *, api_run: int, timeout_s: float = 3600) -> None:
+        """Until the job's run `api_run` has ended; raises JobStopped when it did not reach
+        the target. Its evaluations may still be queued or running."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.refresh()
+            mine = api_run_records(self.instance, self.job_name).get(api_run)
+            if mine:
+                info = run_info(self.instance, mine, target_step=self.target_step)
+                if info.state not in ("starting", "running"):
+                    if info.state != "succeeded":
+                        raise JobStopped(f"{self.job_name}: {info.state}: {info.reason}")
+                    return
+            time.sleep(POLL_S)
+        raise TimeoutError(f"{self.job_name} did not finish within {timeout_s:.0f} s")
+
     def wait_until_idle(self, *, api_run: int, timeout_s: float = 3600) -> list:
         """Until the job's run `api_run` has ended (target reached, or stopped) and every
         checkpoint it recorded has its evaluation; raises JobStopped when it did not reach
@@ -132,9 +149,8 @@ class RunFollower:
     def _evaluated(self, records) -> bool:
         """Every recorded checkpoint step has a finished evaluation run."""
         steps = {c["step"] for c in recorded_checkpoints(self.instance, self.job_name)}
-        done = {int(r.dagster_run.tags[TAG_CHECKPOINT_STEP]) for r in records
-                if r.dagster_run.job_name == EVALUATION_JOB and
-                r.dagster_run.status in FINISHED and TAG_CHECKPOINT_STEP in r.dagster_run.tags}
+        done = {step for r in records if r.dagster_run.job_name == EVALUATION_JOB and
+                r.dagster_run.status in FINISHED for step in checkpoint_steps_of(r.dagster_run.tags)}
         return steps <= done
 
 
@@ -142,7 +158,7 @@ def _label(run) -> str:
     tags = run.tags
     if run.job_name == SEGMENT_JOB:
         return f"segment {tags.get(TAG_START)}->{tags.get(TAG_END)} [dim]{tags.get(TAG_TRIGGER)}[/]"
-    if TAG_CHECKPOINT_STEP in tags:
+    if steps := checkpoint_steps_of(tags):
         verb = "evaluate" if run.job_name == EVALUATION_JOB else "restore drill"
-        return f"{verb} step {tags[TAG_CHECKPOINT_STEP]}"
+        return f"{verb} step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}"
     return run.job_name

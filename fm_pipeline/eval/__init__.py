@@ -13,7 +13,12 @@ The result is recorded as the checkpoint's `eval` mark (see fm_pipeline.catalog.
 """
 
 from fm_pipeline.eval.result import DomainLoss, EvalResult
-from fm_pipeline.eval.run import EvaluationFailed, evaluate_at_init, evaluate_checkpoint
+from fm_pipeline.eval.run import (
+    EvaluationFailed,
+    evaluate_at_init,
+    evaluate_checkpoint,
+    evaluate_checkpoints,
+)
 
 __all__ = ["DomainLoss", "EvalResult", "EvaluationFailed", "evaluate_at_init",
-           "evaluate_checkpoint"]
+           "evaluate_checkpoint", "evaluate_checkpoints"]

@@ -75,26 +75,51 @@ def evaluate_checkpoint(checkpoint, *, job=None, store=None, nproc: int = 1,
     """Held-out loss and perplexity per domain of a committed checkpoint. Raises
     CheckpointInvalid (naming each problem) for a checkpoint of another model or one that
     fails its checksums while restoring; EvaluationFailed if the workers crash."""
+    (result,) = evaluate_checkpoints([checkpoint], job=job, store=store, nproc=nproc,
+                                     max_batches=max_batches, batch_size=batch_size,
+                                     timeout_s=timeout_s)
+    return result
+
+
+def evaluate_checkpoints(checkpoints, *, job=None, store=None, nproc: int = 1,
+                         max_batches: int = 8, batch_size: int | None = None,
+                         timeout_s: float = 900.0) -> list[EvalResult]:
+    """evaluate_checkpoint for several checkpoints of one job in one launch of the workers
+    (start-up, torch's import, the model and the data mix paid once). Each valid one is
+    scored and marked; then CheckpointInvalid names the first that was not, if any."""
     from fm_pipeline.catalog.tiering import local_copy
 
-    ref = _resolve(checkpoint, store)
-    manifest = read_manifest(ref)
-    if problems := model_problems(manifest, job):
-        raise CheckpointInvalid(ref, problems)
-    local, _ = local_copy(ref)
-    args = ["--checkpoint", str(local.dir), "--max-batches", str(max_batches),
-            "--store", store.uri if store is not None else default_store_uri()]
+    refs = [_resolve(c, store) for c in checkpoints]
+    if not refs:
+        return []
+    locals_ = []
+    for ref in refs:
+        if problems := model_problems(read_manifest(ref), job):
+            raise CheckpointInvalid(ref, problems)
+        locals_.append(local_copy(ref)[0])
+    args = [a for local in locals_ for a in ("--checkpoint", str(local.dir))]
+    args += ["--max-batches", str(max_batches),
+             "--store", store.uri if store is not None else default_store_uri()]
     if batch_size:
         args += ["--batch-size", str(batch_size)]
     data = _launch(args, nproc=nproc, timeout_s=timeout_s)
-    if "invalid" in data:
-        raise CheckpointInvalid(ref, [Problem(where, msg) for where, msg in data["invalid"]])
-    result = EvalResult.from_dict(data)
-    result.checkpoint = ref.location
-    payload = result.to_dict()
-    for target in {id(r): r for r in (ref, local)}.values():
-        write_mark(target, "eval", payload)
-    return result
+    if "invalid" in data:  # before any checkpoint was looked at (the first manifest)
+        raise CheckpointInvalid(refs[0], [Problem(w, m) for w, m in data["invalid"]])
+    results, invalid = [], None
+    for ref, local, entry in zip(refs, locals_, data["results"], strict=True):
+        if "invalid" in entry:
+            invalid = invalid or CheckpointInvalid(
+                ref, [Problem(where, msg) for where, msg in entry["invalid"]])
+            continue
+        result = EvalResult.from_dict(entry)
+        result.checkpoint = ref.location
+        payload = result.to_dict()
+        for target in {id(r): r for r in (ref, local)}.values():
+            write_mark(target, "eval", payload)
+        results.append(result)
+    if invalid is not None:
+        raise invalid
+    return results
 
 
 def evaluate_at_init(job, *, store=None, nproc: int = 1, max_batches: int = 8,
@@ -109,4 +134,5 @@ def evaluate_at_init(job, *, store=None, nproc: int = 1, max_batches: int = 8,
                 "--store", store.uri if store is not None else default_store_uri()]
         if batch_size:
             args += ["--batch-size", str(batch_size)]
-        return EvalResult.from_dict(_launch(args, nproc=nproc, timeout_s=timeout_s))
+        (result,) = _launch(args, nproc=nproc, timeout_s=timeout_s)["results"]
+        return EvalResult.from_dict(result)

@@ -39,8 +39,12 @@ def eval_job(spec: dict, *, world_size: int):
                      source=f"evaluation of {spec.get('name')} on {world_size} rank(s)")
 
 
-def run(*, checkpoint: Path | None, job_path: Path | None, store_uri: str, max_batches: int,
-        batch_size: int | None) -> dict:
+def run(*, checkpoints: list[Path], job_path: Path | None, store_uri: str, max_batches: int,
+        batch_size: int | None) -> list[dict]:
+    """One result per checkpoint (or one for the initial model): the model is built, and
+    torch and the data mix opened, once; each checkpoint is restored into it in turn. A
+    checkpoint that fails its checks is reported as {"checkpoint", "invalid"}; the others
+    are still scored."""
     import torch.distributed as dist
 
     from fm_pipeline.catalog import read_manifest
@@ -53,35 +57,46 @@ def run(*, checkpoint: Path | None, job_path: Path | None, store_uri: str, max_b
     from fm_pipeline.parallel import ParallelDims, build_parallel_model, init_distributed
     from fm_pipeline.storage import open_store
 
+    from fm_pipeline.catalog import CheckpointInvalid
+
     t0 = time.perf_counter()
     device = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
-    if checkpoint is not None:
-        ref = CheckpointRef.local(checkpoint)
-        manifest = read_manifest(ref)
-        spec, key, step = manifest.job_spec, manifest.data.mix, manifest.step
+    refs = [CheckpointRef.local(c) for c in checkpoints]
+    if refs:
+        manifest = read_manifest(refs[0])
+        spec, key = manifest.job_spec, manifest.data.mix
     else:
-        spec = dump_job(load_job(job_path))
-        key, step, ref = None, 0, None
+        spec, key = dump_job(load_job(job_path)), None
     job = eval_job(spec, world_size=world)
     key = key or mix_key(job)
     dims = ParallelDims.from_spec(job.parallelism, world_size=world)
     mesh = dims.build_mesh(device.type)
     pm = build_parallel_model(job, mesh=mesh, dims=dims, device=device)
-    result = EvalResult(job=job.name, step=step, checkpoint=str(ref.dir) if ref else None,
-                        world_size=world, topology=dims.describe())
-    if ref is not None:
-        restored = restore({"model": ModelState(pm.parts)}, ref, job=job)
-        result.restore_s = restored.seconds
     mix = open_mix(open_store(store_uri), key)
-    t1 = time.perf_counter()
-    result.domains = heldout_losses(
-        pm, mix, dp_rank=dims.dp_rank(rank), dp=dims.dp, max_batches=max_batches,
-        # The same windows per batch on any world size: each rank scores whole batches.
-        batch_size=batch_size or job.training.micro_batch_size)
-    result.eval_s = time.perf_counter() - t1
-    result.wall_s = time.perf_counter() - t0
-    return result.to_dict()
+    out = []
+    for ref in refs or [None]:
+        result = EvalResult(job=job.name, step=ref.step if ref else 0,
+                            checkpoint=str(ref.dir) if ref else None, world_size=world,
+                            topology=dims.describe())
+        if ref is not None:
+            try:
+                restored = restore({"model": ModelState(pm.parts)}, ref, job=job)
+            except CheckpointInvalid as e:
+                out.append({"checkpoint": str(ref.dir),
+                            "invalid": [[p.where, p.message] for p in e.problems]})
+                continue
+            result.restore_s = restored.seconds
+        t1 = time.perf_counter()
+        result.domains = heldout_losses(
+            pm, mix, dp_rank=dims.dp_rank(rank), dp=dims.dp, max_batches=max_batches,
+            # The same windows per batch on any world size: each rank scores whole batches.
+            batch_size=batch_size or job.training.micro_batch_size)
+        result.eval_s = time.perf_counter() - t1
+        result.wall_s = time.perf_counter() - t0  # the first one carries the start-up
+        t0 = time.perf_counter()
+        out.append(result.to_dict())
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--checkpoint", type=Path, help="a committed step-XXXXXXXX directory")
+    what.add_argument("--checkpoint", type=Path, action="append",
+                      help="a committed step-XXXXXXXX directory (repeat: several, in turn)")
     what.add_argument("--job", type=Path, help="with --at-init: a job spec YAML")
     parser.add_argument("--at-init", action="store_true", help="score the initial model")
     parser.add_argument("--out", required=True, type=Path)
@@ -108,9 +124,11 @@ def main(argv: list[str] | None = None) -> None:
 
     code = 0
     try:
-        data = run(checkpoint=args.checkpoint, job_path=args.job,
-                   store_uri=args.store or store_uri(), max_batches=args.max_batches,
-                   batch_size=args.batch_size)
+        data = {"results": run(checkpoints=args.checkpoint or [], job_path=args.job,
+                               store_uri=args.store or store_uri(),
+                               max_batches=args.max_batches, batch_size=args.batch_size)}
+        if any("invalid" in r for r in data["results"]):
+            code = INVALID_EXIT
     except CheckpointInvalid as e:  # reported as data: the caller raises it with the problems
         data = {"invalid": [[p.where, p.message] for p in e.problems]}
         code = INVALID_EXIT

@@ -13,19 +13,19 @@ import yaml
 from fm_pipeline.catalog import CheckpointInvalid, CheckpointRef, read_marks
 from fm_pipeline.config import dump_job
 from fm_pipeline.data.testing import build_small_mix, small_job
-from fm_pipeline.eval import evaluate_at_init, evaluate_checkpoint
+from fm_pipeline.eval import evaluate_at_init, evaluate_checkpoint, evaluate_checkpoints
 from fm_pipeline.storage import open_store
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 JOB = small_job(**{"name": "evaluated", "training.steps": 6, "training.segment_steps": 6,
-                   "training.lr": 1e-2, "checkpoint.every_steps": 6,
+                   "training.lr": 1e-2, "checkpoint.every_steps": 3,
                    "checkpoint.upload": False})
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """FM_HOME with the small mix and JOB trained to step 6."""
+    """FM_HOME with the small mix and JOB trained to step 6 (checkpoints at 3 and 6)."""
     home = tmp_path_factory.mktemp("eval")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FM_HOME", str(home))
@@ -85,3 +85,34 @@ def test_a_checkpoint_of_another_model_is_refused_before_anything_runs(at_home):
     other = small_job(**{"name": "evaluated", "model.dim": 128})
     with pytest.raises(CheckpointInvalid, match="model.config.dim"):
         evaluate_checkpoint(at_home, job=other)
+
+
+def test_several_checkpoints_score_in_one_launch_as_each_alone(at_home, monkeypatch):
+    """The evaluation run of a segment's checkpoints starts the workers once; each result
+    (and its mark) is what evaluating that checkpoint alone gives. One corrupt checkpoint
+    is named, the others are still scored and marked."""
+    from fm_pipeline.eval import run
+
+    earlier = CheckpointRef.local(at_home.dir.parent / "step-00000003")
+    alone = [evaluate_checkpoint(r, job=JOB, max_batches=2) for r in (earlier, at_home)]
+    launches = []
+    launch = run._launch
+    monkeypatch.setattr(run, "_launch", lambda *a, **k: launches.append(a) or launch(*a, **k))
+    both = evaluate_checkpoints([earlier, at_home], job=JOB, max_batches=2)
+    assert len(launches) == 1 and [r.step for r in both] == [3, 6]
+    for together, single in zip(both, alone, strict=True):
+        for name, d in single.domains.items():
+            assert together.domains[name].loss == pytest.approx(d.loss, rel=1e-5)
+    assert both[0].domains["code"].loss > both[1].domains["code"].loss
+    assert read_marks(earlier)["eval"]["step"] == 3
+
+    shard = next(earlier.dir.glob("*.distcp"))
+    original = shard.read_bytes()
+    shard.write_bytes(original[:-8] + bytes(b ^ 0x5A for b in original[-8:]))
+    (at_home.dir / "marks" / "eval.json").unlink()
+    try:
+        with pytest.raises(CheckpointInvalid, match=shard.name):
+            evaluate_checkpoints([earlier, at_home], job=JOB, max_batches=2)
+    finally:
+        shard.write_bytes(original)
+    assert read_marks(at_home)["eval"]["step"] == 6  # scored all the same

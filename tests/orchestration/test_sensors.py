@@ -187,12 +187,14 @@ def test_preempted_segment_resumes_at_once_and_is_not_counted(instance):
 
 
 def test_every_new_checkpoint_is_evaluated_once(instance):
+    """Once, and in one run per segment run: the checkpoints it recorded together."""
     p = Pipeline(instance, job_spec("evals"), policy=TrainingPolicyResource())
     p.run(first_segment_request(p.job, store=p.store.open()))  # checkpoints at 2 and 4
     context = build_sensor_context(instance=instance, definitions=defs)
     first = checkpoint_evaluation_sensor(context)
-    assert [(r.partition_key, r.tags["fm/checkpoint_step"]) for r in first.run_requests] == \
-        [("evals", "2"), ("evals", "4")]
+    assert [(r.partition_key, r.tags["fm/checkpoint_steps"], r.tags["fm/checkpoint_step"],
+             r.run_key) for r in first.run_requests] == [("evals", "2,4", "4",
+                                                          "evaluate-evals-2+4")]
     again = checkpoint_evaluation_sensor(build_sensor_context(
         instance=instance, definitions=defs, cursor=first.cursor))
     assert isinstance(again, SkipReason)

@@ -25,7 +25,6 @@ from dagster import (
     PipesEnvContextInjector,
     open_pipes_session,
 )
-from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
 from fm_pipeline.resources.launcher_results import SegmentRun, segment_failure
 from fm_pipeline.resources.segment_launcher import SegmentLauncher
 from pydantic import Field
@@ -65,6 +64,10 @@ class KubernetesLauncher(SegmentLauncher):
                    env: dict) -> SegmentRun:
         job, end_step = launch.job, launch.end_step
         client = self.jobset_client()
+        # Here, not at import: dagster-k8s brings the kubernetes client (0.7 s), and every
+        # run worker loads this module with the definitions, local launches included.
+        from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
+
         reader = PipesK8sPodLogsMessageReader()
         with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(),
                                 message_reader=reader, extras=extras) as session:

@@ -49,6 +49,7 @@ from fm_pipeline.resources.store import ObjectStoreResource
 from pydantic import Field
 
 from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.launch.pod import Placement
 from fm_pipeline.orchestration import registered_job, segment_report
 from fm_pipeline.orchestration.registry import take_fault
 from fm_pipeline.orchestration.segments import (
@@ -96,7 +97,9 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     try:
         segment = prepare_segment(job, target, end_step=config.end_step,
                                   resume_from=config.resume_from,
-                                  api_run=int(api_run) if api_run.isdigit() else None)
+                                  api_run=int(api_run) if api_run.isdigit() else None,
+                                  target="kubernetes" if isinstance(launcher, KubernetesLauncher)
+                                  else "local")
     except SegmentNotRunnable as e:
         if "stop" in e.metadata:  # the sensors must leave it to the control plane
             context.instance.add_run_tags(context.run_id, {TAG_STOP: e.metadata["stop"]})
@@ -106,7 +109,9 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
         mlflow.log_plan(job, plan)
     ml_run = mlflow.start_segment_run(job, segment=segment.name, end_step=segment.end,
                                       start_step=segment.start, dagster_run_id=context.run_id)
-    env = mlflow.trainer_env(ml_run)
+    env = {**mlflow.trainer_env(ml_run), **segment.launch_env}
+    if segment.exclusion is not None:
+        context.log.warning(f"{job.name}: straggler exclusion applied: {segment.exclusion.note}")
     fault = config.fail_at or take_fault(target, job.name, start=segment.start, end=segment.end)
     if fault:
         env[FAIL_AT_ENV] = fault
@@ -115,8 +120,10 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     launched_at = time.time()
     chosen = {"resume_from": segment.resume_from} if segment.chosen else {}
     try:
+        placement = Placement(avoid_hosts=segment.avoid_hosts) if segment.avoid_hosts else None
         run = launcher.launch_segment(
-            context, job=job, end_step=segment.end, env=env, **chosen,
+            context, job=segment.launch_job, end_step=segment.end, env=env, **chosen,
+            placement=placement,
             extras={"job": job.name, "start_step": segment.start, "end_step": segment.end})
     except BaseException as e:
         if not isinstance(e, Failure):  # terminated, or the launcher itself broke
@@ -140,9 +147,20 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
                                          reached_step=summary["end_step"])
     mlflow.finish_segment(ml_run, outcome="succeeded", summary={
         k: summary[k] for k in _SUMMARY_KEYS if k in summary})
-    return MaterializeResult(metadata=_metadata(job, summary, report,
-                                                resume_from=segment.resume_from,
-                                                ml_run=ml_run, mlflow=mlflow))
+    metadata = _metadata(job, summary, report, resume_from=segment.resume_from, ml_run=ml_run,
+                         mlflow=mlflow)
+    if segment.exclusion is not None:
+        metadata.update(_exclusion_metadata(segment.exclusion))
+    return MaterializeResult(metadata=metadata)
+
+
+def _exclusion_metadata(plan) -> dict:
+    """The straggler decision this launch applied: which slots, why, and what it became."""
+    rows = ["| host | local rank | rank | evidence |", "|---|---|---|---|"]
+    rows += [f"| {s.host} | {s.local_rank} | {s.rank} | {s.reason} |" for s in plan.excluded]
+    return {"stragglers_excluded": MetadataValue.md("\n".join(rows)),
+            "straggler_action": plan.note,
+            "launched_world_size": plan.job.parallelism.world_size}
 
 
 def _interrupted(e: BaseException) -> bool:

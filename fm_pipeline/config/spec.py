@@ -229,6 +229,14 @@ class ResilienceSpec(_Strict):
     straggler_window: int = Field(default=8, ge=2, description="gathered samples scored")
     straggler_persist: int = Field(
         default=6, ge=1, description="slow samples within the window that make a straggler")
+    max_straggler_stops: int = Field(
+        default=2, ge=0,
+        description="exclude: stops for stragglers in the job's life (since the exclusions "
+                    "were last cleared); past it the policy falls back to report and says so")
+    exclusion_ttl_s: float = Field(
+        default=86400.0, gt=0,
+        description="an excluded slot or host is used again this long after its exclusion "
+                    "(fm chaos clear-exclusions: at once)")
 
     @model_validator(mode="after")
     def _window(self) -> "ResilienceSpec":

@@ -29,11 +29,26 @@ class SegmentNotRunnable(ValueError):
 
 @dataclass(frozen=True)
 class PreparedSegment:
-    job: object  # JobSpec
+    job: object  # JobSpec, as registered
     start: int
     end: int
     resume_from: str | None  # the checkpoint it starts from (None: scratch)
     chosen: bool  # resume_from was asked for (a rollback), not discovered
+    # What launches: the job without its excluded straggler slots (a smaller world that
+    # reshards on restore) or avoiding their hosts; fm_pipeline.stragglers.mitigation.
+    exclusion: object = None  # ExclusionPlan, or None when nothing is excluded
+
+    @property
+    def launch_job(self):
+        return self.exclusion.job if self.exclusion is not None else self.job
+
+    @property
+    def launch_env(self) -> dict[str, str]:
+        return dict(self.exclusion.env) if self.exclusion is not None else {}
+
+    @property
+    def avoid_hosts(self) -> tuple[str, ...]:
+        return self.exclusion.avoid_hosts if self.exclusion is not None else ()
 
     @property
     def name(self) -> str:
@@ -83,10 +98,11 @@ def first_segment(job, store, resume_from: str = "") -> tuple[int, int, str | No
 
 
 def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
-                    api_run: int | None = None) -> PreparedSegment:
-    """Where the segment starts and ends, checked before anything launches. A segment of
-    training run `api_run` that a control plane stopped (submissions.request_stop) does not
-    launch: SegmentNotRunnable with outcome "stopped"."""
+                    api_run: int | None = None, target: str = "local") -> PreparedSegment:
+    """Where the segment starts and ends, checked before anything launches, and what
+    launches after the job's straggler exclusions (`target`: "local" | "kubernetes"). A
+    segment of training run `api_run` that a control plane stopped (submissions.request_stop)
+    does not launch: SegmentNotRunnable with outcome "stopped"."""
     from fm_pipeline.data import DataError, open_job_mix
     from fm_pipeline.orchestration.submissions import stop_of
 
@@ -116,7 +132,32 @@ def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
         raise SegmentNotRunnable(f"data mix of {job.name} is not ready: {e}; materialize "
                                  "data_mix for this job spec first") from None
     return PreparedSegment(job=job, start=start, end=end, resume_from=location,
-                           chosen=bool(resume_from))
+                           chosen=bool(resume_from), exclusion=apply_exclusions(job, target))
+
+
+def apply_exclusions(job, target: str):
+    """The job's straggler exclusions as the next launch (an ExclusionPlan), recorded in its
+    event log ("exclusion_applied"); None when nothing is excluded. Exclusions the layout can
+    no longer absorb launch the registered job and say why: training on goes before the
+    straggler (the watch refuses such stops before they happen)."""
+    from fm_pipeline.rundir.events import append_event
+    from fm_pipeline.stragglers.mitigation import plan_after_stragglers
+
+    try:
+        plan = plan_after_stragglers(job, target=target)
+    except ValueError as e:
+        append_event(job.name, "exclusion_applied", excluded=[], avoid_hosts=[],
+                     world_size=job.parallelism.world_size,
+                     world_size_before=job.parallelism.world_size, note=f"not applied: {e}")
+        return None
+    if not plan.changed:
+        return None
+    append_event(job.name, "exclusion_applied",
+                 excluded=[{"host": s.host, "local_rank": s.local_rank, "rank": s.rank,
+                            "reason": s.reason} for s in plan.excluded],
+                 avoid_hosts=list(plan.avoid_hosts), world_size=plan.job.parallelism.world_size,
+                 world_size_before=job.parallelism.world_size, note=plan.note)
+    return plan
 
 
 def failure_metadata(segment: PreparedSegment, launcher_metadata: dict | None, *,

@@ -19,12 +19,17 @@ kind "straggler" (rank 0 of the trainer, when the detector raises an event):
     world_size, gather_every (steps between gathered samples)
     policy             the job's resilience.straggler_policy ("report" | "exclude")
     action             "reported" | "exclude" (stop at the next step, checkpoint, restart
-                       without the slot) | "exclude_refused" (with `refused`: why)
+                       without the slot) | "exclude_refused" (with `refused`: why);
+                       "reported" with `budget_spent` when exclude has used its
+                       resilience.max_straggler_stops
 kind "straggler_end" (rank 0, when the rank recovers or the segment ends):
     the fields above with their final values, plus recovered_step (null: still slow at
     the segment's end), end_step, idle_dollars (idle_gpu_hours x cluster.dollars_per_gpu_hour)
 kind "exclusions_cleared" (an operator, fm chaos clear-exclusions): slots and hosts
     excluded before this record may be used again
+kind "exclusion_applied" (the segment asset, before a launch): excluded (host,
+    local_rank, rank, reason per slot), avoid_hosts, world_size (planned) and
+    world_size_before, note
 kind "fault_injected" (fm chaos): fault, target, step
 """
 

@@ -9,7 +9,9 @@ that follows from it.
 
 Exclusions come from the job's event log: every "straggler" record with action "exclude"
 (written by rank 0 when resilience.straggler_policy is "exclude"), until an
-"exclusions_cleared" record. Excluding keeps tp, pp and dp_replicate and shrinks dp_shard
+"exclusions_cleared" record or resilience.exclusion_ttl_s later. At most
+resilience.max_straggler_stops segments are stopped for stragglers (straggler_stops); past
+that the watch reports only and says so. Excluding keeps tp, pp and dp_replicate and shrinks dp_shard
 (the global batch stays the same; the checkpoint is resharded on restore):
   local       one machine cannot swap in a new host, so the slot is dropped: the largest
               world size <= world - excluded that the layout and batch accept. On GPUs the
@@ -21,6 +23,7 @@ Exclusions come from the job's event log: every "straggler" record with action "
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -50,14 +53,29 @@ class ExclusionPlan:
         return bool(self.excluded)
 
 
-def excluded_slots(job_name: str) -> list[ExcludedSlot]:
-    """Slots the job's straggler policy excluded, since the last clearing, oldest first."""
+def _since_cleared(job_name: str) -> list[dict]:
     records, _ = read_events(job_name, kinds=("straggler", "exclusions_cleared"))
+    last = max((i for i, r in enumerate(records) if r["kind"] == "exclusions_cleared"),
+               default=-1)
+    return records[last + 1:]
+
+
+def straggler_stops(job_name: str) -> int:
+    """Segments the `exclude` policy stopped since the exclusions were last cleared."""
+    return len({r.get("segment") for r in _since_cleared(job_name)
+                if r.get("action") == "exclude"})
+
+
+def excluded_slots(job_name: str, *, ttl_s: float | None = None,
+                   now: float | None = None) -> list[ExcludedSlot]:
+    """Slots the job's straggler policy excluded, since the last clearing and (with
+    `ttl_s`) less than ttl_s ago, oldest first."""
+    now = time.time() if now is None else now
     slots: dict[tuple[str, int], ExcludedSlot] = {}
-    for r in records:
-        if r["kind"] == "exclusions_cleared":
-            slots.clear()
-        elif r.get("action") == "exclude":
+    for r in _since_cleared(job_name):
+        if ttl_s is not None and now - float(r.get("time", 0.0)) > ttl_s:
+            continue  # expired: the slot or host may be used again
+        if r.get("action") == "exclude":
             key = (str(r.get("host")), int(r.get("local_rank", r.get("rank", 0))))
             slots.setdefault(key, ExcludedSlot(
                 host=key[0], local_rank=key[1], rank=int(r.get("rank", -1)),
@@ -102,7 +120,7 @@ def plan_after_stragglers(job: JobSpec, *,
     """The next launch of `job` given its exclusions (see the module docstring)."""
     if target not in ("local", "kubernetes"):
         raise ValueError(f"target must be 'local' or 'kubernetes', got {target!r}")
-    excluded = tuple(excluded_slots(job.name))
+    excluded = tuple(excluded_slots(job.name, ttl_s=job.resilience.exclusion_ttl_s))
     hosts = tuple(sorted({s.host for s in excluded}))
     if not excluded:
         return ExclusionPlan(job=job, excluded=(), avoid_hosts=())

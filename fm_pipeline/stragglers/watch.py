@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 from fm_pipeline.rundir.events import append_event
 from fm_pipeline.stragglers.detector import StragglerDetector, StragglerEvent
-from fm_pipeline.stragglers.mitigation import exclusion_refusal
+from fm_pipeline.stragglers.mitigation import exclusion_refusal, straggler_stops
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ class StragglerWatch:
         self.local_ranks: dict[int, int] = {}
         self.stop_reason: str | None = None
         self._ended: set[int] = set()  # ids of events whose straggler_end was written
+        # Read once per segment: this segment stops at most once, whatever it raises.
+        self.stops_before = straggler_stops(job.name) if self.policy == "exclude" else 0
 
     @classmethod
     def for_segment(cls, job, *, segment: str, world_size: int, gather_every: int,
@@ -58,16 +60,22 @@ class StragglerWatch:
             self.local_ranks[int(r["rank"])] = int(r.get("local_rank", r["rank"]))
         raised = self.detector.update(records)
         stop = None
+        budget = self.job.resilience.max_straggler_stops
         for event in raised:
-            action, refused = "reported", None
-            if self.policy == "exclude":
+            action, refused, extra = "reported", None, {}
+            if self.policy == "exclude" and self.stops_before >= budget:
+                # A persistent straggler would stop and resume the job forever.
+                extra = {"budget_spent": f"{self.stops_before} straggler stop(s) of "
+                                         f"max_straggler_stops {budget}: reported only"}
+            elif self.policy == "exclude":
                 refused = exclusion_refusal(self.job, 1)
                 action = "exclude_refused" if refused else "exclude"
             self._append("straggler", **self._fields(event), policy=self.policy,
-                         action=action, **({"refused": refused} if refused else {}))
+                         action=action, **({"refused": refused} if refused else {}), **extra)
             log.warning("straggler: rank %d (%s) %s +%.0f%% per step since step %d: %s",
                         event.rank, event.host, event.section, 100 * event.severity,
-                        event.first_step, action + (f" ({refused})" if refused else ""))
+                        event.first_step, action + (f" ({refused})" if refused else "") +
+                        (f" ({extra['budget_spent']})" if extra else ""))
             self._mlflow_raised(event, action)
             if action == "exclude" and self.stop_reason is None:
                 stop = self.stop_reason = (

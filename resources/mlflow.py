@@ -70,6 +70,12 @@ class MlflowTrackingResource(ConfigurableResource):
     def trainer_env(self, run_id: str) -> dict[str, str]:
         return self.tracker().trainer_env(run_id)
 
+    def note_exclusion(self, run_id: str, note: str) -> None:
+        """The straggler exclusion a segment's launch applied, as a tag of its run."""
+        from fm_pipeline.tracking import names
+
+        self.tracker().client.set_tag(run_id, names.TAG_EXCLUSION, note)
+
     def finish_segment(self, run_id: str, *, outcome: str,
                        summary: Mapping[str, Any] | None = None,
                        failure_reason: str | None = None) -> None:

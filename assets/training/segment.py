@@ -112,6 +112,7 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     env = {**mlflow.trainer_env(ml_run), **segment.launch_env}
     if segment.exclusion is not None:
         context.log.warning(f"{job.name}: straggler exclusion applied: {segment.exclusion.note}")
+        mlflow.note_exclusion(ml_run, segment.exclusion.note)
     fault = config.fail_at or take_fault(target, job.name, start=segment.start, end=segment.end)
     if fault:
         env[FAIL_AT_ENV] = fault

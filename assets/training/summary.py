@@ -28,6 +28,8 @@ from fm_pipeline.assets.training.names import (
 )
 
 from fm_pipeline.orchestration import job_goodput
+from fm_pipeline.orchestration.goodput import straggler_costs
+from fm_pipeline.rundir.events import read_events
 
 
 @dataclass
@@ -36,6 +38,8 @@ class JobReport:
     segments: list[dict] = field(default_factory=list)  # oldest first
     checkpoints: list[dict] = field(default_factory=list)  # oldest first
     goodput: float | None = None
+    # stops, restart_s, idle_gpu_s (orchestration.goodput.straggler_costs)
+    stragglers: dict = field(default_factory=dict)
 
     @property
     def reached_step(self) -> int:
@@ -90,4 +94,6 @@ def job_report(instance, job_name: str) -> JobReport:
     report.goodput = job_goodput(reached_step=report.reached_step,
                                  step_times_s=[s["step_time_s"] for s in done],
                                  launch_wall_s=walls)
+    ended, _ = read_events(job_name, kinds=("straggler_end",))
+    report.stragglers = straggler_costs(report.segments, ended)
     return report

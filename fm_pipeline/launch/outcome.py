@@ -291,6 +291,13 @@ def diagnose(*, log_dir: Path | None, agent_error_file: Path | None,
     for other in sources:
         if other is not root:
             root = root.merged(other)
+    if root.exit_code == exit_codes.PREEMPTED:
+        # A coordinated stop (the flag is all-reduced): every rank exits 75, and rank 0,
+        # which decided or first saw it, records why (a straggler, a preemption notice).
+        first = next((w for w in workers if w.rank == 0 and w.exit_code == root.exit_code
+                      and w.reason), None)
+        if first is not None:
+            return first.merged(root)
     if _is_consequence(root):  # torchrun's "first" by the second: a consequence
         # torchrun's list first: it names every worker's rank and exit code.
         others = [*(parse_other_failures(output_text, source="torchrun summary")

@@ -61,3 +61,25 @@ def job_goodput(*, reached_step: int, step_times_s: Sequence[float],
     if not step_times_s or held <= 0 or reached_step <= 0:
         return None
     return min(1.0, reached_step * statistics.median(step_times_s) / held)
+
+
+def straggler_costs(segments: Sequence[Mapping[str, Any]],
+                    ended: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
+    """What stragglers cost the job, from its records: `segments`, the job report's rows
+    (oldest first: status, reason, wall_s, productive_s); `ended`, its "straggler_end"
+    events. stops: launches the exclude policy stopped ("straggler:" in the stop's reason);
+    restart_s: the start-up and restore of the launch after each such stop (its wall time
+    not in steps that count); idle_gpu_s: the peers' time spent waiting for the slow rank
+    while it lagged."""
+    stops, restart_s = 0, 0.0
+    for i, row in enumerate(segments):
+        if "straggler:" not in str(row.get("reason") or ""):
+            continue
+        stops += 1
+        after = next((r for r in segments[i + 1:] if r.get("status") == "SUCCESS"), None)
+        wall, productive = (_number(after.get(k)) for k in ("wall_s", "productive_s")) \
+            if after else (None, None)
+        if wall is not None and productive is not None:
+            restart_s += max(0.0, wall - productive)
+    idle = sum(float(e.get("idle_gpu_hours") or 0.0) for e in ended) * 3600
+    return {"stops": stops, "restart_s": round(restart_s, 3), "idle_gpu_s": round(idle, 3)}

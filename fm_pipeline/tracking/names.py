@@ -40,6 +40,7 @@ TAG_OUTCOME = "fm.outcome"
 TAG_FAILURE = "fm.failure_reason"
 TAG_REDACTED = "fm.redacted_params"
 TAG_DRILL_PASSED = "fm.drill_passed"
+TAG_EXCLUSION = "fm.straggler_exclusion"  # segment run: the exclusion its launch applied
 TAG_COPIED_MS = "fm.parent_copied_ms"  # segment run: its metrics up to here are on the parent
 CHECKPOINT_TAG_PREFIX = "fm.checkpoint."  # parent run: one tag per checkpoint step -> URI
 

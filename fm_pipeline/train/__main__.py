@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
             exit_with(exit_codes.BAD_CONFIG, why)
 
     result = train()
-    exit_with(result.exit_code, f"{result.exit_reason} at step {result.end_step}; "
+    why = result.summary.get("preempt_reason")  # the stop's own reason (a straggler, ...)
+    exit_with(result.exit_code, f"{result.exit_reason} at step {result.end_step}"
+                                f"{f' ({why})' if why else ''}; "
                                 f"checkpoint {result.summary.get('checkpoint')}")
 
 

@@ -231,3 +231,19 @@ def test_a_worker_torn_down_by_torchrun_gives_way_to_the_one_that_failed_on_its_
     alone = TORN_DOWN_ROOT.split("Root Cause")[0].replace("exitcode  : 1 ", "exitcode  : -15 ")
     alone += "Root Cause" + TORN_DOWN_ROOT.split("Root Cause")[1]
     assert diagnose(log_dir=None, agent_error_file=None, output_text=alone).exit_code == -15
+
+
+def test_a_coordinated_stop_is_explained_by_rank_0s_record(tmp_path):
+    """Every rank exits 75 after the all-reduced stop flag; torchrun may name any of them
+    first, but only rank 0 knows why (here: the straggler policy's stop)."""
+    attempt = tmp_path / "run" / "attempt_0"
+    reasons = {0: "preempted at step 9 (straggler: rank 1 (vm) compute +333% per step; "
+                  "excluding its slot); checkpoint step-00000009",
+               1: "preempted at step 9; checkpoint step-00000009"}
+    for rank, reason in reasons.items():
+        (attempt / str(rank)).mkdir(parents=True)
+        record = exit_record(75, reason)
+        record["message"]["extraInfo"].update(rank=rank, time_ns=10 - rank)  # rank 1 first
+        (attempt / str(rank) / "error.json").write_text(json.dumps(record))
+    evidence = diagnose(log_dir=tmp_path, agent_error_file=None, output_text=None)
+    assert evidence.exit_code == 75 and "straggler: rank 1" in evidence.reason

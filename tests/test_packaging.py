@@ -59,7 +59,7 @@ def test_the_control_side_runs_without_torch(tmp_path, fm_home):
     assert [line.split()[1] for line in out.stdout.splitlines() if line.startswith("ran ")] == [
         "ckpt", "plan", "simulate", "k8s"]
     assert sorted(p.name for p in (tmp_path / "k8s").iterdir()) == [
-        "configmap-demo-20-job.yaml", "jobset-demo-20.yaml", "service-demo-20.yaml"]
+        "configmap-demo-20-job.yaml", "jobset-demo-20.yaml"]
     assert '"mfu"' in out.stdout  # the estimate's JSON
 
 

@@ -1,4 +1,5 @@
-"""Render a training segment as Kubernetes objects: ConfigMap + headless Service + JobSet.
+"""Render a training segment as Kubernetes objects: a ConfigMap and a JobSet (whose
+controller creates the headless Service the pods' DNS names need).
 
     fm k8s render --job configs/demo.yaml --out manifests/ --store-uri s3://bucket/fm
 
@@ -85,12 +86,14 @@ class RenderedSegment:
     name: str
     namespace: str
     config_map: dict
-    service: dict
     jobset: dict
 
     def objects(self) -> list[dict]:
-        """In creation order: the pods need the ConfigMap and the Service's DNS."""
-        return [self.config_map, self.service, self.jobset]
+        """What the client creates, in order. No Service: the JobSet controller creates the
+        headless Service of `spec.network.subdomain` itself (jobset_controller.go,
+        createHeadlessSvcIfNecessary), owned by the JobSet; one created beside it would
+        race it into a 409."""
+        return [self.config_map, self.jobset]
 
     @property
     def leader_host(self) -> str:
@@ -153,21 +156,10 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
         "metadata": {"name": config_map_name, "namespace": namespace, "labels": dict(labels)},
         "data": {"job.yaml": launch.job_yaml()},
     }
-    service = {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,  # rendezvous starts before pods are Ready
-            "selector": {JOBSET_NAME_LABEL: name},
-            "ports": [{"name": "rdzv", "port": target.master_port,
-                       "targetPort": target.master_port, "protocol": "TCP"}],
-        },
-    }
     jobset = _jobset(launch, target, name=name, namespace=namespace, labels=labels,
                      template=template)
     rendered = RenderedSegment(name=name, namespace=namespace, config_map=config_map,
-                               service=service, jobset=jobset)
+                               jobset=jobset)
     for obj in rendered.objects():
         validate_object(obj)
     return rendered
@@ -204,6 +196,8 @@ def _jobset(launch: SegmentLaunch, target: KubernetesTarget, *, name: str, names
         "kind": "JobSet",
         "metadata": metadata,
         "spec": {
+            # The controller's headless Service for this subdomain; DNS records are
+            # published before pods are Ready: the rendezvous starts before readiness.
             "network": {"enableDNSHostnames": True, "subdomain": name,
                         "publishNotReadyAddresses": True},
             "failurePolicy": {

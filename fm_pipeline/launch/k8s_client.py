@@ -1,7 +1,7 @@
 """Submit a rendered segment to Kubernetes, follow it to the end, delete it.
 
     client = JobSetClient.from_kubeconfig()                 # or JobSetClient.in_cluster()
-    client.submit(rendered)                                  # JobSet, then ConfigMap + Service
+    client.submit(rendered)                                  # JobSet, then its ConfigMap
     followed = client.follow(rendered.name, rendered.namespace,
                              on_leader_pod=lambda pod: print_logs(client, pod, ns))
     result = segment_result(followed, launch)                # k8s_follow: as locally
@@ -96,8 +96,9 @@ class JobSetClient:
     # -- submit / delete --------------------------------------------------------------------
 
     def submit(self, rendered: RenderedSegment) -> dict:
-        """Create the JobSet, then its ConfigMap and Service owned by it (deleted with it).
-        Nothing is left behind if any create fails."""
+        """Create the JobSet, then its ConfigMap owned by it (deleted with it). Nothing is
+        left behind if any create fails. The headless Service is the JobSet controller's
+        (created from spec.network, owned by the JobSet)."""
         from kubernetes.client.exceptions import ApiException
 
         ns = rendered.namespace
@@ -114,19 +115,17 @@ class JobSetClient:
                  "uid": jobset["metadata"]["uid"], "controller": False,
                  "blockOwnerDeletion": False}
         try:
-            for obj in (rendered.config_map, rendered.service):
-                body = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}}
-                create = (self.core.create_namespaced_config_map if obj["kind"] == "ConfigMap"
-                          else self.core.create_namespaced_service)
-                create(ns, body, field_validation="Strict")
+            obj = rendered.config_map
+            body = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}}
+            self.core.create_namespaced_config_map(ns, body, field_validation="Strict")
         except BaseException:
             self.delete(rendered.name, ns)
             raise
         return jobset
 
     def delete(self, name: str, namespace: str) -> bool:
-        """Delete the JobSet (foreground: its Jobs and pods first) and its ConfigMap/Service.
-        Returns False if there was no JobSet."""
+        """Delete the JobSet (foreground: its Jobs, pods and the controller's Service first)
+        and its ConfigMap. Returns False if there was no JobSet."""
         from kubernetes.client import V1DeleteOptions
         from kubernetes.client.exceptions import ApiException
 
@@ -139,14 +138,12 @@ class JobSetClient:
             if e.status != 404:
                 raise
             existed = False
-        # Owner references make these go too; deleting them here does not depend on the GC.
-        for delete, obj_name in ((self.core.delete_namespaced_config_map, f"{name}-job"),
-                                 (self.core.delete_namespaced_service, name)):
-            try:
-                delete(obj_name, namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+        # Its owner reference makes it go too; deleting it here does not depend on the GC.
+        try:
+            self.core.delete_namespaced_config_map(f"{name}-job", namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
         return existed
 
     def stop(self, name: str, namespace: str, *, grace_period_s: int) -> bool:
@@ -155,7 +152,8 @@ class JobSetClient:
         SIGKILL after terminationGracePeriodSeconds), the JobSet stays (Stopping) until they
         are gone, so a follower still reads the leader's log and exit, and the next JobSet
         of that name cannot start beside a stale rank (as BlockingRecreate). The ConfigMap
-        and Service go with it (owner references) or with `delete` after the follow.
+        and the controller's Service go with it (owner references) or with `delete` after
+        the follow.
         False if there was no JobSet."""
         from kubernetes.client import V1DeleteOptions
         from kubernetes.client.exceptions import ApiException

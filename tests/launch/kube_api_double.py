@@ -2,8 +2,14 @@
 
 No kube-apiserver can be installed here (no PyPI/npm/Debian package ships one), so the
 client is tested against this: real HTTP, the kubernetes python client's real requests,
-JSON shaped like the API server's. It has no controllers: the test plays the JobSet
-controller and the kubelet (creating pods, writing their logs, terminating them).
+JSON shaped like the API server's. Of the JobSet controller it does what a client can
+collide with: creating a JobSet with spec.network.enableDNSHostnames creates its headless
+Service at once (name: spec.network.subdomain, default the JobSet's; selector
+jobset.sigs.k8s.io/jobset-name; publishNotReadyAddresses from spec.network, default true;
+a controller owner reference), as jobset_controller.go's createHeadlessSvcIfNecessary does
+on the first reconcile; deleting the JobSet removes what it owns, as the garbage collector
+does. The test plays the rest of the controller and the kubelet (creating pods, writing
+their logs, terminating them).
 
 Endpoints: JobSet create/get/delete; ConfigMap and Service create/delete; pod list and
 watch by label selector; pod log (with follow: the response stays open until the pod
@@ -91,9 +97,10 @@ class KubeApiDouble:
         return self.jobsets[(ns, name)]
 
     def wait_for_segment(self, ns: str, name: str, timeout_s: float = 30):
-        """The JobSet and the ConfigMap and Service the client creates after it."""
-        self.wait_until(lambda: ("services", ns, name) in self.core,
-                        f"Service {ns}/{name}", timeout_s)
+        """The JobSet, the ConfigMap the client creates after it and the controller's
+        Service."""
+        self.wait_until(lambda: ("configmaps", ns, f"{name}-job") in self.core,
+                        f"ConfigMap {ns}/{name}-job", timeout_s)
         return (self.jobsets[(ns, name)], self.core[("configmaps", ns, f"{name}-job")],
                 self.core[("services", ns, name)])
 
@@ -142,7 +149,7 @@ class KubeApiDouble:
                 owner = self.jobsets.get((ns, jobset))
                 if owner and owner["metadata"].get("deletionTimestamp") and \
                         not self._pods_of(ns, jobset):
-                    del self.jobsets[(ns, jobset)]  # foreground deletion: the last pod went
+                    self._collect(self.jobsets.pop((ns, jobset)))  # foreground: the last pod went
 
     def wait_for_pod_deletion(self, ns: str, pod: str, timeout_s: float = 60) -> int:
         """Until the pod is marked deleted (as the kubelet learns it); its grace period."""
@@ -185,6 +192,7 @@ class KubeApiDouble:
             obj = json.loads(json.dumps(body))
             obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
             self.jobsets[key] = obj
+            self._headless_service(obj)
             self.lock.notify_all()
             return 201, obj
         if (ns, name) not in self.jobsets:
@@ -198,6 +206,7 @@ class KubeApiDouble:
             obj = self.jobsets.pop((ns, name))
             for key in self._pods_of(ns, name):
                 self._pod_event("DELETED", self.pods.pop(key))  # foreground: pods go too
+            self._collect(obj)
             self.lock.notify_all()
             return 200, obj
         return 405, _status(405, method)
@@ -215,9 +224,36 @@ class KubeApiDouble:
                     deletionGracePeriodSeconds=30 if grace is None else grace)
                 self._pod_event("MODIFIED", self.pods[key])
             if not self._pods_of(ns, name):
-                del self.jobsets[(ns, name)]
+                self._collect(self.jobsets.pop((ns, name)))
         self.lock.notify_all()
         return obj
+
+    def _headless_service(self, jobset: dict) -> None:
+        """The JobSet controller's Service for the pods' DNS names (see the docstring)."""
+        network = jobset["spec"].get("network") or {}
+        if not network.get("enableDNSHostnames"):
+            return
+        meta = jobset["metadata"]
+        ns, name = meta.get("namespace", "default"), network.get("subdomain") or meta["name"]
+        if ("services", ns, name) in self.core:
+            return  # the controller uses an existing Service of that name
+        self.core[("services", ns, name)] = {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": ns, "uid": str(uuid.uuid4()),
+                         "ownerReferences": [{
+                             "apiVersion": jobset["apiVersion"], "kind": "JobSet",
+                             "name": meta["name"], "uid": meta["uid"], "controller": True,
+                             "blockOwnerDeletion": True}]},
+            "spec": {"clusterIP": "None", "selector": {JOBSET_LABEL: meta["name"]},
+                     "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)},
+        }
+
+    def _collect(self, jobset: dict) -> None:
+        """The garbage collector: what the deleted JobSet owned goes with it."""
+        uid = jobset["metadata"]["uid"]
+        for key in [k for k, o in self.core.items() if any(
+                r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]:
+            del self.core[key]
 
     def _core(self, method: str, kind: str, ns: str, name: str, body: dict | None):
         if method == "POST" and not name:

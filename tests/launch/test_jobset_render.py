@@ -43,13 +43,15 @@ def test_every_rendered_object_is_strictly_valid(two_nodes):
     rendered = render_segment(SegmentLaunch(two_nodes, end_step=20),
                               _target())
     kinds = [o["kind"] for o in rendered.objects()]
-    assert kinds == ["ConfigMap", "Service", "JobSet"]
+    # No Service: the JobSet controller creates the headless one from spec.network.
+    assert kinds == ["ConfigMap", "JobSet"]
     for obj in rendered.objects():
         validate_object(obj)
         assert obj["metadata"]["namespace"] == "training"
     assert yaml.safe_load(rendered.config_map["data"]["job.yaml"])["name"] == "tiny"
-    assert rendered.service["spec"]["clusterIP"] == "None"
-    assert rendered.jobset["spec"]["network"]["subdomain"] == rendered.service["metadata"]["name"]
+    assert rendered.jobset["spec"]["network"] == {
+        "enableDNSHostnames": True, "subdomain": rendered.name, "publishNotReadyAddresses": True}
+    assert rendered.leader_host.endswith(f".{rendered.name}")
 
 
 RENDEZVOUS_FLAGS = {"--standalone": 0, "--nnodes": 1, "--nproc-per-node": 1, "--node-rank": 1,
@@ -156,10 +158,10 @@ def test_a_broken_object_is_refused_with_the_field_named(two_nodes):
     pod["containers"][0]["termintionGracePeriod"] = 5
     with pytest.raises(ManifestInvalid, match="containers.0.*'termintionGracePeriod'"):
         validate_object(broken)
-    svc = copy.deepcopy(rendered.service)
-    svc["spec"]["publishNotReady"] = True
+    broken = copy.deepcopy(rendered.jobset)
+    broken["spec"]["network"]["publishNotReady"] = True
     with pytest.raises(ManifestInvalid, match="'publishNotReady' was unexpected"):
-        validate_object(svc)
+        validate_object(broken)
 
 
 def test_render_refuses_what_pods_cannot_run(two_nodes):
@@ -198,7 +200,7 @@ def test_cli_writes_manifests_that_validate(tmp_path, two_nodes):
                                           "--set", "training.steps=80"])
     assert result.exit_code == 0, result.output
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["configmap-tiny-20-job.yaml", "jobset-tiny-20.yaml", "service-tiny-20.yaml"]
+    assert files == ["configmap-tiny-20-job.yaml", "jobset-tiny-20.yaml"]
     for path in out.iterdir():
         validate_object(yaml.safe_load(path.read_text()))
     spec = yaml.safe_load(yaml.safe_load((out / "configmap-tiny-20-job.yaml").read_text())

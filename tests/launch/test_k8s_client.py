@@ -63,13 +63,22 @@ def _start_pods(api, name: str, attempt: int) -> list[str]:
 
 
 def test_submit_creates_owned_objects_with_strict_field_validation(api, jobsets, rendered):
+    """The client creates the JobSet and its ConfigMap; the headless Service is the JobSet
+    controller's (the double creates it as the controller does, at once): the client never
+    races it (it used to create one of the same name after the JobSet: a 409, after which
+    it deleted the JobSet it had just created)."""
     jobset = jobsets.submit(rendered)
     assert (NS, rendered.name) in api.jobsets
-    for kind, name in (("configmaps", f"{rendered.name}-job"), ("services", rendered.name)):
-        owner = api.core[(kind, NS, name)]["metadata"]["ownerReferences"][0]
-        assert owner["uid"] == jobset["metadata"]["uid"] and owner["kind"] == "JobSet"
-    creates = [q for method, _, q in api.requests if method == "POST"]
-    assert len(creates) == 3 and all(q["fieldValidation"] == ["Strict"] for q in creates)
+    owner = api.core[("configmaps", NS, f"{rendered.name}-job")]["metadata"][
+        "ownerReferences"][0]
+    assert owner["uid"] == jobset["metadata"]["uid"] and owner["kind"] == "JobSet"
+    service = api.core[("services", NS, rendered.name)]
+    (controller,) = service["metadata"]["ownerReferences"]
+    assert controller["uid"] == jobset["metadata"]["uid"] and controller["controller"] is True
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    creates = [(p, q) for method, p, q in api.requests if method == "POST"]
+    assert len(creates) == 2 and all(q["fieldValidation"] == ["Strict"] for _, q in creates)
+    assert not any("/services" in p for p, _ in creates)
     with pytest.raises(JobSetExists, match="already exists in namespace 'training'"):
         jobsets.submit(rendered)
     assert jobsets.status(rendered.name, NS).phase == "Pending"

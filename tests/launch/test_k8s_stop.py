@@ -49,9 +49,9 @@ class Kubelet:
 
     def _run(self) -> None:
         api, ns, pod = self.api, NS, self.pod
-        jobset, config_map, service = api.wait_for_segment(ns, self.name)
+        jobset, config_map, _ = api.wait_for_segment(ns, self.name)
         rendered = RenderedSegment(name=self.name, namespace=ns, jobset=jobset,
-                                   config_map=config_map, service=service)
+                                   config_map=config_map)
         node = pod_process(rendered, node_rank=0, root=self.tmp_path / "pod",
                            hosts={rendered.leader_host: "127.0.0.1"},
                            env_overrides={"PET_MASTER_PORT": str(free_port())})

@@ -68,9 +68,8 @@ def _run_pod_like_the_kubelet(api, name: str, *, behaviours: list, tmp_path) -> 
     and env (torchrun and all) here, serve its output as the pod log, end the pod as the
     kubelet would (the message file, else the log tail on error), and restart the JobSet
     after a failure while attempts remain."""
-    jobset, config_map, service = api.wait_for_segment(NS, name)
-    rendered = RenderedSegment(name=name, namespace=NS, jobset=jobset, config_map=config_map,
-                               service=service)
+    jobset, config_map, _ = api.wait_for_segment(NS, name)
+    rendered = RenderedSegment(name=name, namespace=NS, jobset=jobset, config_map=config_map)
     for attempt, behaviour in enumerate(behaviours):
         node = pod_process(rendered, node_rank=0, root=tmp_path / f"pods-{attempt}",
                            hosts={rendered.leader_host: "127.0.0.1"},

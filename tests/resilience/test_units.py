@@ -112,6 +112,51 @@ def test_exclude_policy_asks_for_one_stop_and_refuses_what_the_layout_cannot_abs
     assert excluded_slots("tight2") == []
 
 
+def test_exclusions_expire_and_a_cleared_or_expired_slot_is_used_again():
+    job = small_job(**{"name": "ttl-job", "parallelism.nproc_per_node": 2,
+                       "resilience.exclusion_ttl_s": 60})
+    _exclude("ttl-job", host="node-a", local_rank=1, rank=1)
+    assert plan_after_stragglers(job).job.parallelism.world_size == 1
+    (slot,) = excluded_slots("ttl-job", ttl_s=60)
+    assert excluded_slots("ttl-job", ttl_s=60, now=slot.time + 61) == []
+    assert excluded_slots("ttl-job") == [slot]  # no ttl: until cleared
+    append_event("ttl-job", "exclusions_cleared")
+    assert plan_after_stragglers(job).job == job
+
+
+def test_past_its_budget_of_stops_exclude_reports_and_says_why():
+    """max_straggler_stops counts segments stopped since the exclusions were cleared; a
+    persistent straggler cannot stop and resume the job forever."""
+    from fm_pipeline.stragglers.mitigation import straggler_stops
+
+    job = small_job(**{"name": "budget", "parallelism.nproc_per_node": 4,
+                       "resilience.straggler_policy": "exclude",
+                       "resilience.max_straggler_stops": 1})
+    first = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=1)
+    assert len(_feed(first, n_ranks=4, slow_rank=2)) == 1 and straggler_stops("budget") == 1
+    second = StragglerWatch.for_segment(job, segment="s2", world_size=4, gather_every=1)
+    assert _feed(second, n_ranks=4, slow_rank=2) == []  # reported, training goes on
+    records, _ = read_events("budget", kinds=("straggler",))
+    assert [r["action"] for r in records] == ["exclude", "reported"]
+    assert records[1]["budget_spent"] == ("1 straggler stop(s) of max_straggler_stops 1: "
+                                          "reported only")
+    append_event("budget", "exclusions_cleared")  # the operator clears: the budget renews
+    third = StragglerWatch.for_segment(job, segment="s3", world_size=4, gather_every=1)
+    assert len(_feed(third, n_ranks=4, slow_rank=2)) == 1
+
+
+def test_straggler_costs_come_from_the_jobs_records():
+    from fm_pipeline.orchestration.goodput import straggler_costs
+
+    segments = [{"status": "FAILURE", "reason": "preempted at step 9 (straggler: rank 1 ...)",
+                 "wall_s": 20.0},
+                {"status": "SUCCESS", "reason": None, "wall_s": 30.0, "productive_s": 21.5},
+                {"status": "FAILURE", "reason": "InjectedFault", "wall_s": 5.0}]
+    ended = [{"idle_gpu_hours": 0.001}, {"idle_gpu_hours": 0.0005}]
+    assert straggler_costs(segments, ended) == {"stops": 1, "restart_s": 8.5,
+                                                "idle_gpu_s": 5.4}
+
+
 def test_policy_off_or_a_single_rank_watches_nothing():
     off = small_job(**{"name": "off", "resilience.straggler_policy": "off"})
     assert StragglerWatch.for_segment(off, segment="s", world_size=4, gather_every=1) is None

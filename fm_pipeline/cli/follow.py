@@ -149,8 +149,9 @@ class RunFollower:
     def _evaluated(self, records) -> bool:
         """Every recorded checkpoint step has a finished evaluation run."""
         steps = {c["step"] for c in recorded_checkpoints(self.instance, self.job_name)}
-        done = {step for r in records if r.dagster_run.job_name == EVALUATION_JOB and
-                r.dagster_run.status in FINISHED for step in checkpoint_steps_of(r.dagster_run.tags)}
+        done = {step for r in records
+                if r.dagster_run.job_name == EVALUATION_JOB and r.dagster_run.status in FINISHED
+                for step in checkpoint_steps_of(r.dagster_run.tags)}
         return steps <= done
 
 

@@ -11,8 +11,8 @@ Exclusions come from the job's event log: every "straggler" record with action "
 (written by rank 0 when resilience.straggler_policy is "exclude"), until an
 "exclusions_cleared" record or resilience.exclusion_ttl_s later. At most
 resilience.max_straggler_stops segments are stopped for stragglers (straggler_stops); past
-that the watch reports only and says so. Excluding keeps tp, pp and dp_replicate and shrinks dp_shard
-(the global batch stays the same; the checkpoint is resharded on restore):
+that the watch reports only and says so. Excluding keeps tp, pp and dp_replicate and
+shrinks dp_shard (the global batch stays the same; the checkpoint is resharded on restore):
   local       one machine cannot swap in a new host, so the slot is dropped: the largest
               world size <= world - excluded that the layout and batch accept. On GPUs the
               remaining slots' devices are named in CUDA_VISIBLE_DEVICES; on CPU a slot is

@@ -106,3 +106,12 @@ def wait_for(what: str, predicate, timeout_s: float = 240.0, every_s: float = 0.
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(every_s)
+
+
+def use_home(mp, home: Path) -> None:
+    """Point FM_HOME, DAGSTER_HOME and FM_STORE_URI (home/store) at `home` through the
+    monkeypatch `mp`; MLflow falls back to the sqlite store under it."""
+    for key, value in {"FM_HOME": home, "DAGSTER_HOME": home / "dagster",
+                       "FM_STORE_URI": home / "store"}.items():
+        mp.setenv(key, str(value))
+    mp.delenv("FM_MLFLOW_URI", raising=False)

@@ -19,30 +19,31 @@ from fm_pipeline.launch.outcome import (
 )
 from fm_pipeline.rundir.exit_record import exit_record
 
-SUMMARY = """\
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-fm_pipeline.train FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2026-11-29_14:40:04
-  host      : node-a
-  rank      : 0 (local_rank: 0)
-  exitcode  : -15 (pid: 11460) (SIGTERM)
-  error_file: <N/A>
-  traceback : Signal 15 (SIGTERM) received by PID 11460
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-29_14:40:03
-  host      : node-b
-  rank      : 3 (local_rank: 1)
-  exitcode  : -9 (pid: 11461) (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 11461
-============================================================
-"""
+def _entry(index: int, rank: int, code: int, traceback: str, *, local_rank: int | None = None,
+           signal: str = "", error_file: str = "<N/A>", host: str = "vm",
+           time: str = "2026-12-01_20:51:07", pid: int | None = None) -> str:
+    """One worker as torchrun's failure summary lists it."""
+    name = f" ({signal})" if signal else ""
+    return (f"[{index}]:\n  time      : {time}\n  host      : {host}\n"
+            f"  rank      : {rank} (local_rank: {rank if local_rank is None else local_rank})\n"
+            f"  exitcode  : {code} (pid: {pid or 24311 + rank}){name}\n  error_file: {error_file}\n"
+            f"  traceback : {traceback}\n")
+
+
+def _summary(root: str, *others: str) -> str:
+    """torchrun's ChildFailedError summary: the other failures, then the root cause."""
+    rule, heavy = "-" * 60 + "\n", "=" * 60 + "\n"
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n" + heavy +
+            "fm_pipeline.train FAILED\n" + rule + "Failures:\n" +
+            ("".join(others) if others else "  <NO_OTHER_FAILURES>\n") + rule +
+            "Root Cause (first observed failure):\n" + root + heavy)
+
+
+SUMMARY = _summary(
+    _entry(0, 3, -9, "Signal 9 (SIGKILL) received by PID 11461", local_rank=1,
+           signal="SIGKILL", host="node-b", time="2026-11-29_14:40:03", pid=11461),
+    _entry(1, 0, -15, "Signal 15 (SIGTERM) received by PID 11460", signal="SIGTERM",
+           host="node-a", time="2026-11-29_14:40:04", pid=11460))
 
 
 def test_exit_codes_map_to_outcomes():
@@ -142,30 +143,11 @@ def test_the_first_rank_to_exit_writes_the_pods_termination_message(tmp_path, mo
     assert (evidence.exit_code, evidence.rank, evidence.reason) == (75, 1, "rank 1 stopped")
 
 
-PEER_LOSS_ROOT = """\
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-fm_pipeline.train FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2026-12-01_20:51:07
-  host      : vm
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 24312)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 24312
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-01_20:51:07
-  host      : vm
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 24311)
-  error_file: /tmp/x/attempt_0/0/error.json
-  traceback : RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:60119: Connection reset by peer. This is typically caused by a remote worker crashing.
-============================================================
-"""
+PEER_LOSS_ROOT = _summary(
+    _entry(0, 0, 1, "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error "
+           "[127.0.0.1]:60119: Connection reset by peer. This is typically caused by a remote "
+           "worker crashing.", error_file="/tmp/x/attempt_0/0/error.json"),
+    _entry(1, 1, -9, "Signal 9 (SIGKILL) received by PID 24312"))
 
 
 def test_a_peer_loss_root_cause_gives_way_to_the_worker_that_really_failed(tmp_path):
@@ -194,30 +176,13 @@ def test_a_peer_loss_root_cause_gives_way_to_the_worker_that_really_failed(tmp_p
     assert (hung.rank, hung.exit_code) == (0, 1) and "Timed out" in hung.reason
 
 
-TORN_DOWN_ROOT = """\
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-fm_pipeline.train FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2026-12-02_05:22:09
-  host      : vm
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 4410)
-  error_file: /tmp/x/attempt_0/0/error.json
-  traceback : RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to complete
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-02_05:22:08
-  host      : vm
-  rank      : 1 (local_rank: 1)
-  exitcode  : -15 (pid: 4411)
-  error_file: /tmp/x/attempt_0/1/error.json
-  traceback : RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for send operation to complete
-============================================================
-"""
+TIMED_OUT = ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+             "15000ms for {} operation to complete")
+TORN_DOWN_ROOT = _summary(
+    _entry(0, 1, -15, TIMED_OUT.format("send"), error_file="/tmp/x/attempt_0/1/error.json",
+           time="2026-12-02_05:22:08"),
+    _entry(1, 0, 1, TIMED_OUT.format("recv"), error_file="/tmp/x/attempt_0/0/error.json",
+           time="2026-12-02_05:22:09"))
 
 
 def test_a_worker_torn_down_by_torchrun_gives_way_to_the_one_that_failed_on_its_own():

@@ -32,7 +32,7 @@ from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.orchestration.registry import plant_fault
 from fm_pipeline.orchestration.submissions import submit_run
 from fm_pipeline.storage import open_store
-from tests.deploy.stack import deployment
+from tests.deploy.stack import deployment, use_home
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")]
@@ -73,10 +73,7 @@ def ran(tmp_path_factory):
     home = tmp_path_factory.mktemp("lineage")
     store_dir = home / "store"
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in {"FM_HOME": home, "DAGSTER_HOME": home / "dagster",
-                           "FM_STORE_URI": store_dir}.items():
-            mp.setenv(key, str(value))
-        mp.delenv("FM_MLFLOW_URI", raising=False)
+        use_home(mp, home)
         job = small_job(**{"name": JOB, "training.steps": 4, "training.segment_steps": 2,
                            "checkpoint.every_steps": 2, "training.lr": 1e-2})
         store = open_store(str(store_dir))
@@ -191,9 +188,7 @@ def test_mlflow_has_the_job_run_with_a_child_run_per_segment_evaluation_and_dril
 @pytest.fixture
 def at_home(ran, monkeypatch):
     """The module's FM_HOME / DAGSTER_HOME (each test otherwise gets its own)."""
-    monkeypatch.setenv("FM_HOME", str(ran.home))
-    monkeypatch.setenv("DAGSTER_HOME", str(ran.home / "dagster"))
-    monkeypatch.setenv("FM_STORE_URI", str(ran.home / "store"))
+    use_home(monkeypatch, ran.home)
     return ran
 
 

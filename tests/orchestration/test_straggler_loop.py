@@ -28,7 +28,7 @@ from fm_pipeline.resilience.workspace import CHAOS_JOB
 from fm_pipeline.rundir.events import read_events
 from fm_pipeline.storage import open_store
 from fm_pipeline.stragglers.mitigation import straggler_stops
-from tests.deploy.stack import deployment
+from tests.deploy.stack import deployment, use_home
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")]
@@ -62,10 +62,7 @@ def ran(tmp_path_factory):
     home = tmp_path_factory.mktemp("straggler-loop")
     store_dir = home / "store"
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in {"FM_HOME": home, "DAGSTER_HOME": home / "dagster",
-                           "FM_STORE_URI": store_dir}.items():
-            mp.setenv(key, str(value))
-        mp.delenv("FM_MLFLOW_URI", raising=False)
+        use_home(mp, home)
         store = open_store(str(store_dir))
         env = {"FM_STORE_URI": str(store_dir), "FM_RETRY_BACKOFF_S": "0.5",
                "FM_FAULT_SLOW_RANKS": f"1:{SLOW_S}"}
@@ -85,9 +82,7 @@ def ran(tmp_path_factory):
 def at_home(ran, monkeypatch):
     """The module's FM_HOME (each test otherwise gets its own): the job's event log."""
     home, instance = ran
-    monkeypatch.setenv("FM_HOME", str(home))
-    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
-    monkeypatch.setenv("FM_STORE_URI", str(home / "store"))
+    use_home(monkeypatch, home)
     return home, instance
 
 

@@ -13,7 +13,9 @@ their logs, terminating them).
 
 Endpoints: JobSet create/get/delete; ConfigMap and Service create/delete; pod list and
 watch by label selector; pod log (with follow: the response stays open until the pod
-terminates).
+terminates). Every write takes the next revision as the object's resourceVersion (one
+counter, as etcd's); a watch resumes after a resourceVersion, starts from the current pods
+without one, and gets 410 Gone for one that `compact()` dropped.
 Every request is recorded in `requests` as (method, path, query), every delete's options
 in `delete_options` as (path, body).
 
@@ -49,7 +51,10 @@ class KubeApiDouble:
         self.jobsets: dict[tuple[str, str], dict] = {}
         self.core: dict[tuple[str, str, str], dict] = {}  # (kind plural, ns, name)
         self.pods: dict[tuple[str, str], dict] = {}
-        self.pod_events: list[dict] = []  # watch events; resourceVersion = index + 1
+        self.pod_events: list[dict] = []  # watch events, each with the revision it made
+        self.revision = 0  # etcd's: one counter over every write, every object's resourceVersion
+        self.compacted = 0  # pod events at or below this revision are gone (compaction)
+        self.gone_served = 0  # watches answered 410 Gone
         self.logs: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self.requests: list[tuple[str, str, dict]] = []
         self.delete_options: list[tuple[str, dict | None]] = []
@@ -74,10 +79,23 @@ class KubeApiDouble:
 
     # -- the test plays the JobSet controller and the kubelet ------------------------------
 
+    def _written(self, obj: dict) -> dict:
+        """Every write gets the next revision as its resourceVersion, as etcd's does."""
+        self.revision += 1
+        obj["metadata"]["resourceVersion"] = str(self.revision)
+        return obj
+
     def _pod_event(self, kind: str, pod: dict) -> None:
-        pod["metadata"]["resourceVersion"] = str(len(self.pod_events) + 1)
+        self._written(pod)
         self.pod_events.append({"type": kind, "object": json.loads(json.dumps(pod))})
         self.lock.notify_all()
+
+    def compact(self) -> int:
+        """Drop the pod events so far, as the API server's compaction does: a watch asking
+        for an older resourceVersion gets 410 Gone. Returns the compacted revision."""
+        with self.lock:
+            self.compacted = self.revision
+            return self.compacted
 
     def wait_for_log_reader(self, ns: str, pod: str, timeout_s: float = 30) -> None:
         """Until a client has asked for this pod's log (a follower is attached)."""
@@ -106,7 +124,7 @@ class KubeApiDouble:
 
     def set_jobset_status(self, ns: str, name: str, **status) -> None:
         with self.lock:
-            self.jobsets[(ns, name)]["status"] = status
+            self._written(self.jobsets[(ns, name)])["status"] = status
             self.lock.notify_all()
 
     def add_pod(self, ns: str, name: str, *, labels: dict[str, str],
@@ -180,7 +198,8 @@ class KubeApiDouble:
                 selector = _selector(query)
                 items = [p for (pns, _), p in self.pods.items() if pns == ns and all(
                     p["metadata"]["labels"].get(k) == v for k, v in selector.items())]
-                return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                return 200, {"apiVersion": "v1", "kind": "PodList",
+                             "metadata": {"resourceVersion": str(self.revision)},
                              "items": items}
             return 404, _status(404, f"no such endpoint {method} {path}")
 
@@ -191,7 +210,7 @@ class KubeApiDouble:
                 return 409, _status(409, f'jobsets.jobset.x-k8s.io "{key[1]}" already exists')
             obj = json.loads(json.dumps(body))
             obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
-            self.jobsets[key] = obj
+            self.jobsets[key] = self._written(obj)
             self._headless_service(obj)
             self.lock.notify_all()
             return 201, obj
@@ -237,7 +256,7 @@ class KubeApiDouble:
         ns, name = meta.get("namespace", "default"), network.get("subdomain") or meta["name"]
         if ("services", ns, name) in self.core:
             return  # the controller uses an existing Service of that name
-        self.core[("services", ns, name)] = {
+        self.core[("services", ns, name)] = self._written({
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": name, "namespace": ns, "uid": str(uuid.uuid4()),
                          "ownerReferences": [{
@@ -246,7 +265,7 @@ class KubeApiDouble:
                              "blockOwnerDeletion": True}]},
             "spec": {"clusterIP": "None", "selector": {JOBSET_LABEL: meta["name"]},
                      "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)},
-        }
+        })
 
     def _collect(self, jobset: dict) -> None:
         """The garbage collector: what the deleted JobSet owned goes with it."""
@@ -260,29 +279,50 @@ class KubeApiDouble:
             key = (kind, ns, body["metadata"]["name"])
             if key in self.core:
                 return 409, _status(409, f"{kind} {key[2]} already exists")
-            self.core[key] = body
+            self.core[key] = self._written(json.loads(json.dumps(body)))
             self.lock.notify_all()
-            return 201, body
+            return 201, self.core[key]
         if method == "DELETE" and (kind, ns, name) in self.core:
             return 200, self.core.pop((kind, ns, name))
         return 404, _status(404, f"{kind} {name} not found")
 
     def stream_watch(self, ns: str, query: dict, write) -> None:
-        """Pod events after ?resourceVersion, as JSON lines, for ?timeoutSeconds."""
+        """Pod events as JSON lines for ?timeoutSeconds, as the API server sends them
+        (docs: "API Concepts", efficient detection of changes): with ?resourceVersion,
+        the events after it, or one ERROR event with a 410 Status when compaction has
+        dropped them; without, the current pods as ADDED, then what follows."""
         selector = _selector(query)
-        sent = int(query.get("resourceVersion", ["0"])[0] or 0)
+
+        def matches(obj: dict) -> bool:
+            meta = obj["metadata"]
+            return meta["namespace"] == ns and all(
+                meta["labels"].get(k) == v for k, v in selector.items())
+
+        asked = query.get("resourceVersion", [""])[0]
+        with self.lock:
+            if asked and int(asked) < self.compacted:
+                write((json.dumps({"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": f"too old resource version: {asked} ({self.compacted})",
+                    "reason": "Expired", "code": 410}}) + "\n").encode())
+                self.gone_served += 1
+                return
+            since = int(asked) if asked else self.revision
+            current = [] if asked else [json.loads(json.dumps(p)) for p in self.pods.values()
+                                        if matches(p)]
+        for pod in current:
+            write((json.dumps({"type": "ADDED", "object": pod}) + "\n").encode())
         deadline = time.monotonic() + float(query.get("timeoutSeconds", ["5"])[0])
         while time.monotonic() < deadline:
             with self.lock:
-                events = self.pod_events[sent:]
+                events = [e for e in self.pod_events
+                          if int(e["object"]["metadata"]["resourceVersion"]) > since]
                 if not events:
                     self.lock.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
                     continue
-            sent += len(events)
+            since = int(events[-1]["object"]["metadata"]["resourceVersion"])
             for event in events:
-                meta = event["object"]["metadata"]
-                if meta["namespace"] == ns and all(
-                        meta["labels"].get(k) == v for k, v in selector.items()):
+                if matches(event["object"]):
                     write((json.dumps(event) + "\n").encode())
 
     def stream_log(self, ns: str, pod: str, query: dict, write) -> None:

@@ -5,6 +5,7 @@ failure reason from termination messages, delete on cancel."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from kubernetes import client as k8s
@@ -199,3 +200,36 @@ def test_a_jobset_stopped_while_queued_ends_preempted_with_nothing_to_save(
                             stopped=stopped)
     assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75
     assert "stopped on request (cancel)" in result.reason
+
+
+def test_a_pod_watch_answered_410_gone_starts_again_from_the_current_pods(api, jobsets,
+                                                                          rendered):
+    """The API server compacts its history: a watch resuming from a resourceVersion it no
+    longer has gets an ERROR event with a 410 Status. The watch lists the current pods and
+    goes on; a pod that fails after that is still recorded with its exit code."""
+    from fm_pipeline.launch.k8s_follow import PodFailureWatch
+
+    name = rendered.name
+    jobsets.submit(rendered)
+    pods = _start_pods(api, name, attempt=0)
+    assert all(p["metadata"]["resourceVersion"] for p in api.pods.values())
+    assert api.jobsets[(NS, name)]["metadata"]["resourceVersion"]
+    def poll(what: str, predicate) -> None:
+        deadline = time.monotonic() + 30
+        while not predicate():
+            assert time.monotonic() < deadline, f"never happened: {what}"
+            time.sleep(0.05)
+
+    watch = PodFailureWatch(jobsets, name, NS)
+    watch.start()
+    try:
+        poll("a watch resuming", lambda: any(q.get("watch") and q.get("resourceVersion")
+                                             for _, _, q in list(api.requests)))
+        api.compact()
+        poll("a 410 Gone", lambda: api.gone_served >= 1)
+        api.terminate_pod(NS, pods[1], exit_code=137)
+        poll("the failure recorded", watch.failures)
+    finally:
+        watch.stop()
+    (failure,) = watch.failures()
+    assert failure.pod == pods[1] and failure.container_exit_code == 137

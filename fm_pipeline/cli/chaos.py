@@ -1,7 +1,8 @@
 """`fm chaos`: inject faults into real local runs, and the straggler policy's record.
 
     fm chaos list                                   # the faults of the matrix
-    fm chaos run                                    # all of them -> docs/fault-matrix.md
+    fm chaos run                                    # all of them -> <workspace>/fault-matrix.md
+    fm chaos run --out docs/fault-matrix.md         # regenerate the tracked table
     fm chaos run --faults kill-rank,preempt --out /tmp/matrix.md
     fm chaos stragglers --job configs/demo.yaml     # events, idle GPU-hours, exclusions
     fm chaos stragglers --job configs/demo.yaml --scan   # re-run the detector offline
@@ -65,8 +66,10 @@ def run(
     faults: str = typer.Option(None, "--faults", "-f", help="comma-separated (default: all)"),
     home: Path = typer.Option(None, "--home", help="FM_HOME for the runs (default: "
                                                    ".fm/chaos/<utc time>)"),
-    out: Path = typer.Option(Path("docs/fault-matrix.md"), "--out",
-                             help="the markdown table to write"),
+    out: Path = typer.Option(None, "--out",
+                             help="the markdown table to write (default: fault-matrix.md in "
+                                  "the workspace; the tracked one is docs/fault-matrix.md, "
+                                  "written only when asked)"),
     json_out: Path = typer.Option(None, "--json", help="also write the results as JSON"),
 ) -> None:
     """Inject each fault into a real local run, check the outcome, write the table."""
@@ -78,6 +81,7 @@ def run(
     logging.getLogger("fm_pipeline.checkpoint").setLevel(logging.ERROR)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     ws = ChaosWorkspace(home or Path(".fm") / "chaos" / stamp)
+    out = out or ws.home / "fault-matrix.md"
     console.print(f"chaos workspace: {ws.home}")
     results = []
     with console.status("") as status:
@@ -89,7 +93,8 @@ def run(
             note = result.skipped or result.error or "; ".join(result.failed_checks())
             console.print(f"[{style}]{result.verdict:>7}[/] {fault} ({result.wall_s:.0f} s)"
                           + (f": {escape(note)}" if note else ""), highlight=False)
-    command = "fm chaos run" + (f" --faults {faults}" if faults else "")
+    command = "fm chaos run" + (f" --faults {faults}" if faults else "") + \
+        (f" --out {out}" if out != ws.home / "fault-matrix.md" else "")
     write_fault_matrix(results, out, command=command)
     if json_out:
         json_out.write_text(json.dumps([r.to_dict() for r in results], indent=2))

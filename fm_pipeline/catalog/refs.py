@@ -10,8 +10,10 @@ does not list it and validation ignores it.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,13 +103,19 @@ class CheckpointRef:
     def files(self) -> dict[str, int]:
         """Every object in the checkpoint (relative name -> size), marks included."""
         if self.dir is not None:
-            if not self.dir.is_dir():
-                return {}
-            return {
-                p.relative_to(self.dir).as_posix(): p.stat().st_size
-                for p in sorted(self.dir.rglob("*"))
-                if p.is_file()
-            }
+            found = {}
+            # A snapshot: files a concurrent deleter (retention) removes meanwhile are left
+            # out, not an error; a checkpoint that vanished whole lists as empty.
+            for folder, _, names in os.walk(self.dir):
+                for name in names:
+                    p = Path(folder, name)
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        found[p.relative_to(self.dir).as_posix()] = st.st_size
+            return dict(sorted(found.items()))
         head = f"{self.prefix}/"
         return {i.key[len(head):]: i.size for i in self.store.list(head)}
 

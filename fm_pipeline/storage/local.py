@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -87,13 +88,23 @@ class LocalStore(ObjectStore):
         if not base.exists():
             return []
         out = []
-        for p in base.rglob("*"):
-            if not p.is_file() or p.name.endswith(".tmp") or (
-                    p.name.startswith(".") and p.name.endswith(".lock")):
-                continue
-            key = p.relative_to(self.root).as_posix()
-            if key.startswith(prefix):
-                out.append(ObjectInfo(key=key, size=p.stat().st_size))
+        # A snapshot, as S3's list is: what another process deletes meanwhile (retention
+        # removing a checkpoint) is left out, never an error (rglob raised on a directory
+        # that vanished under it, and the API's status answered 500).
+        for folder, _, names in os.walk(base):
+            for name in names:
+                if name.endswith(".tmp") or (name.startswith(".") and name.endswith(".lock")):
+                    continue
+                p = Path(folder, name)
+                key = p.relative_to(self.root).as_posix()
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append(ObjectInfo(key=key, size=st.st_size))
         return sorted(out, key=lambda i: i.key)
 
     @contextlib.contextmanager

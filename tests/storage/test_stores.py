@@ -56,3 +56,34 @@ def test_unreachable_s3_is_a_clear_error(monkeypatch):
                     connect_timeout_s=0.5)
     with pytest.raises(StoreError, match=r"cannot upload s3://nobucket/x/k .*127\.0\.0\.1:9"):
         store.put_bytes(b"1", "k")
+
+
+def test_a_local_listing_skips_what_is_deleted_while_it_walks(tmp_path):
+    """Seen in CI: the API listed a job's checkpoints in the store while retention deleted
+    one; the walk met a directory that had just gone and the status request answered 500.
+    A listing is a snapshot: what goes meanwhile is left out, what stays is listed."""
+    import shutil
+    import threading
+
+    store = open_store(str(tmp_path / "store"))
+    for i in range(3):
+        store.put_bytes(b"x", f"ckpt/keep/f{i}")
+    stop = threading.Event()
+
+    def churn():  # another process's retention: checkpoints written, then deleted
+        n = 0
+        while not stop.is_set():
+            n += 1
+            for f in range(20):
+                store.put_bytes(b"y" * 10, f"ckpt/step-{n}/shard-{f}")
+            shutil.rmtree(tmp_path / "store" / "ckpt" / f"step-{n}")
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(300):
+            keys = [i.key for i in store.list("ckpt/")]
+            assert [k for k in keys if "/keep/" in k] == [f"ckpt/keep/f{i}" for i in range(3)]
+    finally:
+        stop.set()
+        thread.join()

@@ -39,6 +39,15 @@ class FaultResult:
     error: str | None = None  # the scenario itself broke (not the system under test)
     wall_s: float = 0.0
 
+    def record_figures(self, runs: Path) -> None:
+        """Steps lost, detection and resume time, read from the job's records under `runs`
+        (its metrics and events, fm_pipeline.resilience.figures): never set by hand."""
+        from fm_pipeline.resilience.figures import figures_from_records
+
+        figures = figures_from_records(runs)
+        self.steps_lost, self.detect_s, self.resume_s = (
+            figures.steps_lost, figures.detect_s, figures.resume_s)
+
     def check(self, text: str, ok: bool) -> bool:
         self.checks.append((text, bool(ok)))
         return bool(ok)
@@ -188,11 +197,15 @@ docs/resilience.md.
 
 Every fault is injected into a real local run of the debug model on the small data mix
 (2 ranks under torchrun, gloo on CPU; `kill-node`: 2 nodes x 1 rank running the Kubernetes
-pod command). *Steps lost*: steps trained before the fault that the resumed run trains
-again. *Detected after*: from the fault to the launcher seeing the segment end.
-*Time to resume*: from the fault to the first step of the resumed segment (detection,
-process teardown, start-up, restore), with the orchestrator's retry backoff set to zero;
-production adds it. Timings come from a shared 2-core machine and are noisy.
+pod command). Every figure is read from the run's own records (fm_pipeline/resilience/figures.py): rank
+0's metrics.jsonl and the job's events.jsonl, where the runner records the moment of each
+injection (`fault_injected`), an operator's fix (`fault_cleared`) and each end of a segment
+it saw (`segment_ended`). *Steps lost*: steps metrics.jsonl records more than once (trained
+before the fault, then again after the resume). *Detected after*: from the injection to the
+launcher seeing the segment end. *Time to resume*: from the injection (or the fix) to the
+first step of a segment launched after it (detection, process teardown, start-up, restore),
+with the orchestrator's retry backoff set to zero; production adds it. Timings come from a
+shared 2-core machine and are noisy.
 
 """
     body = render_table(results) + "\n\n## Checks\n\n" + render_checks(results)

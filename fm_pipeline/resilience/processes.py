@@ -24,6 +24,7 @@ from pathlib import Path
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import SegmentResult
 from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.rundir.events import append_event
 from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
 MARKER_ENV = "FM_CHAOS_MARKER"
@@ -121,6 +122,9 @@ class LiveSegment:
             self._error = e
         finally:
             self.ended_at = time.time()
+            code = self._result.exit_code if self._result is not None else None
+            append_event(self.launch.job.name, "segment_ended", exit_code=code,
+                         started_at=self.started_at)  # a record the fault figures read
 
     @property
     def running(self) -> bool:

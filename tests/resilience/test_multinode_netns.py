@@ -12,12 +12,20 @@ import pytest
 
 from fm_pipeline.resilience.netns import PREFIX, availability, namespaces
 from fm_pipeline.resilience.scenarios.process import kill_node
+from tests.resilience.records_check import assert_figures_agree
 
 pytestmark = pytest.mark.slow
 
 
 def _ours() -> list[str]:
     return [n for n in namespaces() if n.startswith(f"{PREFIX}-{os.getpid()}-")]
+
+
+def _runs(ws):
+    """The shared claim's run directory of the newest kill-node run in the workspace."""
+    (claim,) = sorted((ws.home / "pods").glob("kill-node-*"))[-1:]
+    (runs,) = [p for p in claim.glob("pvc-*/*") if (p / "metrics.jsonl").exists()]
+    return runs
 
 
 def test_two_namespaced_nodes_lose_one_and_resume_from_the_shared_checkpoint(chaos_ws):
@@ -33,6 +41,8 @@ def test_two_namespaced_nodes_lose_one_and_resume_from_the_shared_checkpoint(cha
     assert "nodes in network namespaces" in result.injected
     assert result.passed, result.failed_checks() or result.error
     assert result.steps_lost is not None and result.steps_lost >= 0
+    assert result.detect_s is not None and result.resume_s is not None
+    assert_figures_agree(result, _runs(chaos_ws))
     # Namespaces, links and addresses are gone; the host's own network never changed.
     assert _ours() == []
     assert subprocess.run(["ip", "-o", "addr"], capture_output=True,

@@ -10,6 +10,7 @@ from fm_pipeline.catalog import CheckpointRef, validate
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.resilience.scenarios.storage import DISK_BYTES, s3_down
+from tests.resilience.records_check import assert_figures_agree
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,10 @@ def test_s3_down_mid_upload_keeps_training_and_commits_nothing_partial(chaos_ws)
         result = s3_down(chaos_ws)
     assert result.passed, result.failed_checks() or result.error
     assert "step-00000004/" in result.injected  # the request the endpoint died on
-    assert result.steps_lost == 0
+    # Read from the records: nothing trained twice, nothing ended, nothing resumed.
+    assert (result.steps_lost, result.detect_s, result.resume_s) == (0, None, None)
+    with chaos_ws.active():
+        assert_figures_agree(result, runs_dir("chaos-s3-down"))
 
 
 def test_disk_full_fails_the_save_naming_it_and_the_partial_checkpoint_is_never_chosen(

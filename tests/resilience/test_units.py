@@ -189,6 +189,40 @@ def test_the_table_escapes_cells_and_a_fault_that_cannot_run_here_is_skipped(tmp
         run_fault(None, "nope")
 
 
+def test_fault_figures_are_read_from_the_records_and_a_set_figure_is_caught(monkeypatch):
+    # Segment "a" logs steps 1-4 and is killed after step 4; "b" restores step 2 and redoes
+    # 3 and 4: two steps lost. Injection at t=104.5, end seen at 106.0, first step of "b"
+    # at 112.0. A figure a scenario sets by hand disagrees with the records and is caught.
+    from fm_pipeline.config.paths import runs_dir
+    from fm_pipeline.rundir.records import METRICS_FILE
+    from tests.resilience.records_check import assert_figures_agree
+
+    runs = runs_dir("figures")
+    runs.mkdir(parents=True)
+    steps = [("a", s, 100.0 + s) for s in (1, 2, 3, 4)] + [
+        ("b", s, 109.0 + s) for s in (3, 4, 5)]
+    (runs / METRICS_FILE).write_text("".join(
+        json.dumps({"kind": "step", "job": "figures", "segment": seg, "step": s, "time": t})
+        + "\n" for seg, s, t in steps))
+    clock = iter([104.5, 106.0])
+    monkeypatch.setattr("fm_pipeline.rundir.events.time.time", lambda: next(clock))
+    append_event("figures", "fault_injected", fault="kill-rank")
+    append_event("figures", "segment_ended", exit_code=-9)
+    hand_set = FaultResult("kill-rank", steps_lost=0, detect_s=1.5, resume_s=7.5)
+    with pytest.raises(AssertionError, match="the records say 2, 1.5 s, 7.5 s"):
+        assert_figures_agree(hand_set, runs)
+    measured = FaultResult("kill-rank")
+    measured.record_figures(runs)
+    assert (measured.steps_lost, measured.detect_s, measured.resume_s) == (2, 1.5, 7.5)
+    assert_figures_agree(measured, runs)
+    # An operator's fix (a full disk freed): the resume is timed from it.
+    clock = iter([110.0])
+    append_event("figures", "fault_cleared", fault="kill-rank")
+    measured.record_figures(runs)
+    assert measured.resume_s == 2.0
+    assert_figures_agree(measured, runs)
+
+
 def test_cli_lists_faults_and_rejects_unknown_ones_by_name():
     listed = runner.invoke(app, ["chaos", "list"])
     assert listed.exit_code == 0 and "hang-rank" in listed.output

@@ -9,9 +9,9 @@ lost) restored from a snapshot before each fault.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
+from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
 from fm_pipeline.resilience.matrix import FaultResult
@@ -45,7 +45,6 @@ def _corrupt_and_resume(ws: ChaosWorkspace, fault: str, damage: Callable, detect
     job = base_run(ws)
     result = FaultResult(fault, expected=expected)
     victim = injectors.checkpoint_victim(ws.checkpoint_dir(job.name, BASE_STEP))
-    fault_time = time.time()
     result.injected = f"{damage(victim)} of step {BASE_STEP}"
     append_event(job.name, "fault_injected", fault=fault, target=result.injected,
                  step=BASE_STEP)
@@ -57,10 +56,7 @@ def _corrupt_and_resume(ws: ChaosWorkspace, fault: str, damage: Callable, detect
     reason = rejected[0].split(": ", 1)[1] if rejected else "not rejected"
     result.outcome = (f"discovery skipped step {BASE_STEP} ({reason}); resumed from step "
                       f"{restored}, {resumed.result.outcome.value}")
-    if restored is not None:
-        result.steps_lost = BASE_STEP - restored
-    if resumed.first_step_at is not None:
-        result.resume_s = round(resumed.first_step_at - fault_time, 1)
+    result.record_figures(runs_dir(job.name))
     result.check(f"discovery rejects step {BASE_STEP}, naming {victim.name} and the "
                  f"{detects}", bool(rejected) and victim.name in rejected[0])
     said = [line for line in (log or "").splitlines() if f"step-{BASE_STEP:08d}" in line and

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import SegmentResult
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience.matrix import FaultResult
@@ -36,7 +37,8 @@ def fault_and_resume(ws: ChaosWorkspace, result: FaultResult, job, *, at_step: i
                      fault: str, after_checkpoint: int | None = 2) -> FaultRun:
     """Train `job`, call `inject(live)` once step `at_step` is logged and checkpoint
     `after_checkpoint` committed (so that there is one to resume from), wait for the end,
-    ask the policy, and resume when it says so. Fills result.injected/detect/lost/resume."""
+    ask the policy, and resume when it says so. Fills result.injected, and the figures
+    from the job's records once the resume ended."""
     ws.prepare(job)
     end = job.training.steps
     live = LiveSegment(SegmentLaunch(job, end_step=end), env=env).start()
@@ -51,19 +53,13 @@ def fault_and_resume(ws: ChaosWorkspace, result: FaultResult, job, *, at_step: i
         failed = live.result()
     finally:
         live.cleanup()
-    result.detect_s = round(live.ended_at - fault_time, 1)
     reached = last_step(live)
     expected, skipped = ws.newest_valid(job)
     decision, _ = decide(failed, failed_at_step=reached, start_step=0)
     resumed = None
     if decision.resume:
         resumed = resume(ws, job, end_step=end, env=env)
-        if resumed.restored_step is not None and reached is not None:
-            result.steps_lost = reached - resumed.restored_step
-        elif reached is not None:
-            result.steps_lost = reached  # started over from step 0
-        if resumed.first_step_at is not None:
-            result.resume_s = round(resumed.first_step_at - fault_time, 1)
+    result.record_figures(runs_dir(job.name))
     return FaultRun(failed=failed, fault_time=fault_time, last_step=reached,
                     expected_step=expected, skipped=skipped, decision=decision,
                     resumed=resumed)

@@ -5,6 +5,7 @@ problem, nothing committed is touched, and retrying is refused where it cannot h
 
 from __future__ import annotations
 
+from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
@@ -12,7 +13,7 @@ from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import decide
 from fm_pipeline.resilience.scenarios.checkpoint import BASE_STEP, base_run
-from fm_pipeline.resilience.scenarios.common import first_line, steps_trained_twice
+from fm_pipeline.resilience.scenarios.common import first_line
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 from fm_pipeline.rundir.events import append_event
 
@@ -59,7 +60,7 @@ def bad_config(ws: ChaosWorkspace) -> FaultResult:
     result.check("every committed checkpoint is byte-for-byte untouched",
                  _checkpoint_state(ws, job) == before and len(before) == 3)
     result.outcome = "; ".join(outcomes)
-    result.steps_lost = steps_trained_twice(job.name)
+    result.record_figures(runs_dir(job.name))
     return result
 
 
@@ -81,8 +82,7 @@ def bad_data(ws: ChaosWorkspace) -> FaultResult:
     finally:
         injectors.flip_byte(path)  # the same byte again: the shard is whole for later faults
     key = path.relative_to(ws.store_dir).as_posix()
-    result.detect_s = round(failed.duration_s, 1)
-    result.steps_lost = steps_trained_twice(job.name)
+    result.record_figures(runs_dir(job.name))
     result.outcome = (f"{failed.outcome.value} (exit {failed.exit_code}): "
                       f"{first_line(failed.reason, 120)}; decision: "
                       f"{'resume' if decision.resume else 'stop'}")

@@ -18,6 +18,8 @@ from fm_pipeline.resilience.scenarios.common import (
     recovery_checks,
 )
 from fm_pipeline.resilience.workspace import ChaosWorkspace
+from fm_pipeline.rundir.events import append_event
+from fm_pipeline.rundir.records import EVENTS_FILE
 
 FAULT_STEP = 3  # between the checkpoints of steps 2 and 4
 
@@ -137,18 +139,19 @@ def kill_node(ws: ChaosWorkspace) -> FaultResult:
         where = "network namespaces" if network else f"loopback ({why_not})"
         nodes = PodNodes(rendered, root=root, network=network, store_uri=str(store), cwd=repo)
         nodes.start()
+        events = nodes.runs_dir / EVENTS_FILE
         try:
             nodes.wait_for_step(FAULT_STEP)
             wait_for_checkpoint(nodes.runs_dir, 2, timeout_s=120)
-            fault_time = time.time()
             killed = nodes.kill_node(1)
             result.injected = (f"SIGKILL to every process of node 1 ({len(killed)}: agent and "
                                f"worker) after step {FAULT_STEP}; nodes in {where}")
+            append_event(job.name, "fault_injected", path=events, fault="kill-node",
+                         target=result.injected)
             codes = nodes.wait(timeout_s=180)
-            result.detect_s = round(time.time() - fault_time, 1)
+            append_event(job.name, "segment_ended", path=events, exit_code=codes[0])
         finally:
             nodes.stop()
-        reached = max((r["step"] for r in nodes.steps()), default=None)
         node0 = root / "node-0" / "state"
         evidence = diagnose(log_dir=node0 / "torchrun", agent_error_file=node0 / "error.json",
                             output_text=nodes.output(0))
@@ -159,15 +162,11 @@ def kill_node(ws: ChaosWorkspace) -> FaultResult:
             codes_again = again.wait(timeout_s=300)
         finally:
             again.stop()
-    steps = again.steps()
     segments = [s for s in _segments(nodes.runs_dir) if s.get("time", 0) >= again.started_at]
     restored = restored_step(segments[-1]) if segments else None
     result.outcome = (f"node 0 exited {codes[0]} ({first_line(evidence.reason or '', 100)}); "
                       f"recreated pods exited {codes_again}, resumed from step {restored}")
-    if reached is not None and restored is not None:
-        result.steps_lost = reached - restored
-    if steps:
-        result.resume_s = round(steps[0]["time"] - fault_time, 1)
+    result.record_figures(nodes.runs_dir)
     result.check(f"node 0's torchrun fails once its peer is gone (exit {codes[0]})",
                  codes[0] not in (0, None))
     result.check(f"the failure reason is recorded: {first_line(evidence.reason or '', 100)!r}",

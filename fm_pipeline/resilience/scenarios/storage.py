@@ -55,12 +55,12 @@ def s3_down(ws: ChaosWorkspace) -> FaultResult:
             while not s3.wait_down(timeout_s=0.2) and live.running:
                 pass
             down = s3.down
-            fault_time = time.time()
             result.injected = (f"endpoint stopped (relay closed, moto stopped) at the first "
                                f"upload request of step {CUT_STEP}: "
                                f"{(s3.cut_request or b'').decode(errors='replace')[:80]}")
+            # Nothing ends: "Detected after" does not apply (detect=False).
             append_event(job.name, "fault_injected", fault="s3-down", target=result.injected,
-                         step=last_step(live))
+                         step=last_step(live), detect=False)
             ran = live.result()
         finally:
             live.cleanup()
@@ -75,7 +75,7 @@ def s3_down(ws: ChaosWorkspace) -> FaultResult:
         synced = [r.step for r in reports if r.committed]
         remote_end = validate(CheckpointRef.remote(store, f"checkpoints/{job.name}/"
                                                           f"step-{end:08d}"), job)
-    result.steps_lost = 0
+    result.record_figures(runs_dir(job.name))
     result.outcome = (f"{ran.outcome.value} at step {end}; store committed steps "
                       f"{sorted(remote) or 'none'} during the outage; sync afterwards "
                       f"uploaded {synced or 'nothing'} in {time.time() - t0:.1f} s")
@@ -105,6 +105,9 @@ def disk_full(ws: ChaosWorkspace) -> FaultResult:
     with small_disk(directory, size_bytes=DISK_BYTES) as disk:
         result.injected = (f"checkpoint directory on a {DISK_BYTES >> 20} MiB tmpfs (a real "
                            "mount; one checkpoint fits, the second write hits ENOSPC)")
+        # Present from the launch, with no moment of injection: no "Detected after".
+        append_event(job.name, "fault_injected", fault="disk-full", target=result.injected,
+                     detect=False)
         live = LiveSegment(SegmentLaunch(job, end_step=end)).start()
         try:
             failed = live.result()
@@ -114,16 +117,12 @@ def disk_full(ws: ChaosWorkspace) -> FaultResult:
         newest, skipped = ws.newest_valid(job)
         text = f"{failed.reason}\n{failed.traceback or ''}"
         decision, _ = decide(failed, failed_at_step=reached, start_step=0)
-        t_free = time.time()
         disk.grow(64 << 20)  # the operator frees space
+        append_event(job.name, "fault_cleared", fault="disk-full", what="64 MiB free")
         resumed = resume(ws, job, end_step=end) if decision.resume else None
     result.outcome = describe_outcome(failed) + (
         f"; resumed from step {resumed.restored_step}" if resumed else "")
-    result.detect_s = None
-    if resumed is not None and resumed.restored_step is not None and reached is not None:
-        result.steps_lost = reached - resumed.restored_step
-        if resumed.first_step_at:
-            result.resume_s = round(resumed.first_step_at - t_free, 1)
+    result.record_figures(runs_dir(job.name))
     result.check(f"the segment fails ({failed.outcome.value}, exit {failed.exit_code})",
                  not failed.ok and failed.exit_code not in (0, 75))
     result.check("the reason shows the disk is full (ENOSPC, or 0 MB free)",

@@ -19,7 +19,7 @@ from fm_pipeline.resilience import injectors
 from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.processes import LiveSegment
 from fm_pipeline.resilience.recovery import decide, resume
-from fm_pipeline.resilience.scenarios.common import first_line, steps_trained_twice
+from fm_pipeline.resilience.scenarios.common import first_line
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 from fm_pipeline.rundir.events import append_event
 from fm_pipeline.storage import open_store
@@ -46,16 +46,13 @@ def corrupt_both_tiers(ws: ChaosWorkspace) -> FaultResult:
     before = {"local": _manifests(list_local(local)),
               "store": _manifests(list_store(store, remote))}
     victim = injectors.checkpoint_victim(ws.checkpoint_dir(job.name, NEWEST))
-    fault_time = time.time()
     injected = injectors.flip_byte(victim)
     injectors.flip_byte(ws.store_dir / remote / f"step-{NEWEST:08d}" / victim.name)
     result.injected = f"{injected} of step {NEWEST}, in the local tier and in the store"
     append_event(job.name, "fault_injected", fault=result.fault, target=result.injected,
                  step=NEWEST)
     resumed = resume(ws, job, end_step=job.training.steps)
-    result.steps_lost = steps_trained_twice(job.name)
-    if resumed.first_step_at is not None:
-        result.resume_s = round(resumed.first_step_at - fault_time, 1)
+    result.record_figures(runs_dir(job.name))
     copies = {"local": CheckpointRef.local(local / f"step-{NEWEST:08d}"),
               "store": CheckpointRef.remote(store, f"{remote}/step-{NEWEST:08d}")}
     aside = [e for e in list_set_aside(job.name, store=store) if e.ref.step == NEWEST]
@@ -101,20 +98,19 @@ def second_trainer(ws: ChaosWorkspace) -> FaultResult:
         first.wait_for_step(2)
         holder = json.loads((runs_dir(job.name) / "lease.json").read_text())
         t0 = time.time()
-        second = LiveSegment(SegmentLaunch(job, end_step=job.training.steps)).start()
-        refused = second.result()
-        result.detect_s = round(refused.duration_s, 1)
         result.injected = (f"a second torchrun on job {job.name} while the first (rank 0 pid "
                            f"{holder['pid']}) was at step {first.steps()[-1]['step']}")
         append_event(job.name, "fault_injected", fault=result.fault, target=result.injected,
                      step=first.steps()[-1]["step"])
+        second = LiveSegment(SegmentLaunch(job, end_step=job.training.steps)).start()
+        refused = second.result()
         done = first.result()
     finally:
         first.cleanup()
     decision, _ = decide(refused, failed_at_step=None, start_step=None)
     steps = [r["step"] for r in first.steps()]
     segments = ws.segments(job.name, since=t0 - 60)
-    result.steps_lost = steps_trained_twice(job.name)
+    result.record_figures(runs_dir(job.name))
     result.outcome = (f"second: {refused.outcome.value} (exit {refused.exit_code}) after "
                       f"{refused.duration_s:.1f} s: {first_line(refused.reason, 110)}; first: "
                       f"{done.outcome.value} at step {done.end_step}")
@@ -142,12 +138,12 @@ def read_only_tier(ws: ChaosWorkspace) -> FaultResult:
     ckpts = runs_dir(job.name) / "checkpoints"
     with injectors.read_only_dir(ckpts):
         result.injected = f"{ckpts} on a read-only tmpfs (mount -o ro)"
+        append_event(job.name, "fault_injected", fault=result.fault, target=result.injected)
         live = LiveSegment(SegmentLaunch(job, end_step=job.training.steps)).start()
         failed = live.result()
         trained = live.steps()
     decision, _ = decide(failed, failed_at_step=None, start_step=0)
-    result.detect_s = round(failed.duration_s, 1)
-    result.steps_lost = steps_trained_twice(job.name)
+    result.record_figures(runs_dir(job.name))
     result.outcome = (f"{failed.outcome.value} (exit {failed.exit_code}): "
                       f"{first_line(failed.reason, 120)}")
     result.check(f"exit 2, the permanent code (got {failed.outcome.value} exit "

@@ -10,9 +10,13 @@ separates documents in the token streams. The trained file is what the trainer r
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from fm_pipeline.data.errors import DataError
 from fm_pipeline.data.manifest import EOS_TOKEN
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MIN_VOCAB = 256 + 1  # the byte alphabet plus <|endoftext|>
 

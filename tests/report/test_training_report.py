@@ -78,7 +78,7 @@ def test_report_writes_the_figure_and_a_summary_with_the_lost_work():
         assert width >= 800 and height >= 700  # five panels a person can read
         assert len(image.getcolors(maxcolors=1 << 16) or range(1 << 16)) > 50  # not blank
     text = " ".join(out.output.split())
-    assert f"step 50/50 in 4 launches (1 failed, 1 preempted)" in text
+    assert "step 50/50 in 4 launches (1 failed, 1 preempted)" in text
     assert f"final loss {loss_at(50, 3):.4f}" in text
     assert "median step time 0.400 s" in text
     assert "MFU 12.5%" in text

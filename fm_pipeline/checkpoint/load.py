@@ -239,6 +239,8 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
             else:
                 listed.append((ref.step, "local" if ref.is_local else "store"))
         skipped += [f"{where} (store unreachable)" for where in unreachable]
+        for line in skipped:  # said whether or not an older one then restores
+            log.warning("skipping checkpoint %s", line)
     listed, skipped, committed = comm.broadcast_from_rank0((listed, skipped, committed))
     for step, tier in listed:
         if tier == "local":
@@ -256,8 +258,6 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
             continue
         result.skipped = skipped
         return result
-    for line in skipped:
-        log.warning("skipped checkpoint %s", line)
     if committed:
         raise NoRestorableCheckpoint(
             f"job {job.name!r} has committed checkpoints but none restores (the model state "

@@ -117,6 +117,18 @@ def test_restore_falls_back_to_the_previous_checkpoint_when_the_newest_is_corrup
     assert "CRC32C mismatch" in result.skipped[0]
 
 
+def test_a_newest_checkpoint_skipped_before_loading_is_logged_with_its_reason(run_root, caplog):
+    # A truncated file fails the cheap listing check, not the load; the older checkpoint
+    # restores, and the log still says which one was skipped and why.
+    _truncate(run_root / "step-00000002" / "__0_0.distcp")
+    with caplog.at_level("WARNING", logger="fm_pipeline.checkpoint.load"):
+        result = restore_latest(Trainer(TinyLM()).app_state, tiny_job())
+    assert result.step == 1
+    said = [r.getMessage() for r in caplog.records if "step-00000002" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("skipping checkpoint")
+    assert "__0_0.distcp: size" in said[0]
+
+
 def test_another_models_checkpoint_is_refused_naming_the_field(run_root, pristine):
     other = tiny_job(dim=128)  # same job name, different architecture
     ref = CheckpointRef.local(run_root / "step-00000002")

@@ -197,15 +197,17 @@ docs/resilience.md.
 
 Every fault is injected into a real local run of the debug model on the small data mix
 (2 ranks under torchrun, gloo on CPU; `kill-node`: 2 nodes x 1 rank running the Kubernetes
-pod command). Every figure is read from the run's own records (fm_pipeline/resilience/figures.py): rank
-0's metrics.jsonl and the job's events.jsonl, where the runner records the moment of each
-injection (`fault_injected`), an operator's fix (`fault_cleared`) and each end of a segment
-it saw (`segment_ended`). *Steps lost*: steps metrics.jsonl records more than once (trained
-before the fault, then again after the resume). *Detected after*: from the injection to the
-launcher seeing the segment end. *Time to resume*: from the injection (or the fix) to the
-first step of a segment launched after it (detection, process teardown, start-up, restore),
-with the orchestrator's retry backoff set to zero; production adds it. Timings come from a
-shared 2-core machine and are noisy.
+pod command). Every figure is read from the run's own records
+(fm_pipeline/resilience/figures.py): rank 0's metrics.jsonl and the job's events.jsonl,
+where the runner records the moment of each injection (`fault_injected`), an operator's
+fix (`fault_cleared`) and each end of a segment it saw (`segment_ended`). *Steps lost*:
+steps metrics.jsonl records more than once (trained before the fault, then again after
+the resume). *Detected after*: from the injection to the launcher seeing the segment end;
+"-" where no segment end marks it (damage at rest, found by the next restore, inside the
+time to resume; a fault the run rides through). *Time to resume*: from the injection (or
+the fix) to the first step of a segment launched after it (detection, process teardown,
+start-up, restore), with the orchestrator's retry backoff set to zero; production adds
+it. Timings come from a shared 2-core machine and are noisy.
 
 """
     body = render_table(results) + "\n\n## Checks\n\n" + render_checks(results)

@@ -46,8 +46,10 @@ def _corrupt_and_resume(ws: ChaosWorkspace, fault: str, damage: Callable, detect
     result = FaultResult(fault, expected=expected)
     victim = injectors.checkpoint_victim(ws.checkpoint_dir(job.name, BASE_STEP))
     result.injected = f"{damage(victim)} of step {BASE_STEP}"
+    # Damage at rest has no moment a launcher sees: the next restore finds it, and that is
+    # inside the time to resume.
     append_event(job.name, "fault_injected", fault=fault, target=result.injected,
-                 step=BASE_STEP)
+                 step=BASE_STEP, detect=False)
     found, skipped = ws.newest_valid(job)
     resumed = resume(ws, job, end_step=job.training.steps)
     log = resumed.result.output_log and open(resumed.result.output_log, errors="replace").read()

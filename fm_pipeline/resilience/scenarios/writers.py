@@ -49,8 +49,10 @@ def corrupt_both_tiers(ws: ChaosWorkspace) -> FaultResult:
     injected = injectors.flip_byte(victim)
     injectors.flip_byte(ws.store_dir / remote / f"step-{NEWEST:08d}" / victim.name)
     result.injected = f"{injected} of step {NEWEST}, in the local tier and in the store"
+    # Damage at rest has no moment a launcher sees: the next restore finds it, and that is
+    # inside the time to resume.
     append_event(job.name, "fault_injected", fault=result.fault, target=result.injected,
-                 step=NEWEST)
+                 step=NEWEST, detect=False)
     resumed = resume(ws, job, end_step=job.training.steps)
     result.record_figures(runs_dir(job.name))
     copies = {"local": CheckpointRef.local(local / f"step-{NEWEST:08d}"),

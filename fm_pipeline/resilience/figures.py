@@ -6,9 +6,10 @@
 Records read (all under the job's run directory):
   metrics.jsonl  rank 0's step records: "step", "time" (end of the step), "segment" (an id
                  per torchrun launch)
-  events.jsonl   "fault_injected" (time of the injection; `detect: false` for a fault the
-                 run rides through or that is present from the start, such as S3 down or a
-                 full disk, where no segment end marks its detection), "fault_cleared" (an operator's fix, for faults that need one),
+  events.jsonl   "fault_injected" (time of the injection; `detect: false` where no segment
+                 end marks its detection: a fault the run rides through (S3 down), one
+                 present from the start (a full disk), damage at rest found by the next
+                 restore), "fault_cleared" (an operator's fix, for faults that need one),
                  "segment_ended" (the launcher saw the segment's processes end)
 
   steps_lost  steps rank 0 recorded more than once: trained before the fault, then again

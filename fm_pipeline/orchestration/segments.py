@@ -137,27 +137,38 @@ def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
 
 def apply_exclusions(job, target: str):
     """The job's straggler exclusions as the next launch (an ExclusionPlan), recorded in its
-    event log ("exclusion_applied"); None when nothing is excluded. Exclusions the layout can
-    no longer absorb launch the registered job and say why: training on goes before the
-    straggler (the watch refuses such stops before they happen)."""
-    from fm_pipeline.rundir.events import append_event
+    event log ("exclusion_applied") when the decision differs from the last one recorded, so
+    a long job's log holds each change once, not one copy per launch; None when nothing is
+    excluded. Exclusions the layout can no longer absorb launch the registered job and say
+    why: training on goes before the straggler (the watch refuses such stops before they
+    happen)."""
     from fm_pipeline.stragglers.mitigation import plan_after_stragglers
 
     try:
         plan = plan_after_stragglers(job, target=target)
     except ValueError as e:
-        append_event(job.name, "exclusion_applied", excluded=[], avoid_hosts=[],
-                     world_size=job.parallelism.world_size,
-                     world_size_before=job.parallelism.world_size, note=f"not applied: {e}")
+        _record_exclusion(job.name, excluded=[], avoid_hosts=[],
+                          world_size=job.parallelism.world_size,
+                          world_size_before=job.parallelism.world_size, note=f"not applied: {e}")
         return None
     if not plan.changed:
         return None
-    append_event(job.name, "exclusion_applied",
-                 excluded=[{"host": s.host, "local_rank": s.local_rank, "rank": s.rank,
-                            "reason": s.reason} for s in plan.excluded],
-                 avoid_hosts=list(plan.avoid_hosts), world_size=plan.job.parallelism.world_size,
-                 world_size_before=job.parallelism.world_size, note=plan.note)
+    _record_exclusion(job.name,
+                      excluded=[{"host": s.host, "local_rank": s.local_rank, "rank": s.rank,
+                                 "reason": s.reason} for s in plan.excluded],
+                      avoid_hosts=list(plan.avoid_hosts),
+                      world_size=plan.job.parallelism.world_size,
+                      world_size_before=job.parallelism.world_size, note=plan.note)
     return plan
+
+
+def _record_exclusion(job_name: str, **decision) -> None:
+    from fm_pipeline.rundir.events import append_event, read_events
+
+    applied, _ = read_events(job_name, kinds=("exclusion_applied",))
+    if applied and {k: applied[-1].get(k) for k in decision} == decision:
+        return
+    append_event(job_name, "exclusion_applied", **decision)
 
 
 def failure_metadata(segment: PreparedSegment, launcher_metadata: dict | None, *,

@@ -71,6 +71,21 @@ def test_local_exclusion_shrinks_dp_shard_and_kubernetes_avoids_the_host():
     assert excluded_slots("tp-job") == [] and plan_after_stragglers(job).job == job
 
 
+def test_each_launch_applies_the_exclusion_and_the_log_records_each_decision_once():
+    from fm_pipeline.orchestration.segments import apply_exclusions
+
+    job = small_job(**{"name": "once-job", "parallelism.nproc_per_node": 2})
+    _exclude("once-job", host="node-a", local_rank=1, rank=1)
+    plans = [apply_exclusions(job, "local") for _ in range(3)]  # three launches
+    assert [p.job.parallelism.world_size for p in plans] == [1, 1, 1]
+    (applied,), _ = read_events("once-job", kinds=("exclusion_applied",))
+    assert applied["world_size"] == 1 and applied["excluded"][0]["host"] == "node-a"
+    _exclude("once-job", host="node-a", local_rank=0, rank=0)  # a new decision: recorded
+    assert apply_exclusions(job, "local") is None and apply_exclusions(job, "local") is None
+    events, _ = read_events("once-job", kinds=("exclusion_applied",))
+    assert len(events) == 2 and events[1]["note"].startswith("not applied")
+
+
 def test_gpu_exclusion_names_the_devices_left_and_an_impossible_one_is_refused():
     gpu = small_job(**{"name": "gpu-job", "parallelism.nproc_per_node": 4,
                        "cluster.accelerator": "h100"})

@@ -10,15 +10,14 @@ does not list it and validation ignores it.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
+from fm_pipeline.storage.walk import walk_files
 
 MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
@@ -103,19 +102,8 @@ class CheckpointRef:
     def files(self) -> dict[str, int]:
         """Every object in the checkpoint (relative name -> size), marks included."""
         if self.dir is not None:
-            found = {}
-            # A snapshot: files a concurrent deleter (retention) removes meanwhile are left
-            # out, not an error; a checkpoint that vanished whole lists as empty.
-            for folder, _, names in os.walk(self.dir):
-                for name in names:
-                    p = Path(folder, name)
-                    try:
-                        st = p.stat()
-                    except FileNotFoundError:
-                        continue
-                    if stat.S_ISREG(st.st_mode):
-                        found[p.relative_to(self.dir).as_posix()] = st.st_size
-            return dict(sorted(found.items()))
+            # A snapshot: a checkpoint that vanished whole (retention) lists as empty.
+            return dict(sorted(walk_files(self.dir)))
         head = f"{self.prefix}/"
         return {i.key[len(head):]: i.size for i in self.store.list(head)}
 

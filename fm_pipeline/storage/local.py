@@ -7,7 +7,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
@@ -20,6 +19,12 @@ from fm_pipeline.storage.base import (
     check_key,
 )
 from fm_pipeline.storage.durable import fsync_dir
+from fm_pipeline.storage.walk import walk_files
+
+
+def _is_sidecar(name: str) -> bool:
+    """A write's temporary file or a conditional operation's lock: not an object."""
+    return name.endswith(".tmp") or (name.startswith(".") and name.endswith(".lock"))
 
 
 class LocalStore(ObjectStore):
@@ -87,24 +92,9 @@ class LocalStore(ObjectStore):
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         if not base.exists():
             return []
-        out = []
-        # A snapshot, as S3's list is: what another process deletes meanwhile (retention
-        # removing a checkpoint) is left out, never an error (rglob raised on a directory
-        # that vanished under it, and the API's status answered 500).
-        for folder, _, names in os.walk(base):
-            for name in names:
-                if name.endswith(".tmp") or (name.startswith(".") and name.endswith(".lock")):
-                    continue
-                p = Path(folder, name)
-                key = p.relative_to(self.root).as_posix()
-                if not key.startswith(prefix):
-                    continue
-                try:
-                    st = p.stat()
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    out.append(ObjectInfo(key=key, size=st.st_size))
+        out = [ObjectInfo(key=key, size=size)
+               for key, size in walk_files(self.root, under=base, skip=_is_sidecar)
+               if key.startswith(prefix)]
         return sorted(out, key=lambda i: i.key)
 
     @contextlib.contextmanager

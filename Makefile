@@ -31,8 +31,15 @@ test: venv
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).
 BENCHMARKS ?= data trainer checkpoint planner simulation recovery
+# Each JSON is saved as $(BENCH_DIR)/<name>.json; the README's table is rendered from them.
+BENCH_DIR ?= $(FM_HOME)/bench
 bench: venv
-	@for b in $(BENCHMARKS); do echo ">> benchmarks.$$b"; $(BIN)/python -m benchmarks.$$b || exit 1; done
+	@mkdir -p $(BENCH_DIR)
+	@for b in $(BENCHMARKS); do echo ">> benchmarks.$$b"; \
+	  { $(BIN)/python -m benchmarks.$$b; echo $$? > $(BENCH_DIR)/$$b.rc; } | tee $(BENCH_DIR)/$$b.out; \
+	  test "$$(cat $(BENCH_DIR)/$$b.rc)" = 0 || exit 1; \
+	  tail -n 1 $(BENCH_DIR)/$$b.out > $(BENCH_DIR)/$$b.json; done
+	@$(BIN)/python -m benchmarks.table $(BENCH_DIR) | tee $(BENCH_DIR)/table.md
 
 # The two UIs, on loopback: Dagster (webserver + daemon) and MLflow over FM_HOME's store.
 UI_PORT ?= 3000

@@ -1,6 +1,6 @@
 """Time from a rank's failure to the resumed segment's first step, through the Dagster daemon.
 
-    python -m benchmarks.recovery [--repeats 3] [--backoff-s 2]
+    python -m benchmarks.recovery [--repeats 5] [--backoff-s 2]
 
 A real deployment on this machine (deploy/instance.py's dagster.yaml, a `dagster-daemon`:
 intake, failure and progress sensors, the run queue, the local run launcher) and small real
@@ -148,7 +148,7 @@ def measure(instance, job_name: str, submitted_at: float) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backoff-s", type=float, default=2.0)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="fm-recovery-"))

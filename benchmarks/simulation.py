@@ -60,7 +60,7 @@ def _timed(cls, seed: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
@@ -79,6 +79,7 @@ def main() -> None:
         "sim_s": round(sim_s, 4),
         "sim_cpu_s": round(statistics.median(c for _, _, c in fast), 4),
         "events_simulated": int(statistics.median(r.events_simulated for _, r, _ in fast)),
+        "sim_spread_s": round(max(t for t, _, _ in fast) - min(t for t, _, _ in fast), 4),
         "per_component_sim_s": round(base_s, 4),
         "per_component_cpu_s": round(statistics.median(c for _, _, c in slow), 4),
         "per_component_events": int(statistics.median(r.events_simulated for _, r, _ in slow)),

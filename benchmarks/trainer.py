@@ -25,10 +25,10 @@ cost (the rank-timing gather every 10 steps, flushes, anything between steps) co
   overhead_ratio         1 rank, from the median step interval instead (resists bursts of
                          other load; hides periodic costs)
 Each side runs `--repeats` times (default 5), alternating with the other; each ratio is
-the median of the per-repeat ratios (trainer run / the bare run just before it), with
-its spread (max - min). cpu_overhead_ratio: the same from each process's CPU seconds per
-step (all threads; OpenMP threads spin while descheduled, so it is noisy under load too).
-Plus the trainer's MFU against the measured CPU peak.
+the median of the per-repeat ratios (trainer run / the bare run beside it; which goes
+first alternates), with its spread (max - min). cpu_overhead_ratio: the same from each
+process's CPU seconds per step (all threads; OpenMP threads spin while descheduled, so it
+is noisy under load too). Plus the trainer's MFU against the measured CPU peak.
 """
 
 from __future__ import annotations
@@ -247,10 +247,16 @@ def main() -> None:
                 for key in ("FM_MLFLOW_URI", "MLFLOW_TRACKING_URI", "DAGSTER_PIPES_CONTEXT",
                             "RANK", "WORLD_SIZE", "LOCAL_RANK"):
                     env.pop(key, None)
-                bare = run_bare(jobs[n], env, n)
-                progress.advance(task)
+                # Alternate which side goes first, so that neither always inherits the
+                # other's after-effects (page cache, a neighbour's burst).
+                if run % 2 == 0:
+                    bare = run_bare(jobs[n], env, n)
+                    progress.advance(task)
                 trainer = run_trainer(home, jobs[n], f"{n}-{run}", env, n)
                 progress.advance(task)
+                if run % 2 == 1:
+                    bare = run_bare(jobs[n], env, n)
+                    progress.advance(task)
                 runs[n].append((trainer, bare))
                 log(f"run {run}, {n} rank(s): trainer {trainer['wall']:.0f} tok/s, bare "
                     f"{bare['wall_tokens_per_s']:.0f} tok/s over the timed window")

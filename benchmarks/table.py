@@ -1,0 +1,134 @@
+"""The README's benchmark table, rendered from the JSON objects `make bench` saved.
+
+    python -m benchmarks.table .fm/bench        # prints the markdown table
+
+One row per benchmark: its headline figure (the median over the benchmark's repeats, with the
+spread, max - min), the baseline it is divided by (measured in the same run), the other
+figures worth reading, the target and whether this run met it. A benchmark with no saved
+JSON gets a row that says it was not run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+Row = tuple[str, str, str, str, str]  # headline, baseline, also, target, met
+
+
+def _f(value: float, digits: int = 2) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _met(flags: dict | bool) -> str:
+    if isinstance(flags, bool):
+        return "met" if flags else "**missed**"
+    missed = [k for k, ok in flags.items() if not ok]
+    return "met" if not missed else "**missed**: " + ", ".join(missed)
+
+
+def _data(r: dict) -> Row:
+    return (f"tokenize_ratio_vs_fast {_f(r['tokenize_ratio_vs_fast'], 3)} "
+            f"(spread {_f(r['tokenize_ratio_vs_fast_spread'], 3)}, {r['repeats']} rounds)",
+            f"`tokenizers` encode_batch_fast on the same texts: "
+            f"{r['raw_tokenizers_fast_tokens_per_s'] / 1e6:.2f} M tok/s vs ours "
+            f"{r['tokenize_tokens_per_s'] / 1e6:.2f} M",
+            f"vs encode_batch_fast + the same flattening {_f(r['tokenize_ratio_vs_fast_ids'], 3)}; "
+            f"vs encode_batch (offsets) {_f(r['tokenize_ratio'], 3)}; loader "
+            f"{r['loader_tokens_per_s'] / 1e6:.0f} M tok/s = "
+            f"{_f(r['loader_ratio_vs_direct_gather'])} of a direct gather",
+            ">= 0.9", _met(r["targets_met"]))
+
+
+def _trainer(r: dict) -> Row:
+    return (f"overhead_ratio_wall {_f(r['overhead_ratio_wall'], 3)} (spread "
+            f"{_f(r['overhead_ratio_wall_spread'], 3)}); fsdp2_overhead_ratio "
+            f"{_f(r['fsdp2_overhead_ratio'], 3)} "
+            f"(spread {_f(r['fsdp2_overhead_ratio_spread'], 3)}); "
+            f"{r['repeats']} runs each",
+            f"a bare torch loop of the same model and batch over the same timed window: 1 rank "
+            f"{_f(r['bare_loop_wall_tokens_per_s'], 0)} tok/s vs the trainer "
+            f"{_f(r['trainer_wall_tokens_per_s'], 0)}; 2 ranks (torchrun, gloo) a bare FSDP2 loop "
+            f"{_f(r['fsdp2_bare_wall_tokens_per_s'], 0)} vs "
+            f"{_f(r['fsdp2_trainer_wall_tokens_per_s'], 0)}",
+            f"median-interval ratio {_f(r['overhead_ratio'], 3)}; CPU ratio "
+            f"{_f(r['cpu_overhead_ratio'], 3)}; CPU MFU {_f(r['trainer_mean_mfu'])}",
+            ">= 0.98 both", _met(r["targets_met"]))
+
+
+def _checkpoint(r: dict) -> Row:
+    mb = r["bytes"] / 1e6
+    return (f"save_ratio_streamed {_f(r['save_ratio_streamed'])} (spread "
+            f"{_f(r['save_ratio_streamed_spread'])}); load_ratio {_f(r['load_ratio'])} (spread "
+            f"{_f(r['load_ratio_spread'])}); async_total_ratio {_f(r['async_total_ratio'])} "
+            f"(spread {_f(r['async_total_ratio_spread'])}); {r['repeats']} runs, {mb:.0f} MB",
+            "save: the same bytes written the way the checkpoint writes them (direct I/O "
+            "where the filesystem has it) + fsync; load: a cold raw read of the same bytes; "
+            "async: the sync save",
+            f"load vs a raw read into a full-size buffer {_f(r['load_ratio_in_place'])}; "
+            f"stall_ratio {_f(r['stall_ratio'], 3)} (block only); async = block "
+            f"{r['async_block_s'] * 1e3:.0f} ms + following steps "
+            f"{r['following_steps_extra_s']:.2f} s vs sync {r['sync_save_s']:.2f} s; direct I/O "
+            f"{'on' if r['direct_io'] else 'off'}",
+            ">= 0.8, >= 0.8, < 1.0", _met(r["targets_met"]))
+
+
+def _planner(r: dict) -> Row:
+    return (f"search {r['search_s']:.3f} s (spread {r['search_spread_s']:.3f} s, "
+            f"{r['repeats']} runs): {r['candidates_evaluated']:,} layouts, 1T dense on "
+            f"{r['gpus']:,} {r['gpu_type']}",
+            f"the same cost model one layout at a time: {r['baseline_one_at_a_time_s']:.1f} s "
+            f"(x{r['speedup_vs_baseline']:.0f})",
+            f"best predicted MFU {r['best_mfu']:.1%}",
+            f"< {r['target_s']:.0f} s", _met(r["meets_target"]))
+
+
+def _simulation(r: dict) -> Row:
+    return (f"{r['days']} days x {r['gpus']:,} GPUs in {r['sim_s']:.3f} s (spread "
+            f"{r['sim_spread_s']:.3f} s, {r['repeats']} seeds)",
+            f"a per-component event model of the same cluster: {r['per_component_sim_s']:.2f} s "
+            f"(x{r['speedup']:.0f})",
+            f"ETTR {r['ettr']:.3f}; {r['interruptions']:.0f} interruptions "
+            f"(per-component {r['per_component_interruptions']:.0f})",
+            f"< {r['target_sim_s']:.0f} s", _met(r["meets_target"]))
+
+
+def _recovery(r: dict) -> Row:
+    return (f"durable_resume_s {r['durable_resume_s']:.1f} (spread "
+            f"{r['spread']['durable_resume_s']:.1f}, {r['repeats']} jobs): fault -> the resumed "
+            "segment's first step, through the daemon",
+            f"a cold start of the same job in the same run: {r['cold_start_s']:.1f} s",
+            f"detection {r['detection_s']:.1f} s, sensor {r['failure_sensor_s']:.1f} s, launch "
+            f"{r['launch_s']:.1f} s, restore {r['restore_s']:.2f} s (docs/orchestration.md)",
+            f"<= {r['target_durable_resume_s']:.0f} s",
+            _met(r["durable_resume_s"] <= r["target_durable_resume_s"]))
+
+
+ROWS: dict[str, Callable[[dict], Row]] = {
+    "data": _data, "trainer": _trainer, "checkpoint": _checkpoint, "planner": _planner,
+    "simulation": _simulation, "recovery": _recovery}
+
+
+def render(directory: Path) -> str:
+    lines = ["| benchmark | headline (median) | same-run baseline | also | target | this run |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, row in ROWS.items():
+        path = Path(directory) / f"{name}.json"
+        if not path.exists():
+            lines.append(f"| `benchmarks.{name}` | not run | | | | |")
+            continue
+        cells = row(json.loads(path.read_text()))
+        lines.append(f"| `benchmarks.{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m benchmarks.table <directory of <benchmark>.json files>")
+    sys.stdout.write(render(Path(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()

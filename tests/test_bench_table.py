@@ -1,0 +1,39 @@
+"""The README's benchmark table is rendered from the JSON `make bench` saves (real outputs
+of one run, in tests/bench_fixtures): every row names its baseline, and a missed target says
+which figure missed it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from benchmarks.table import render
+
+FIXTURES = Path(__file__).parent / "bench_fixtures"
+
+
+def _rows(table: str) -> dict[str, str]:
+    return {line.split("|")[1].strip(): line for line in table.splitlines()
+            if line.startswith("| `benchmarks.")}
+
+
+def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
+    rows = _rows(render(FIXTURES))
+    assert set(rows) == {f"`benchmarks.{b}`" for b in
+                         ("data", "trainer", "checkpoint", "planner", "simulation", "recovery")}
+    ckpt = json.loads((FIXTURES / "checkpoint.json").read_text())
+    row = rows["`benchmarks.checkpoint`"]
+    assert f"save_ratio_streamed {ckpt['save_ratio_streamed']:.2f}" in row
+    assert f"(spread {ckpt['save_ratio_streamed_spread']:.2f})" in row
+    assert "the way the checkpoint writes them" in row  # the like-for-like baseline
+    assert row.rstrip(" |").endswith("**missed**: load_ratio")
+    assert "tok/s" in rows["`benchmarks.trainer`"] and "FSDP2" in rows["`benchmarks.trainer`"]
+    assert "encode_batch_fast" in rows["`benchmarks.data`"]
+
+
+def test_a_benchmark_not_run_says_so_and_a_met_target_says_met(tmp_path):
+    shutil.copy(FIXTURES / "planner.json", tmp_path)
+    rows = _rows(render(tmp_path))
+    assert rows["`benchmarks.planner`"].rstrip(" |").endswith("met")
+    assert "| not run |" in rows["`benchmarks.data`"]

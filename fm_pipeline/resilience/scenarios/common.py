@@ -83,18 +83,6 @@ def recovery_checks(result: FaultResult, run: FaultRun, job) -> None:
     result.check("no straggler event raised by these healthy ranks", not stragglers)
 
 
-def steps_trained_twice(job_name: str) -> int:
-    """Steps the job's metrics.jsonl records more than once: the work a fault cost, read
-    from what rank 0 logged (a step trained again after a restore appears twice)."""
-    from collections import Counter
-
-    from fm_pipeline.config.paths import runs_dir
-    from fm_pipeline.rundir.records import METRICS_FILE, read_records
-
-    counts = Counter(r["step"] for r in read_records(runs_dir(job_name) / METRICS_FILE, "step"))
-    return sum(n - 1 for n in counts.values() if n > 1)
-
-
 def describe_outcome(failed: SegmentResult, run: FaultRun | None = None) -> str:
     where = f" rank {failed.failed_rank}" if failed.failed_rank is not None else ""
     text = f"{failed.outcome.value} (exit {failed.exit_code}{where}): {first_line(failed.reason)}"

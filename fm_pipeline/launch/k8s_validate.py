@@ -2,7 +2,8 @@
 
 Custom resources (JobSet, Kueue, Kubeflow Trainer) are checked with jsonschema against the
 CRD schemas shipped in crd_schemas/ (or $FM_K8S_SCHEMAS), tightened so unknown fields are
-rejected like `kubectl apply --validate=strict`. Core kinds go through kubernetes-validate
+rejected like `kubectl apply --validate=strict`, and their own CEL rules
+(`x-kubernetes-validations`, k8s_cel) are evaluated on the object as on a create. Core kinds go through kubernetes-validate
 in strict mode. Neither checks `metadata` (a CRD schema declares it only as an object), so
 names, namespaces, label and annotation keys and label values are checked here with the
 API server's rules.
@@ -16,6 +17,8 @@ import json
 import os
 import re
 from pathlib import Path
+
+from fm_pipeline.launch.k8s_cel import cel_failures
 
 K8S_VERSION = "1.33"
 
@@ -59,9 +62,7 @@ def _strict(schema: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def _crd_validator(group: str, kind: str, version: str):
-    import jsonschema
-
+def _crd_schema(group: str, kind: str, version: str) -> dict:
     path = schemas_dir() / f"{group}_{kind}_{version}.json"
     if not path.is_file():
         raise FileNotFoundError(
@@ -70,8 +71,14 @@ def _crd_validator(group: str, kind: str, version: str):
             "overrides the directory)"
         )
     raw = json.loads(path.read_text())
-    schema = raw.get("openAPIV3Schema", raw)
-    schema = _strict(schema)
+    return raw.get("openAPIV3Schema", raw)
+
+
+@functools.lru_cache(maxsize=None)
+def _crd_validator(group: str, kind: str, version: str):
+    import jsonschema
+
+    schema = _strict(_crd_schema(group, kind, version))
     # apiVersion/kind/metadata are the API server's, not the CRD's, to check.
     schema.setdefault("properties", {})
     for key in ("apiVersion", "kind"):
@@ -172,6 +179,8 @@ def validate_object(obj: dict) -> None:
             f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
             for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
         ]
+        if not errors:  # the API server runs the CEL rules on a structurally valid object
+            errors = [str(f) for f in cel_failures(_crd_schema(group, kind, version), obj)]
     else:
         import kubernetes_validate
 

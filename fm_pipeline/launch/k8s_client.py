@@ -12,6 +12,12 @@ the one that speaks Dagster Pipes) is running it calls `on_leader_pod` with its 
 call reads the pod's logs until the pod ends. A JobSet restart brings a new leader pod, so
 the reader re-attaches. Terminated containers' exit codes and termination messages are
 collected on the way: they are the failure evidence once the JobSet is over.
+
+Kueue preempts by suspending the JobSet again (its Workload evicted): the JobSet controller
+suspends the Jobs, their pods are deleted with their grace period (preStop: the trainer
+checkpoints and exits 75). A JobSet seen admitted and then suspended is followed until its
+pods have ended and reported `Evicted`; the segment ends preempted, the launcher deletes
+the JobSet, and the next segment queues again.
 """
 
 from __future__ import annotations
@@ -40,14 +46,15 @@ class SegmentTimeout(TimeoutError):
 class JobSetStatus:
     name: str
     # Pending, Suspended (queued by Kueue), Running, Stopping (deleted, its pods in their
-    # grace period), Completed, Failed, Deleted
+    # grace period), Completed, Failed, Deleted; Evicted: suspended again after it had been
+    # admitted (Kueue preempted it) and its pods have ended
     phase: str
     restarts: int = 0
     message: str = ""
 
     @property
     def terminal(self) -> bool:
-        return self.phase in ("Completed", "Failed", "Deleted")
+        return self.phase in ("Completed", "Failed", "Deleted", "Evicted")
 
 
 def jobset_status(obj: dict | None, name: str) -> JobSetStatus:
@@ -67,9 +74,10 @@ def jobset_status(obj: dict | None, name: str) -> JobSetStatus:
             return JobSetStatus(name, phase, restarts, message)
     if "Suspended" in conditions or (obj.get("spec") or {}).get("suspend"):
         return JobSetStatus(name, "Suspended", restarts, "queued (suspended, e.g. by Kueue)")
-    active = sum(int(r.get("active") or 0) + int(r.get("ready") or 0)
-                 for r in status.get("replicatedJobsStatus") or [])
-    return JobSetStatus(name, "Running" if active else "Pending", restarts)
+    # A replicated job counts `ready` Jobs: every pod ready or done (jobset_controller.go,
+    # calculateReplicatedJobStatuses); `active` also counts pods still pulling or scheduling.
+    ready = sum(int(r.get("ready") or 0) for r in status.get("replicatedJobsStatus") or [])
+    return JobSetStatus(name, "Running" if ready else "Pending", restarts)
 
 
 class JobSetClient:
@@ -221,6 +229,18 @@ class JobSetClient:
         finally:
             response.release_conn()
 
+    def _evicted(self, status: JobSetStatus, namespace: str) -> JobSetStatus:
+        """Suspended after admission: Evicted once no pod of it is left running."""
+        live = [p for p in self.pods(status.name, namespace)
+                if not (p.status and p.status.phase in ("Succeeded", "Failed"))]
+        if live:
+            return JobSetStatus(status.name, "Suspended", status.restarts,
+                                f"suspended after admission (Kueue preempted it); "
+                                f"{len(live)} pod(s) still ending")
+        return JobSetStatus(status.name, "Evicted", status.restarts,
+                            "suspended again after admission: Kueue preempted (evicted) the "
+                            "workload and its pods have ended")
+
     def follow(
         self,
         name: str,
@@ -237,9 +257,13 @@ class JobSetClient:
         watch = PodFailureWatch(self, name, namespace)
         watch.start()
         last_phase = None
+        admitted = False
         try:
             while True:
                 status = self.status(name, namespace)
+                if status.phase == "Suspended" and admitted:
+                    status = self._evicted(status, namespace)
+                admitted = admitted or status.phase in ("Pending", "Running")
                 if on_status and (status.phase, status.restarts) != last_phase:
                     on_status(status)
                     last_phase = (status.phase, status.restarts)

@@ -66,9 +66,11 @@ class PodFailureWatch:
     and the cause (exit code, termination message) goes with them unless it was seen.
     """
 
-    # Each watch request ends after this long; stop() lets the current one finish, so
-    # events already on their way (the last pods' failures) are not dropped.
+    # Each watch request ends after this long; stop() lets the current one finish and then
+    # reads once more from the last resourceVersion, so events written between two requests
+    # (the last pods' failures, just before the JobSet is seen failed) are not dropped.
     WINDOW_S = 2
+    DRAIN_S = 1
 
     def __init__(self, client: JobSetClient, name: str, namespace: str):
         self.client = client
@@ -84,7 +86,7 @@ class PodFailureWatch:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=self.WINDOW_S + 1)
+        self._thread.join(timeout=self.WINDOW_S + self.DRAIN_S + 2)
 
     def failures(self) -> list[PodFailure]:
         with self._lock:
@@ -114,8 +116,10 @@ class PodFailureWatch:
         from kubernetes.client.exceptions import ApiException
 
         resource_version = None
-        while not self._stopped.is_set():
-            kwargs = {"label_selector": self.selector, "timeout_seconds": self.WINDOW_S}
+        while True:
+            last = self._stopped.is_set()  # the drain: one more read, then done
+            kwargs = {"label_selector": self.selector,
+                      "timeout_seconds": self.DRAIN_S if last else self.WINDOW_S}
             if resource_version:
                 kwargs["resource_version"] = resource_version
             try:
@@ -129,10 +133,14 @@ class PodFailureWatch:
                     resource_version = None
                     continue
                 log.warning("pod watch for %s: %s", self.selector, e)
-                self._stopped.wait(1.0)
+                if not last:
+                    self._stopped.wait(1.0)
             except Exception as e:  # connection dropped: the next window reconnects
                 log.warning("pod watch for %s: %s", self.selector, e)
-                self._stopped.wait(1.0)
+                if not last:
+                    self._stopped.wait(1.0)
+            if last:
+                return
 
 
 def container_failure(pod: str, exit_code: int, message: str,
@@ -178,6 +186,20 @@ def segment_result(followed: FollowResult, launch: SegmentLaunch, *,
             f"stopped on request ({stopped}): the JobSet was deleted before any pod reported "
             "an exit; the next segment resumes from the newest valid checkpoint"),
             torchrun_exit_code=PREEMPTED, evidence="JobSet deleted on request", **common)
+    if status.phase == "Evicted":
+        last = followed.root_failure()
+        if last is None or last.evidence.exit_code in (PREEMPTED, None) or \
+                outcome_of(last.evidence.exit_code) is Outcome.KILLED:
+            # Its pods ended as any preemption ends them (exit 75 after a checkpoint, or
+            # killed at the end of the grace period): the next segment resumes.
+            detail = f"; {last.evidence.reason}" if last and last.evidence.reason else ""
+            return SegmentResult(outcome=Outcome.PREEMPTED, exit_code=PREEMPTED, reason=(
+                f"preempted by Kueue: {status.message}{detail}; the next segment queues "
+                "again and resumes from the newest valid checkpoint"),
+                torchrun_exit_code=last.container_exit_code if last else PREEMPTED,
+                failed_rank=last.evidence.rank if last else None,
+                evidence=last.evidence.source if last else "JobSet suspended by Kueue",
+                **common)
     if status.phase == "Completed":
         return SegmentResult(outcome=Outcome.SUCCEEDED, exit_code=0, torchrun_exit_code=0,
                              reason=f"reached end step after {status.restarts} JobSet restart(s)",

@@ -1,15 +1,13 @@
-"""A TEST DOUBLE of the kube-apiserver: only the endpoints JobSetClient calls, on 127.0.0.1.
+"""A TEST DOUBLE of the kube-apiserver with the controllers a segment meets, on 127.0.0.1.
 
 No kube-apiserver can be installed here (no PyPI/npm/Debian package ships one), so the
 client is tested against this: real HTTP, the kubernetes python client's real requests,
-JSON shaped like the API server's. Of the JobSet controller it does what a client can
-collide with: creating a JobSet with spec.network.enableDNSHostnames creates its headless
-Service at once (name: spec.network.subdomain, default the JobSet's; selector
-jobset.sigs.k8s.io/jobset-name; publishNotReadyAddresses from spec.network, default true;
-a controller owner reference), as jobset_controller.go's createHeadlessSvcIfNecessary does
-on the first reconcile; deleting the JobSet removes what it owns, as the garbage collector
-does. The test plays the rest of the controller and the kubelet (creating pods, writing
-their logs, terminating them).
+JSON shaped like the API server's, and behind it the Kueue webhook and admission, the
+JobSet controller, the Job controller and the garbage collector, each following the real
+one's source (kube_controllers.py, and docs/kubernetes.md for the citations). The test
+plays the kubelet: it starts the pods the Job controller made (`start_pod`), writes their
+logs, ends them (`terminate_pod`) and finishes the ones being deleted (`delete_pod`), or
+lets `instant_kubelet` end a deleted running pod at once.
 
 Endpoints: JobSet create/get/delete; ConfigMap and Service create/delete; pod list and
 watch by label selector; pod log (with follow: the response stays open until the pod
@@ -19,10 +17,9 @@ without one, and gets 410 Gone for one that `compact()` dropped.
 Every request is recorded in `requests` as (method, path, query), every delete's options
 in `delete_options` as (path, body).
 
-Deleting a JobSet removes it and its pods at once, unless `graceful_deletion` is on: then
-a foreground delete marks the JobSet and its pods deleted (deletionTimestamp, the pods'
-grace period) and leaves them to the test's "kubelet", which ends the pods and removes them
-(`delete_pod`); the JobSet goes when its last pod has, as the garbage collector would.
+Kueue: a JobSet with a queue-name label is created suspended; with `admission` set (a node
+selector, default {}) it is admitted at once, else when the test calls `admit`; `preempt`
+evicts it (suspended again, templates restored).
 """
 
 from __future__ import annotations
@@ -36,9 +33,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 from tests.conftest import free_port
+from tests.launch.kube_controllers import COMPLETION_INDEX, RESTARTS_LABEL, Controllers
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+SIGTERM_EXIT = 143  # what a container stopped by SIGTERM reports
 
 
 def _now() -> str:
@@ -49,8 +48,10 @@ class KubeApiDouble:
     def __init__(self):
         self.lock = threading.Condition()
         self.jobsets: dict[tuple[str, str], dict] = {}
+        self.jobs: dict[tuple[str, str], dict] = {}
         self.core: dict[tuple[str, str, str], dict] = {}  # (kind plural, ns, name)
         self.pods: dict[tuple[str, str], dict] = {}
+        self.workloads: dict[tuple[str, str], dict] = {}  # Kueue's, per JobSet
         self.pod_events: list[dict] = []  # watch events, each with the revision it made
         self.revision = 0  # etcd's: one counter over every write, every object's resourceVersion
         self.compacted = 0  # pod events at or below this revision are gone (compaction)
@@ -58,7 +59,10 @@ class KubeApiDouble:
         self.logs: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self.requests: list[tuple[str, str, dict]] = []
         self.delete_options: list[tuple[str, dict | None]] = []
-        self.graceful_deletion = False
+        self.replies: list[tuple[str, str, int]] = []  # (method, path, status code)
+        self.admission: dict[str, str] | None = {}  # None: queued until admit()
+        self.instant_kubelet = True  # False: the test ends deleted running pods itself
+        self.controllers = Controllers(self)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
@@ -77,18 +81,139 @@ class KubeApiDouble:
         self._server.shutdown()
         self._server.server_close()
 
-    # -- the test plays the JobSet controller and the kubelet ------------------------------
+    # -- what the controllers call (under the lock) ----------------------------------------
 
-    def _written(self, obj: dict) -> dict:
+    @staticmethod
+    def now() -> str:
+        return _now()
+
+    def written(self, obj: dict) -> dict:
         """Every write gets the next revision as its resourceVersion, as etcd's does."""
         self.revision += 1
         obj["metadata"]["resourceVersion"] = str(self.revision)
+        if obj.get("kind") == "Pod":
+            self.pod_events.append({"type": "MODIFIED", "object": json.loads(json.dumps(obj))})
+        self.lock.notify_all()
         return obj
 
     def _pod_event(self, kind: str, pod: dict) -> None:
-        self._written(pod)
+        self.revision += 1
+        pod["metadata"]["resourceVersion"] = str(self.revision)
         self.pod_events.append({"type": kind, "object": json.loads(json.dumps(pod))})
         self.lock.notify_all()
+
+    def create_job(self, job: dict) -> None:
+        job["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        self.jobs[(job["metadata"]["namespace"], job["metadata"]["name"])] = self.written(job)
+
+    def delete_job(self, job: dict, *, foreground: bool) -> bool:
+        if job["metadata"].get("deletionTimestamp"):
+            return False
+        job["metadata"].update(deletionTimestamp=_now(), finalizers=["foregroundDeletion"])
+        self.written(job)
+        return True
+
+    def remove_job(self, job: dict) -> None:
+        self.jobs.pop((job["metadata"]["namespace"], job["metadata"]["name"]), None)
+        self.lock.notify_all()
+
+    def create_pod(self, pod: dict) -> None:
+        pod["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        self.pods[key] = pod
+        self.logs.setdefault(key, [])
+        self._pod_event("ADDED", pod)
+
+    def delete_pod_gracefully(self, pod: dict) -> bool:
+        """A pod that never started, or has ended, goes at once; a running one is marked
+        deleted with its grace period, for the kubelet to stop."""
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if meta.get("deletionTimestamp"):
+            return False
+        if pod["status"]["phase"] != "Running":
+            self._remove_pod(key)
+            return True
+        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=grace)
+        self._pod_event("MODIFIED", pod)
+        if self.instant_kubelet:
+            self._terminate(key, SIGTERM_EXIT, "")
+            self._remove_pod(key)
+        return True
+
+    def _remove_pod(self, key: tuple[str, str]) -> None:
+        gone = self.pods.pop(key, None)
+        if gone:
+            self._pod_event("DELETED", gone)
+
+    def headless_service(self, jobset: dict) -> bool:
+        """createHeadlessSvcIfNecessary: the Service for spec.network.subdomain."""
+        network = jobset["spec"].get("network") or {}
+        if not network.get("enableDNSHostnames"):
+            return False
+        meta = jobset["metadata"]
+        ns, name = meta.get("namespace", "default"), network.get("subdomain") or meta["name"]
+        if ("services", ns, name) in self.core:
+            return False  # the controller uses an existing Service of that name
+        self.core[("services", ns, name)] = self.written({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": ns, "uid": str(uuid.uuid4()),
+                         "ownerReferences": [{
+                             "apiVersion": jobset["apiVersion"], "kind": "JobSet",
+                             "name": meta["name"], "uid": meta["uid"], "controller": True,
+                             "blockOwnerDeletion": True}]},
+            "spec": {"clusterIP": "None", "selector": {JOBSET_LABEL: meta["name"]},
+                     "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)},
+        })
+        return True
+
+    def _settle(self) -> None:
+        """The controllers react to the write just made; then the garbage collector."""
+        while True:
+            self.controllers.reconcile()
+            if not self._collect_deleted_jobsets():
+                return
+
+    def _collect_deleted_jobsets(self) -> bool:
+        """Foreground deletion: a deleted JobSet's Jobs are deleted; it goes once they have,
+        and what it owned (its Service, the ConfigMap) with it."""
+        changed = False
+        for key, js in list(self.jobsets.items()):
+            if not js["metadata"].get("deletionTimestamp"):
+                continue
+            uid = js["metadata"]["uid"]
+            jobs = [j for j in self.jobs.values() if any(
+                r["uid"] == uid for r in j["metadata"]["ownerReferences"])]
+            for job in jobs:
+                changed |= self.delete_job(job, foreground=True)
+            if not jobs:
+                self._collect(self.jobsets.pop(key))
+                changed = True
+        return changed
+
+    def _collect(self, jobset: dict) -> None:
+        """The garbage collector: what the deleted JobSet owned goes with it."""
+        uid = jobset["metadata"]["uid"]
+        for key in [k for k, o in self.core.items() if any(
+                r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]:
+            del self.core[key]
+        self.workloads.pop((jobset["metadata"]["namespace"], jobset["metadata"]["name"]), None)
+        self.lock.notify_all()
+
+    # -- the test plays the kubelet and Kueue's scheduler ----------------------------------
+
+    def admit(self, ns: str, name: str, node_selector: dict[str, str] | None = None) -> None:
+        with self.lock:
+            self.controllers.kueue_admit(self.jobsets[(ns, name)], node_selector or {})
+            self.written(self.jobsets[(ns, name)])
+            self._settle()
+
+    def preempt(self, ns: str, name: str, reason: str = "Preempted") -> None:
+        with self.lock:
+            self.controllers.kueue_evict(self.jobsets[(ns, name)], reason)
+            self.written(self.jobsets[(ns, name)])
+            self._settle()
 
     def compact(self) -> int:
         """Drop the pod events so far, as the API server's compaction does: a watch asking
@@ -122,25 +247,38 @@ class KubeApiDouble:
         return (self.jobsets[(ns, name)], self.core[("configmaps", ns, f"{name}-job")],
                 self.core[("services", ns, name)])
 
-    def set_jobset_status(self, ns: str, name: str, **status) -> None:
-        with self.lock:
-            self._written(self.jobsets[(ns, name)])["status"] = status
-            self.lock.notify_all()
+    def pods_of(self, ns: str, jobset: str, *, attempt: int | None = None) -> list[str]:
+        """The JobSet's pods not being deleted, by completion index."""
+        pods = [p for (pns, _), p in self.pods.items() if pns == ns
+                and p["metadata"]["labels"].get(JOBSET_LABEL) == jobset
+                and not p["metadata"].get("deletionTimestamp")
+                and (attempt is None or p["metadata"]["labels"][RESTARTS_LABEL] == str(attempt))]
+        pods.sort(key=lambda p: int(p["metadata"]["labels"][COMPLETION_INDEX]))
+        return [p["metadata"]["name"] for p in pods]
 
-    def add_pod(self, ns: str, name: str, *, labels: dict[str, str],
-                phase: str = "Running") -> None:
+    def wait_for_pods(self, ns: str, jobset: str, count: int, *, attempt: int = 0,
+                      timeout_s: float = 30) -> list[str]:
+        """The pods the Job controller made for this restart attempt, by completion index."""
+        self.wait_until(lambda: len(self.pods_of(ns, jobset, attempt=attempt)) >= count,
+                        f"{count} pod(s) of {jobset} attempt {attempt}", timeout_s)
         with self.lock:
-            self.pods[(ns, name)] = {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns, "labels": labels,
-                             "uid": str(uuid.uuid4()), "creationTimestamp": _now()},
-                "status": {"phase": phase, "containerStatuses": [{
+            return self.pods_of(ns, jobset, attempt=attempt)
+
+    def pod(self, ns: str, name: str) -> dict:
+        with self.lock:
+            return json.loads(json.dumps(self.pods[(ns, name)]))
+
+    def start_pod(self, ns: str, name: str) -> None:
+        """The kubelet started the container: Running and Ready."""
+        with self.lock:
+            pod = self.pods[(ns, name)]
+            pod["status"] = {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True"}], "containerStatuses": [{
                     "name": "trainer", "image": "fm-pipeline:test", "imageID": "",
-                    "ready": phase == "Running", "restartCount": 0,
-                    "state": {"running": {"startedAt": _now()}}}]},
-            }
-            self.logs.setdefault((ns, name), [])
-            self._pod_event("ADDED", self.pods[(ns, name)])
+                    "ready": True, "restartCount": 0,
+                    "state": {"running": {"startedAt": _now()}}}]}
+            self._pod_event("MODIFIED", pod)
+            self._settle()
 
     def log(self, ns: str, pod: str, text: str) -> None:
         with self.lock:
@@ -148,36 +286,41 @@ class KubeApiDouble:
                 self.logs[(ns, pod)].append((_now(), line))
             self.lock.notify_all()
 
-    def terminate_pod(self, ns: str, pod: str, *, exit_code: int, message: str = "") -> None:
+    def terminate_pod(self, ns: str, pod: str, *, exit_code: int, message: str = "",
+                      disruption: bool = False) -> None:
+        """The container ended. `disruption`: the node was lost or the pod evicted (the
+        condition DisruptionTarget the node lifecycle controller or the eviction API sets)."""
         with self.lock:
-            status = self.pods[(ns, pod)]["status"]
-            status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
-            status["containerStatuses"][0]["ready"] = False
-            status["containerStatuses"][0]["state"] = {"terminated": {
+            self._terminate((ns, pod), exit_code, message, disruption=disruption)
+            self._settle()
+
+    def _terminate(self, key, exit_code: int, message: str, *, disruption: bool = False):
+        pod = self.pods[key]
+        status = pod["status"]
+        status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+        started = ((status.get("containerStatuses") or [{}])[0].get("state") or {}).get(
+            "running", {}).get("startedAt", _now())
+        status["containerStatuses"] = [{
+            "name": "trainer", "image": "fm-pipeline:test", "imageID": "", "ready": False,
+            "restartCount": 0, "state": {"terminated": {
                 "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                "message": message, "startedAt": _now(), "finishedAt": _now()}}
-            self._pod_event("MODIFIED", self.pods[(ns, pod)])
+                "message": message, "startedAt": started, "finishedAt": _now()}}}]
+        status["conditions"] = [{"type": "Ready", "status": "False"}] + (
+            [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
+            if disruption else [])
+        self._pod_event("MODIFIED", pod)
 
     def delete_pod(self, ns: str, pod: str) -> None:
+        """The kubelet is done with a pod being deleted (or the test removes one)."""
         with self.lock:
-            gone = self.pods.pop((ns, pod), None)
-            if gone:
-                self._pod_event("DELETED", gone)
-                jobset = gone["metadata"]["labels"].get(JOBSET_LABEL)
-                owner = self.jobsets.get((ns, jobset))
-                if owner and owner["metadata"].get("deletionTimestamp") and \
-                        not self._pods_of(ns, jobset):
-                    self._collect(self.jobsets.pop((ns, jobset)))  # foreground: the last pod went
+            self._remove_pod((ns, pod))
+            self._settle()
 
     def wait_for_pod_deletion(self, ns: str, pod: str, timeout_s: float = 60) -> int:
         """Until the pod is marked deleted (as the kubelet learns it); its grace period."""
         self.wait_until(lambda: self.pods.get((ns, pod), {}).get("metadata", {}).get(
             "deletionTimestamp"), f"pod {pod} deleted", timeout_s)
         return self.pods[(ns, pod)]["metadata"]["deletionGracePeriodSeconds"]
-
-    def _pods_of(self, ns: str, jobset: str) -> list[tuple[str, str]]:
-        return [k for k, p in self.pods.items()
-                if k[0] == ns and p["metadata"]["labels"].get(JOBSET_LABEL) == jobset]
 
     # -- request handling -------------------------------------------------------------------
 
@@ -187,7 +330,9 @@ class KubeApiDouble:
             self.lock.notify_all()
             if path.startswith(JOBSETS):
                 ns, _, rest = path[len(JOBSETS):].partition("/jobsets")
-                return self._jobsets(method, ns, rest.strip("/"), body)
+                reply = self._jobsets(method, ns, rest.strip("/"), body)
+                self._settle()
+                return reply
             parts = path.strip("/").split("/")  # api v1 namespaces NS KIND [NAME [log]]
             if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
                 return 404, _status(404, f"no such endpoint {path}")
@@ -209,78 +354,41 @@ class KubeApiDouble:
             if key in self.jobsets:
                 return 409, _status(409, f'jobsets.jobset.x-k8s.io "{key[1]}" already exists')
             obj = json.loads(json.dumps(body))
-            obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
-            self.jobsets[key] = self._written(obj)
-            self._headless_service(obj)
-            self.lock.notify_all()
-            return 201, obj
+            obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now(),
+                                   namespace=ns)
+            self.controllers.kueue_webhook(obj)  # admission webhooks run before the write
+            self.jobsets[key] = self.written(obj)
+            if key in self.workloads and self.admission is not None:
+                self.controllers.kueue_admit(obj, self.admission)
+                self.written(obj)
+            return 201, json.loads(json.dumps(obj))
         if (ns, name) not in self.jobsets:
             return 404, _status(404, f'jobsets.jobset.x-k8s.io "{name}" not found')
         if method == "GET":
-            return 200, self.jobsets[(ns, name)]
+            return 200, json.loads(json.dumps(self.jobsets[(ns, name)]))
         if method == "DELETE":
             self.delete_options.append((f"{JOBSETS}{ns}/jobsets/{name}", body))
-            if self.graceful_deletion and (body or {}).get("propagationPolicy") == "Foreground":
-                return 200, self._delete_gracefully(ns, name, body)
-            obj = self.jobsets.pop((ns, name))
-            for key in self._pods_of(ns, name):
-                self._pod_event("DELETED", self.pods.pop(key))  # foreground: pods go too
-            self._collect(obj)
-            self.lock.notify_all()
-            return 200, obj
-        return 405, _status(405, method)
-
-    def _delete_gracefully(self, ns: str, name: str, body: dict) -> dict:
-        """Mark the JobSet and its pods deleted; pods get the grace period of the delete
-        (what the pod template's terminationGracePeriodSeconds would give), default 30."""
-        obj = self.jobsets[(ns, name)]
-        if not obj["metadata"].get("deletionTimestamp"):
-            obj["metadata"].update(deletionTimestamp=_now(), finalizers=["foregroundDeletion"])
-            grace = body.get("gracePeriodSeconds")
-            for key in self._pods_of(ns, name):
-                self.pods[key]["metadata"].update(
-                    deletionTimestamp=_now(),
-                    deletionGracePeriodSeconds=30 if grace is None else grace)
-                self._pod_event("MODIFIED", self.pods[key])
-            if not self._pods_of(ns, name):
+            obj = self.jobsets[(ns, name)]
+            if not obj["metadata"].get("deletionTimestamp"):
+                obj["metadata"].update(deletionTimestamp=_now(),
+                                       finalizers=["foregroundDeletion"])
+                self.written(obj)
+            if (body or {}).get("propagationPolicy") != "Foreground":
+                # Background: the JobSet goes now, the collector deletes its Jobs after.
+                for job in self.jobs.values():
+                    if any(r["uid"] == obj["metadata"]["uid"]
+                           for r in job["metadata"]["ownerReferences"]):
+                        self.delete_job(job, foreground=False)
                 self._collect(self.jobsets.pop((ns, name)))
-        self.lock.notify_all()
-        return obj
-
-    def _headless_service(self, jobset: dict) -> None:
-        """The JobSet controller's Service for the pods' DNS names (see the docstring)."""
-        network = jobset["spec"].get("network") or {}
-        if not network.get("enableDNSHostnames"):
-            return
-        meta = jobset["metadata"]
-        ns, name = meta.get("namespace", "default"), network.get("subdomain") or meta["name"]
-        if ("services", ns, name) in self.core:
-            return  # the controller uses an existing Service of that name
-        self.core[("services", ns, name)] = self._written({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": ns, "uid": str(uuid.uuid4()),
-                         "ownerReferences": [{
-                             "apiVersion": jobset["apiVersion"], "kind": "JobSet",
-                             "name": meta["name"], "uid": meta["uid"], "controller": True,
-                             "blockOwnerDeletion": True}]},
-            "spec": {"clusterIP": "None", "selector": {JOBSET_LABEL: meta["name"]},
-                     "publishNotReadyAddresses": network.get("publishNotReadyAddresses", True)},
-        })
-
-    def _collect(self, jobset: dict) -> None:
-        """The garbage collector: what the deleted JobSet owned goes with it."""
-        uid = jobset["metadata"]["uid"]
-        for key in [k for k, o in self.core.items() if any(
-                r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]:
-            del self.core[key]
+            return 200, json.loads(json.dumps(obj))
+        return 405, _status(405, method)
 
     def _core(self, method: str, kind: str, ns: str, name: str, body: dict | None):
         if method == "POST" and not name:
             key = (kind, ns, body["metadata"]["name"])
             if key in self.core:
                 return 409, _status(409, f"{kind} {key[2]} already exists")
-            self.core[key] = self._written(json.loads(json.dumps(body)))
-            self.lock.notify_all()
+            self.core[key] = self.written(json.loads(json.dumps(body)))
             return 201, self.core[key]
         if method == "DELETE" and (kind, ns, name) in self.core:
             return 200, self.core.pop((kind, ns, name))
@@ -406,6 +514,8 @@ def _handler(api: KubeApiDouble):
                              lambda chunk: api.stream_log(parts[3], parts[5], query, chunk))
                 return
             code, payload = api.handle(method, url.path, query, body)
+            with api.lock:
+                api.replies.append((method, url.path, code))
             self._reply(code, payload)
 
         def _reply(self, code: int, payload: dict):

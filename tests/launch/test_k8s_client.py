@@ -48,18 +48,11 @@ def rendered():
                                            shared_volume_claim="fm-runs"))
 
 
-def _pod_labels(name: str, node: int, attempt: int) -> dict:
-    return {"jobset.sigs.k8s.io/jobset-name": name,
-            "batch.kubernetes.io/job-completion-index": str(node),
-            "jobset.sigs.k8s.io/restart-attempt": str(attempt)}
-
-
 def _start_pods(api, name: str, attempt: int) -> list[str]:
-    pods = [f"{name}-node-0-{node}-a{attempt}" for node in range(2)]
-    for node, pod in enumerate(pods):
-        api.add_pod(NS, pod, labels=_pod_labels(name, node, attempt))
-    api.set_jobset_status(NS, name, restarts=attempt,
-                          replicatedJobsStatus=[{"name": "node", "active": 1, "ready": 1}])
+    """The kubelet starts the two pods the Job controller made for this attempt."""
+    pods = api.wait_for_pods(NS, name, 2, attempt=attempt)
+    for pod in pods:
+        api.start_pod(NS, pod)
     return pods
 
 
@@ -91,65 +84,68 @@ def test_submit_creates_owned_objects_with_strict_field_validation(api, jobsets,
 def test_follow_reattaches_to_the_new_leader_after_a_restart(api, jobsets, rendered):
     name = rendered.name
 
-    def controller():  # plays the JobSet controller and the kubelet
-        api.wait_for_jobset(NS, name)
+    def kubelet():  # the controllers make the pods; the test runs them
         first = _start_pods(api, name, attempt=0)
         api.wait_for_log_reader(NS, first[0])
         api.log(NS, first[0], "step 1 loss 10.4\nstep 2 loss 9.8")
+        # Node 1 fails: its Job fails (backoffLimit 0), the Job controller deletes node 0's
+        # pod, the JobSet's failure policy restarts everything (restart-attempt 1).
         api.terminate_pod(NS, first[1], exit_code=1, message=SUMMARY_TAIL)
-        api.terminate_pod(NS, first[0], exit_code=1, message="node 0 stopped by torchrun")
-        for pod in first:
-            api.delete_pod(NS, pod)
         second = _start_pods(api, name, attempt=1)
         api.wait_for_log_reader(NS, second[0])
         api.log(NS, second[0], "resumed from step-00000017\nstep 20 loss 7.1")
         for pod in second:
             api.terminate_pod(NS, pod, exit_code=0)
-        api.set_jobset_status(NS, name, restarts=1, terminalState="Completed",
-                              conditions=[{"type": "Completed", "status": "True"}])
+        pods[:] = first + second
 
+    pods: list[str] = []
     seen: dict[str, list[str]] = {}
 
     def read_leader(pod: str):
         seen[pod] = list(jobsets.log_lines(pod, NS))
 
     jobsets.submit(rendered)
-    thread = threading.Thread(target=controller, daemon=True)
+    thread = threading.Thread(target=kubelet, daemon=True)
     thread.start()
     followed = jobsets.follow(name, NS, on_leader_pod=read_leader, poll_s=0.05, timeout_s=60)
     thread.join(timeout=10)
     assert followed.status.phase == "Completed" and followed.status.restarts == 1
-    assert followed.leader_pods == [f"{name}-node-0-0-a0", f"{name}-node-0-0-a1"]
-    assert seen[f"{name}-node-0-0-a0"] == ["step 1 loss 10.4", "step 2 loss 9.8"]
-    assert seen[f"{name}-node-0-0-a1"] == ["resumed from step-00000017", "step 20 loss 7.1"]
+    first_leader, _, second_leader, _ = pods
+    assert followed.leader_pods == [first_leader, second_leader]
+    assert seen[first_leader] == ["step 1 loss 10.4", "step 2 loss 9.8"]
+    assert seen[second_leader] == ["resumed from step-00000017", "step 20 loss 7.1"]
     # The restart's cause outlived its deleted pods: the worker's own code and reason,
     # not torchrun's 1.
-    cause = next(f for f in followed.failures if f.pod.endswith("-1-a0"))
+    cause = next(f for f in followed.failures if f.pod == pods[1])
     assert cause.container_exit_code == 1 and cause.evidence.exit_code == 75
     assert cause.evidence.rank == 1 and "preempted" in cause.evidence.reason
     result = segment_result(followed, SegmentLaunch(tiny_job(nnodes=2, nproc=1), end_step=20))
     assert result.outcome is Outcome.SUCCEEDED and "1 JobSet restart" in result.reason
 
 
-def test_a_failed_jobset_reports_the_workers_code_and_reason(api, jobsets, rendered):
+def test_a_failed_jobset_reports_the_workers_code_and_reason(api, jobsets):
+    job = tiny_job(nnodes=2, nproc=1, cluster={"namespace": NS})
+    rendered = render_segment(SegmentLaunch(job, end_step=20), KubernetesTarget(
+        store_uri="s3://fm-bucket/fm", shared_volume_claim="fm-runs", max_restarts=0))
     name = rendered.name
+    pods: list[str] = []
 
-    def controller():
-        api.wait_for_jobset(NS, name)
-        pods = _start_pods(api, name, attempt=0)
+    def kubelet():
+        pods[:] = _start_pods(api, name, attempt=0)
         api.terminate_pod(NS, pods[0], exit_code=1, message=SUMMARY_TAIL.replace(
             "exitcode  : 75", "exitcode  : 2").replace(
             "preempted (signal SIGTERM) at step 17; checkpoint step-00000017",
             "JobSpecError: data mix 3f2a not found in s3://fm-bucket/fm"))
-        api.terminate_pod(NS, pods[1], exit_code=137, message="")
-        api.set_jobset_status(NS, name, restarts=0, terminalState="Failed", conditions=[
-            {"type": "Failed", "status": "True", "message": "jobset failed"}])
 
     jobsets.submit(rendered)
-    threading.Thread(target=controller, daemon=True).start()
+    threading.Thread(target=kubelet, daemon=True).start()
     followed = jobsets.follow(name, NS, poll_s=0.05, timeout_s=60)
+    # No restart left: the JobSet controller fails the JobSet (ReachedMaxRestarts).
+    assert followed.status.phase == "Failed" and "max number of restarts" in \
+        followed.status.message
     by_pod = {f.pod: f for f in followed.failures}
-    assert by_pod[f"{name}-node-0-1-a0"].evidence.exit_code == 137  # killed: only k8s knows
+    # The Job controller stopped the other node once the first failed: only k8s knows why.
+    assert by_pod[pods[1]].evidence.exit_code == 143
     # The first pod to fail is the cause; the other node's death came after.
     result = segment_result(followed, SegmentLaunch(tiny_job(nnodes=2, nproc=1), end_step=20))
     assert result.outcome is Outcome.BAD_CONFIG and result.exit_code == 2
@@ -160,15 +156,14 @@ def test_a_failed_jobset_reports_the_workers_code_and_reason(api, jobsets, rende
 def test_cancelling_while_following_deletes_the_jobset(api, jobsets, rendered):
     name = rendered.name
 
-    def controller():
-        api.wait_for_jobset(NS, name)
+    def kubelet():
         _start_pods(api, name, attempt=0)
 
     def cancelled(pod: str):
         raise KeyboardInterrupt  # what a cancelled run looks like to the follower
 
     jobsets.submit(rendered)
-    threading.Thread(target=controller, daemon=True).start()
+    threading.Thread(target=kubelet, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         try:
             jobsets.follow(name, NS, on_leader_pod=cancelled, poll_s=0.05, timeout_s=60)
@@ -183,10 +178,10 @@ def test_a_jobset_stopped_while_queued_ends_preempted_with_nothing_to_save(
         api, jobsets, rendered):
     from fm_pipeline.launch.k8s_stop import followed_jobset, stop_jobsets
 
-    api.graceful_deletion = True
+    api.admission = None  # Kueue has not admitted it: it waits, suspended
     name = rendered.name
     jobsets.submit(rendered)
-    api.set_jobset_status(NS, name, conditions=[{"type": "Suspended", "status": "True"}])
+    assert jobsets.status(name, NS).phase == "Suspended"
     with followed_jobset("tiny", rendered) as record:
         assert stop_jobsets(jobsets, "tiny", reason="cancel") == [name]
         assert stop_jobsets(jobsets, "tiny", reason="cancel") == []  # once
@@ -228,8 +223,8 @@ def test_a_pod_watch_answered_410_gone_starts_again_from_the_current_pods(api, j
         api.compact()
         poll("a 410 Gone", lambda: api.gone_served >= 1)
         api.terminate_pod(NS, pods[1], exit_code=137)
-        poll("the failure recorded", watch.failures)
+        poll("the failure recorded", lambda: any(f.pod == pods[1] for f in watch.failures()))
     finally:
         watch.stop()
-    (failure,) = watch.failures()
-    assert failure.pod == pods[1] and failure.container_exit_code == 137
+    failure = next(f for f in watch.failures() if f.pod == pods[1])
+    assert failure.container_exit_code == 137

@@ -31,16 +31,17 @@ STEP_LINE = re.compile(r"^step (\d+):")
 
 
 class Kubelet:
-    """Plays the JobSet controller and the kubelet for a 1-node JobSet: runs the submitted
-    pod's exact command and env (torchrun and the real trainer), serves its output live as
-    the pod log; once the pod is deleted, runs its preStop hook, sends SIGTERM to the
-    command if it is still running when the hook returns, SIGKILL when the grace period is
-    over; then records the exit and removes the pod."""
+    """Plays the kubelet for the 1-node JobSet's pod the emulated Job controller made: runs
+    its exact command and env (torchrun and the real trainer), serves its output live as
+    the pod log; once the pod is deleted (the JobSet deleted, or suspended by Kueue), runs
+    its preStop hook, sends SIGTERM to the command if it is still running when the hook
+    returns, SIGKILL when the grace period is over; then records the exit and removes the
+    pod."""
 
     def __init__(self, api, name: str, tmp_path, *, prestop: bool = True):
         self.api, self.name, self.tmp_path = api, name, tmp_path
         self.prestop = prestop  # False: as if the hook could not reach the trainer
-        self.pod = f"{name}-node-0-0-a0"
+        self.pod = ""
         self.steps: list[int] = []
         self.output: list[str] = []
         self.signals: list[str] = []
@@ -48,20 +49,17 @@ class Kubelet:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        api, ns, pod = self.api, NS, self.pod
+        api, ns = self.api, NS
         jobset, config_map, _ = api.wait_for_segment(ns, self.name)
         rendered = RenderedSegment(name=self.name, namespace=ns, jobset=jobset,
                                    config_map=config_map)
+        (pod,) = api.wait_for_pods(ns, self.name, 1)
+        self.pod = pod
         node = pod_process(rendered, node_rank=0, root=self.tmp_path / "pod",
                            hosts={rendered.leader_host: "127.0.0.1"},
                            env_overrides={"PET_MASTER_PORT": str(free_port())})
-        container = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
-            "spec"]["containers"][0]
-        api.add_pod(ns, pod, labels={"jobset.sigs.k8s.io/jobset-name": self.name,
-                                     "batch.kubernetes.io/job-completion-index": "0",
-                                     "jobset.sigs.k8s.io/restart-attempt": "0"})
-        api.set_jobset_status(ns, self.name, restarts=0, replicatedJobsStatus=[
-            {"name": "node", "active": 1, "ready": 1}])
+        container = api.pod(ns, pod)["spec"]["containers"][0]
+        api.start_pod(ns, pod)
         api.wait_for_log_reader(ns, pod)
         proc = subprocess.Popen(node.argv, env=node.env, cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -111,10 +109,13 @@ class Kubelet:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prestop", [True, False], ids=["preStop-flag", "SIGTERM-only"])
+@pytest.mark.parametrize("how", ["stop-preStop", "stop-SIGTERM-only", "kueue-preemption"])
 def test_a_stopped_kubernetes_segment_checkpoints_and_ends_preempted(
-        api, tmp_path, s3_bucket, s3_endpoint, prestop):
-    api.graceful_deletion = True
+        api, tmp_path, s3_bucket, s3_endpoint, how):
+    """Stopped by the control plane (the JobSet deleted in the foreground), with the preStop
+    hook reaching the trainer or only SIGTERM; or preempted by Kueue (the JobSet suspended
+    again: the JobSet controller suspends its Job, the Job controller deletes the pod)."""
+    api.instant_kubelet = False
     store_uri = f"s3://{s3_bucket}/fm"
     job = small_job(**{"name": "stop", "training.steps": 40, "training.segment_steps": 40,
                        "checkpoint.every_steps": 100, "training.preemption_grace_s": 5,
@@ -130,13 +131,16 @@ def test_a_stopped_kubernetes_segment_checkpoints_and_ends_preempted(
         launcher.launch_segment(context, job=job, end_step=40,
                                 env={"FM_FAULT_SLOW_RANKS": "0:0.3"})
 
-    kubelet = Kubelet(api, "stop-40", tmp_path, prestop=prestop)
+    kubelet = Kubelet(api, "stop-40", tmp_path, prestop=how != "stop-SIGTERM-only")
     kubelet.thread.start()
 
     def control_plane():  # preempts once the trainer has stepped
         deadline = time.monotonic() + 120
         while len(kubelet.steps) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
+        if how == "kueue-preemption":
+            api.preempt(NS, "stop-40")
+            return
         control_plane.stopped = launcher.stop_segments(job.name, reason="preempt")
         control_plane.again = launcher.stop_segments(job.name, reason="preempt")
 
@@ -146,23 +150,29 @@ def test_a_stopped_kubernetes_segment_checkpoints_and_ends_preempted(
     stopper.join(timeout=10)
     kubelet.thread.join(timeout=30)
 
-    assert control_plane.stopped == ["stop-40"] and control_plane.again == []  # deleted once
-    ((path, options),) = api.delete_options[:1]
+    ((path, options), *after) = api.delete_options
     assert path.endswith("/jobsets/stop-40")
     assert options["propagationPolicy"] == "Foreground"
-    assert options["gracePeriodSeconds"] == kubelet.grace_s == 5 + 15  # the pod template's
+    assert kubelet.grace_s == 5 + 15  # the pod template's terminationGracePeriodSeconds
+    if how == "kueue-preemption":
+        assert api.workloads == {} and not after  # one delete: the launcher's, after
+        assert "gracePeriodSeconds" not in options or options["gracePeriodSeconds"] is None
+    else:
+        assert control_plane.stopped == ["stop-40"] and control_plane.again == []  # once
+        assert options["gracePeriodSeconds"] == 5 + 15
     # The preStop hook's flag stops the trainer before the hook's wait ends; without it,
     # the kubelet's SIGTERM does (torchrun forwards it). Never the SIGKILL.
-    assert kubelet.signals[0] == ("preStop" if prestop else "SIGTERM")
+    assert kubelet.signals[0] == ("SIGTERM" if how == "stop-SIGTERM-only" else "preStop")
     assert "SIGKILL" not in kubelet.signals
     (failure,) = result.get_step_failure_events()
     data = failure.step_failure_data.user_failure_data
     metadata = {k: v.value for k, v in data.metadata.items()}
     assert metadata["outcome"] == "preempted" and metadata["exit_code"] == 75, data.description
-    assert "deleted on request (preempt)" in metadata["reason"]
+    assert ("preempted by Kueue" if how == "kueue-preemption"
+            else "deleted on request (preempt)") in metadata["reason"]
     stopped_at = kubelet.steps[-1]
     assert 2 <= stopped_at < 40
     manifest = json.loads(open_store(store_uri).get_bytes(
         f"checkpoints/stop/step-{stopped_at:08d}/manifest.json"))
     assert manifest["step"] == stopped_at  # the preemption checkpoint, in the store
-    assert not api.jobsets and not api.pods and not api.core  # nothing left behind
+    assert not api.jobsets and not api.jobs and not api.pods and not api.core  # nothing left

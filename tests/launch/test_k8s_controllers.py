@@ -174,3 +174,32 @@ def test_a_kueue_preemption_ends_the_follow_evicted_and_the_segment_preempted(ap
     result = segment_result(followed, SegmentLaunch(tiny_job(nnodes=2, nproc=1), end_step=20))
     assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75
     assert "preempted by Kueue" in result.reason
+
+
+def test_topology_aware_admission_leaves_an_excluded_host_out(api, jobsets):
+    """A straggler's host in the pod template's required node affinity (Placement.avoid_hosts,
+    what plan_after_stragglers gives on Kubernetes) is what Kueue's topology-aware
+    scheduling reads from the PodSet: it assigns the pods to other nodes, and with too few
+    left the workload stays queued, saying why."""
+    from fm_pipeline.launch.pod import Placement
+
+    job = tiny_job(nnodes=2, nproc=1, cluster={"namespace": NS})
+    placement = Placement(required_topology="cloud.provider.com/topology-block",
+                          avoid_hosts=("node-b",))
+
+    def render(name):
+        return render_segment(SegmentLaunch(job, end_step=20), KubernetesTarget(
+            store_uri="s3://fm-bucket/fm", shared_volume_claim="fm-runs", name=name,
+            placement=placement))
+
+    api.tas_nodes = ["node-a", "node-b", "node-c"]
+    jobsets.submit(render("tas-fit"))
+    pods = api.wait_for_pods(NS, "tas-fit", 2)
+    hosts = [api.pod(NS, p)["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods]
+    assert hosts == ["node-a", "node-c"]
+
+    api.tas_nodes = ["node-a", "node-b"]
+    jobsets.submit(render("tas-nofit"))
+    assert jobsets.status("tas-nofit", NS).phase == "Suspended"  # queued, not admitted
+    assert "excluded by node affinity: node-b" in api.workloads[(NS, "tas-nofit")]["pending"]
+    assert not api.pods_of(NS, "tas-nofit")

@@ -42,6 +42,20 @@ def _data(r: dict) -> Row:
             ">= 0.9", _met(r["targets_met"]))
 
 
+def _remote_data(r: dict) -> Row:
+    return (f"stall_ratio {_f(r['stall_ratio'], 3)} (spread {_f(r['stall_ratio_spread'], 3)}, "
+            f"{r['repeats']} rounds): data stall {r['stall_s_per_step_plain'] * 1e3:.0f} -> "
+            f"{r['stall_s_per_step_ahead'] * 1e3:.0f} ms per step",
+            f"the same loader without speculative shard fetches, same samples, same slow link "
+            f"({r['latency_ms']:.0f} ms + {r['mb_per_s']:.0f} MB/s per read), "
+            f"{r['compute_s_per_step'] * 1e3:.0f} ms of compute per step",
+            f"wall {r['wall_s_plain']:.2f} s -> {r['wall_s_ahead']:.2f} s for {r['steps']} "
+            f"steps (remote_speedup {_f(r['remote_speedup'])}, spread "
+            f"{_f(r['remote_speedup_spread'])}); shards a step downloaded itself "
+            f"{r['on_demand_plain']:.0f} -> {r['on_demand_ahead']:.0f} of {r['shards']}",
+            f"<= {r['target_stall_ratio']}", _met(r["targets_met"]))
+
+
 def _trainer(r: dict) -> Row:
     return (f"overhead_ratio_wall {_f(r['overhead_ratio_wall'], 3)} (spread "
             f"{_f(r['overhead_ratio_wall_spread'], 3)}); fsdp2_overhead_ratio "
@@ -107,7 +121,7 @@ def _recovery(r: dict) -> Row:
 
 
 ROWS: dict[str, Callable[[dict], Row]] = {
-    "data": _data, "trainer": _trainer, "checkpoint": _checkpoint, "planner": _planner,
+    "data": _data, "remote_data": _remote_data, "trainer": _trainer, "checkpoint": _checkpoint, "planner": _planner,
     "simulation": _simulation, "recovery": _recovery}
 
 

@@ -11,7 +11,10 @@ Step k (counted from the state) gives rank r the global samples
 `[consumed + k*gbs + r*gbs/dp, consumed + k*gbs + (r+1)*gbs/dp)`. The state is the number of
 global samples consumed, so a loader restored at another dp size (or global batch size)
 continues the exact same global sequence. A background thread prefetches `prefetch` steps
-ahead; errors raised there (a corrupted shard) surface on the next `next()`.
+ahead; errors raised there (a corrupted shard) surface on the next `next()`. On a remote
+store it also asks the mix to fetch, speculatively, the shards of the `shard_lookahead`
+steps after those (Mix.prefetch_samples): a shard's download then overlaps the steps
+before the one that reads it instead of stalling that step.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class MixLoader:
         seq_len: int,
         split: str = "train",
         prefetch: int = 2,
+        shard_lookahead: int = 8,
     ):
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank must be in [0, dp_size); got dp_rank={dp_rank} dp_size={dp_size}")
@@ -61,12 +65,15 @@ class MixLoader:
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if shard_lookahead < 0:
+            raise ValueError(f"shard_lookahead must be >= 0, got {shard_lookahead}")
         self.mix = mix
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.micro_batch_size, self.global_batch_size = micro_batch_size, global_batch_size
         self.per_rank = per_rank
         self.split = split
         self.prefetch = prefetch
+        self.shard_lookahead = shard_lookahead if split == "train" else 0
         self.samples_consumed = 0
         self._queue: queue.Queue | None = None
         self._stop: threading.Event | None = None
@@ -156,9 +163,21 @@ class MixLoader:
         )
         self._thread.start()
 
+    def _speculate(self, consumed: int, steps: range) -> None:
+        """Ask the mix for the shards of this rank's samples `steps` steps after `consumed`."""
+        for k in steps:
+            start = consumed + k * self.global_batch_size + self.dp_rank * self.per_rank
+            self.mix.prefetch_samples(start, self.per_rank)
+
     def _produce(self, consumed: int, out: queue.Queue, stop: threading.Event) -> None:
         try:
+            speculate = self.shard_lookahead and self.mix.remote
+            if speculate:
+                self._speculate(consumed, range(1, self.shard_lookahead + 1))
             while not stop.is_set():
+                if speculate:
+                    self._speculate(consumed, range(self.shard_lookahead,
+                                                    self.shard_lookahead + 1))
                 start = consumed + self.dp_rank * self.per_rank
                 if self.split == "train":
                     rows = self.mix.samples(start, self.per_rank)

@@ -8,15 +8,25 @@
 Shards are checked against their manifest SHA-256 the first time this process touches
 them (`mix.verify()` checks all at once); a mismatch raises CorruptShardError naming the
 shard. Shards in S3 are downloaded once into a local cache (`<FM_HOME>/cache/data/<key>/`).
+
+On a remote store a shard's first touch would stall the step that needs it for a whole
+download; `mix.prefetch_samples(start, count)` starts, in the background, the downloads of
+the shards those samples read (the loader asks for the steps ahead of the one it builds),
+so the step finds them local. Each shard is fetched once: a reader that needs a shard
+being fetched waits for that fetch, and only for it (one lock per shard, not one for the
+mix); a failed speculative fetch is retried by the reader that needs the shard, which
+raises its error.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +38,9 @@ from fm_pipeline.data.errors import CorruptShardError, DataError
 from fm_pipeline.data.manifest import MixManifest, ShardEntry, Split, manifest_key
 from fm_pipeline.data.sample_index import pass_positions, split_entries
 from fm_pipeline.storage import ObjectNotFound, ObjectStore, sha256_file
+
+log = logging.getLogger(__name__)
+PREFETCH_WORKERS = 4  # concurrent speculative downloads per process (parallel GETs)
 
 
 def open_mix(store: ObjectStore, key: str, *, cache_dir: str | Path | None = None) -> "Mix":
@@ -76,9 +89,17 @@ class Mix:
             for s in manifest.sources for split in ("train", "heldout")
         }
         self._arrays: dict[str, np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._pending: dict[str, Future] = {}  # shard key -> the one fetch in flight
+        self._speculative: set[str] = set()  # of those, the ones prefetch_samples queued
+        self._lock = threading.Lock()  # guards _arrays/_pending, never held over I/O
         self._index: np.ndarray | None = None
         self._tokenizer = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.remote = store.local_path(manifest.sample_index.key) is None
+        # started: speculative downloads; waited: a reader found its shard still being
+        # fetched; on_demand: a remote shard the reader itself had to download (a stall
+        # the prefetch did not prevent).
+        self.prefetch_stats = {"started": 0, "waited": 0, "on_demand": 0}
 
     def __repr__(self) -> str:
         return f"Mix({self.key}, {len(self)} samples/pass, sources={self.source_names})"
@@ -111,6 +132,46 @@ class Mix:
         """Which source each global sample comes from (for per-domain metrics)."""
         source_ids, _ = split_entries(self.index_entries(start, count))
         return [self.source_names[int(s)] for s in source_ids]
+
+    def prefetch_samples(self, start: int, count: int) -> int:
+        """Start background downloads of the shards global samples start..start+count read,
+        on a remote store (a local one reads in place: nothing to do). Returns how many
+        downloads were started; errors stay with the shard's reader (see the docstring)."""
+        if not self.remote or count <= 0:
+            return 0
+        source_ids, windows = split_entries(self.index_entries(start, count))
+        started = 0
+        for sid in np.unique(source_ids):
+            stream = self._streams[(self.source_names[int(sid)], "train")]
+            rows = windows[source_ids == sid]
+            for sh in np.unique(np.searchsorted(stream.starts, rows, side="right") - 1):
+                entry = stream.shards[int(sh)]
+                with self._lock:
+                    if entry.key in self._arrays or entry.key in self._pending:
+                        continue
+                    future: Future = Future()
+                    self._pending[entry.key] = future
+                    self._speculative.add(entry.key)
+                    self.prefetch_stats["started"] += 1
+                    if self._executor is None:
+                        self._executor = ThreadPoolExecutor(
+                            PREFETCH_WORKERS, thread_name_prefix=f"shard-prefetch-{self.key}")
+                self._executor.submit(self._fetch, entry.key, entry.bytes, entry.sha256,
+                                      self.manifest.dtype, future)
+                started += 1
+        return started
+
+    def close(self) -> None:
+        """Stop the speculative downloads (those running finish; queued ones are dropped)."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:  # queued and never run: their readers fetch them themselves
+            dropped = [(k, self._pending.pop(k)) for k in self._speculative]
+            self._speculative.clear()
+        for _, future in dropped:
+            future.set_exception(DataError("speculative shard fetch dropped (mix closed)"))
 
     # --- held-out windows (evaluation) ------------------------------------------------
 
@@ -203,10 +264,44 @@ class Mix:
         return self._index
 
     def _load(self, key: str, size: int, sha256: str, dtype: str | None = None) -> np.ndarray:
+        dtype = dtype or self.manifest.dtype
         with self._lock:
-            if key not in self._arrays:
-                self._arrays[key] = self._load_verified(key, size, sha256, dtype or self.manifest.dtype)
-            return self._arrays[key]
+            array = self._arrays.get(key)
+            if array is not None:
+                return array
+            future = self._pending.get(key)
+            owner = future is None
+            if owner:
+                future = self._pending[key] = Future()
+                self.prefetch_stats["on_demand"] += self.remote
+            else:
+                self.prefetch_stats["waited"] += 1
+        if owner:
+            self._fetch(key, size, sha256, dtype, future)
+        try:
+            return future.result()
+        except BaseException:
+            if owner:
+                raise
+            return self._load(key, size, sha256, dtype)  # the speculative fetch failed: retry
+
+    def _fetch(self, key: str, size: int, sha256: str, dtype: str, future: Future) -> None:
+        """Load one shard into `future` (and the cache); never raises (the reader does)."""
+        try:
+            array = self._load_verified(key, size, sha256, dtype)
+        except BaseException as e:
+            with self._lock:
+                self._pending.pop(key, None)
+                self._speculative.discard(key)
+            future.set_exception(e)
+            if threading.current_thread().name.startswith("shard-prefetch"):
+                log.info("speculative fetch of %s failed (its reader retries): %s", key, e)
+            return
+        with self._lock:
+            self._arrays[key] = array
+            self._pending.pop(key, None)
+            self._speculative.discard(key)
+        future.set_result(array)
 
     def _load_verified(self, key: str, size: int, sha256: str, dtype: str, *,
                        what: str = "shard") -> np.ndarray:

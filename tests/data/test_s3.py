@@ -58,3 +58,42 @@ def test_unreachable_s3_is_a_clear_error_and_publishes_nothing(monkeypatch, tmp_
     with pytest.raises(Exception, match=r"source 'web': cannot list s3://nobucket/corpus"):
         prepare_mix(source_job, open_store(tmp_path / "store"))
     assert not open_store(tmp_path / "store").exists(manifest_key(mix_key(source_job)))
+
+
+def test_the_loader_fetches_the_shards_of_the_steps_ahead_from_s3(s3_bucket, small_mix,
+                                                                   fm_home, tmp_path):
+    """On a remote store the loader asks for the shards of the next `shard_lookahead` steps
+    in the background: the same batches as without it, and the steps that follow find
+    their shards fetched instead of downloading them themselves. A shard corrupted in the
+    store is still reported by the step that reads it, naming it."""
+    store = open_store(f"s3://{s3_bucket}/mixes")
+    manifest = prepare_mix(small_job(), store)
+    steps = 24
+
+    def run(lookahead: int, cache: str):
+        mix = open_mix(store, manifest.key, cache_dir=tmp_path / cache)
+        loader = MixLoader(mix, dp_rank=0, dp_size=1, micro_batch_size=2,
+                           global_batch_size=8, seq_len=32, shard_lookahead=lookahead)
+        batches = [next(loader).numpy() for _ in range(steps)]
+        loader.close()
+        mix.close()
+        return batches, mix.prefetch_stats
+
+    plain, plain_stats = run(0, "plain")
+    ahead, stats = run(8, "ahead")
+    assert all(np.array_equal(a, b) for a, b in zip(plain, ahead))
+    assert plain_stats["started"] == 0 and plain_stats["on_demand"] > 2
+    assert stats["started"] > 0
+    # Only what step 0 needs is fetched on demand (the prefetch starts with step 1).
+    assert stats["on_demand"] < plain_stats["on_demand"]
+
+    victim = manifest.sources[0].split_shards("train")[-1]
+    store.put_bytes(b"\x00\x01" * victim.tokens, victim.key)  # same size, other bytes
+    mix = open_mix(store, manifest.key, cache_dir=tmp_path / "corrupt")
+    loader = MixLoader(mix, dp_rank=0, dp_size=1, micro_batch_size=2, global_batch_size=8,
+                       seq_len=32, shard_lookahead=64)
+    with pytest.raises(CorruptShardError, match=victim.key):
+        for _ in range(4 * len(mix)):  # until a step reads the victim
+            next(loader)
+    loader.close()
+    mix.close()

@@ -121,7 +121,8 @@ def _recovery(r: dict) -> Row:
 
 
 ROWS: dict[str, Callable[[dict], Row]] = {
-    "data": _data, "remote_data": _remote_data, "trainer": _trainer, "checkpoint": _checkpoint, "planner": _planner,
+    "data": _data, "remote_data": _remote_data, "trainer": _trainer,
+    "checkpoint": _checkpoint, "planner": _planner,
     "simulation": _simulation, "recovery": _recovery}
 
 

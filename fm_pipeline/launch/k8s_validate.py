@@ -4,8 +4,8 @@ Custom resources (JobSet, Kueue, Kubeflow Trainer) are checked with jsonschema a
 CRD schemas shipped in crd_schemas/ (or $FM_K8S_SCHEMAS), tightened so unknown fields are
 rejected like `kubectl apply --validate=strict`, and their own CEL rules
 (`x-kubernetes-validations`, k8s_cel) are evaluated on the object as on a create. Core
-kinds go through kubernetes-validate in strict mode. Neither checks `metadata` (a CRD schema declares it only as an object), so
-names, namespaces, label and annotation keys and label values are checked here with the
+kinds go through kubernetes-validate in strict mode. Neither checks `metadata` (a CRD
+schema declares it only as an object), so names, namespaces, label and annotation keys and label values are checked here with the
 API server's rules.
 """
 

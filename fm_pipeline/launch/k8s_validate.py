@@ -5,8 +5,8 @@ CRD schemas shipped in crd_schemas/ (or $FM_K8S_SCHEMAS), tightened so unknown f
 rejected like `kubectl apply --validate=strict`, and their own CEL rules
 (`x-kubernetes-validations`, k8s_cel) are evaluated on the object as on a create. Core
 kinds go through kubernetes-validate in strict mode. Neither checks `metadata` (a CRD
-schema declares it only as an object), so names, namespaces, label and annotation keys and label values are checked here with the
-API server's rules.
+schema declares it only as an object), so names, namespaces, label and annotation keys
+and label values are checked here with the API server's rules.
 """
 
 from __future__ import annotations

@@ -83,21 +83,25 @@ def cel_failures(schema: dict, value, path: str = "") -> list[CelFailure]:
     return failures
 
 
+def schema_nodes(node):
+    """Every mapping in a nested schema, outermost first (lists walked through)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield item
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+
+
+def schema_rules(schema: dict) -> list[str]:
+    """Every CEL rule a schema holds."""
+    return [rule["rule"] for node in schema_nodes(schema)
+            for rule in node.get("x-kubernetes-validations") or []]
+
+
 def rule_count(schema: dict) -> tuple[int, int]:
     """(rules, of which transition rules) in a schema: what a create evaluates and skips."""
-    rules = transition = 0
-
-    def visit(node):
-        nonlocal rules, transition
-        if isinstance(node, dict):
-            for rule in node.get("x-kubernetes-validations") or []:
-                rules += 1
-                transition += bool(_OLD_SELF.search(rule["rule"]))
-            for v in node.values():
-                visit(v)
-        elif isinstance(node, list):
-            for v in node:
-                visit(v)
-
-    visit(schema)
-    return rules, transition
+    rules = schema_rules(schema)
+    return len(rules), sum(bool(_OLD_SELF.search(r)) for r in rules)

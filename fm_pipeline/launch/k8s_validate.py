@@ -18,7 +18,7 @@ import os
 import re
 from pathlib import Path
 
-from fm_pipeline.launch.k8s_cel import cel_failures
+from fm_pipeline.launch.k8s_cel import cel_failures, schema_nodes
 
 K8S_VERSION = "1.33"
 
@@ -42,22 +42,10 @@ def schemas_dir() -> Path:
 def _strict(schema: dict) -> dict:
     """Add additionalProperties: false wherever an object schema lists its properties."""
     schema = copy.deepcopy(schema)
-
-    def visit(node):
-        if isinstance(node, dict):
-            if (
-                "properties" in node
-                and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")
-            ):
-                node["additionalProperties"] = False
-            for value in node.values():
-                visit(value)
-        elif isinstance(node, list):
-            for value in node:
-                visit(value)
-
-    visit(schema)
+    for node in schema_nodes(schema):
+        if ("properties" in node and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")):
+            node["additionalProperties"] = False
     return schema
 
 

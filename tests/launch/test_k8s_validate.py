@@ -71,7 +71,7 @@ def test_the_crds_own_cel_rules_refuse_what_the_structural_schema_lets_through()
 def test_every_shipped_crd_rule_compiles_and_creates_skip_only_transition_rules():
     import json
 
-    from fm_pipeline.launch.k8s_cel import _program, rule_count
+    from fm_pipeline.launch.k8s_cel import _program, rule_count, schema_rules
     from fm_pipeline.launch.k8s_validate import SCHEMAS
 
     total = skipped = 0
@@ -80,16 +80,6 @@ def test_every_shipped_crd_rule_compiles_and_creates_skip_only_transition_rules(
         schema = schema.get("openAPIV3Schema", schema)
         rules, transition = rule_count(schema)
         total, skipped = total + rules, skipped + transition
-
-        def visit(node):
-            if isinstance(node, dict):
-                for rule in node.get("x-kubernetes-validations") or []:
-                    _program(rule["rule"])  # raises if cel-python cannot parse it
-                for v in node.values():
-                    visit(v)
-            elif isinstance(node, list):
-                for v in node:
-                    visit(v)
-
-        visit(schema)
+        for rule in schema_rules(schema):
+            _program(rule)  # raises if cel-python cannot parse it
     assert total > 30 and 0 < skipped < total

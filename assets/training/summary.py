@@ -95,5 +95,6 @@ def job_report(instance, job_name: str) -> JobReport:
                                  step_times_s=[s["step_time_s"] for s in done],
                                  launch_wall_s=walls)
     ended, _ = read_events(job_name, kinds=("straggler_end",))
-    report.stragglers = straggler_costs(report.segments, ended)
+    drops, _ = read_events(job_name, kinds=("straggler_drop_end",))
+    report.stragglers = straggler_costs(report.segments, ended, drops)
     return report

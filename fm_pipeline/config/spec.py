@@ -222,10 +222,18 @@ class ResilienceSpec(_Strict):
         description="the job's one-writer lease expires this long after its holder's last "
                     "renewal (renewed every third of it); a dead holder on another host is "
                     "taken over after it")
-    straggler_policy: Literal["off", "report", "exclude"] = Field(
+    straggler_policy: Literal["off", "report", "exclude", "drop", "auto"] = Field(
         default="report",
         description="report: events only; exclude: also checkpoint, stop and restart "
-                    "without the slow rank slot / host")
+                    "without the slow rank slot / host; drop: the slow rank computes fewer "
+                    "rows of each micro-batch so it keeps up (gradient rescaled, the rows "
+                    "counted as lost tokens; data parallel layouts only); auto: drop, and "
+                    "switch to exclude once the dropped work costs more than a relaunch "
+                    "(relaunch_cost_s)")
+    relaunch_cost_s: float = Field(
+        default=120.0, gt=0,
+        description="auto: the expected time from a straggler stop to the first resumed "
+                    "step, every GPU idle (fm chaos run and benchmarks.recovery measure it)")
     straggler_window: int = Field(default=8, ge=2, description="gathered samples scored")
     straggler_persist: int = Field(
         default=6, ge=1, description="slow samples within the window that make a straggler")

@@ -64,13 +64,15 @@ def job_goodput(*, reached_step: int, step_times_s: Sequence[float],
 
 
 def straggler_costs(segments: Sequence[Mapping[str, Any]],
-                    ended: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
+                    ended: Sequence[Mapping[str, Any]],
+                    drops: Sequence[Mapping[str, Any]] = ()) -> dict[str, float | int]:
     """What stragglers cost the job, from its records: `segments`, the job report's rows
     (oldest first: status, reason, wall_s, productive_s); `ended`, its "straggler_end"
     events. stops: launches the exclude policy stopped ("straggler:" in the stop's reason);
     restart_s: the start-up and restore of the launch after each such stop (its wall time
     not in steps that count); idle_gpu_s: the peers' time spent waiting for the slow rank
-    while it lagged."""
+    while it lagged; `drops`, its "straggler_drop_end" events: tokens_dropped, the rows the
+    drop policy did not compute (lost tokens), and drop_gpu_s, their work in GPU-seconds."""
     stops, restart_s = 0, 0.0
     for i, row in enumerate(segments):
         if "straggler:" not in str(row.get("reason") or ""):
@@ -82,4 +84,6 @@ def straggler_costs(segments: Sequence[Mapping[str, Any]],
         if wall is not None and productive is not None:
             restart_s += max(0.0, wall - productive)
     idle = sum(float(e.get("idle_gpu_hours") or 0.0) for e in ended) * 3600
-    return {"stops": stops, "restart_s": round(restart_s, 3), "idle_gpu_s": round(idle, 3)}
+    return {"stops": stops, "restart_s": round(restart_s, 3), "idle_gpu_s": round(idle, 3),
+            "tokens_dropped": sum(int(d.get("tokens_dropped") or 0) for d in drops),
+            "drop_gpu_s": round(sum(float(d.get("drop_cost_gpu_s") or 0.0) for d in drops), 3)}

@@ -72,19 +72,28 @@ class ParallelModel:
                 stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
             yield
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, *,
+                         micro_batch_size: int | None = None,
+                         grad_scale: float = 1.0) -> torch.Tensor | None:
         """Accumulate the gradients of one optimizer step over this rank's batch
-        [local_batch, seq]. Returns the mean loss on ranks holding the last stage, else None."""
+        [local_batch, seq]. Returns the mean loss on ranks holding the last stage, else None.
+        `micro_batch_size` (rows per micro-batch, default the job's) and `grad_scale` are for
+        a rank computing fewer rows than its peers (the straggler drop): as many
+        micro-batches, so the data-parallel collectives still match, and its gradient
+        weighted by the rows it computed (the returned loss is not scaled)."""
         if self.schedule is not None:
+            if micro_batch_size not in (None, self.micro_batch_size) or grad_scale != 1.0:
+                raise ValueError("rows cannot be dropped under pipeline parallelism")
             return self._pipeline_step(inputs, targets, train=True)
         model = self.parts[0]
-        micro_inputs = inputs.split(self.micro_batch_size)
-        micro_targets = targets.split(self.micro_batch_size)
+        rows = micro_batch_size or self.micro_batch_size
+        micro_inputs = inputs.split(rows)
+        micro_targets = targets.split(rows)
         total = torch.zeros((), device=self.device)
         for mb_inputs, mb_targets in zip(micro_inputs, micro_targets, strict=True):
             with self._compute_context():
                 loss = cross_entropy_loss(model(mb_inputs), mb_targets) / len(micro_inputs)
-                loss.backward()
+                (loss * grad_scale if grad_scale != 1.0 else loss).backward()
             total += _plain(loss)
         return total
 

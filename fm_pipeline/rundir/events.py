@@ -17,11 +17,22 @@ kind "straggler" (rank 0 of the trainer, when the detector raises an event):
     section_ratio, z, first_step, detected_step, last_step
     idle_gpu_hours     the other ranks' GPU time spent waiting so far
     world_size, gather_every (steps between gathered samples)
-    policy             the job's resilience.straggler_policy ("report" | "exclude")
+    policy             the job's resilience.straggler_policy ("report" | "exclude" |
+                       "drop" | "auto")
     action             "reported" | "exclude" (stop at the next step, checkpoint, restart
                        without the slot) | "exclude_refused" (with `refused`: why);
                        "reported" with `budget_spent` when exclude has used its
-                       resilience.max_straggler_stops
+                       resilience.max_straggler_stops | "drop" (the rank computes fewer
+                       rows of each micro-batch from the next step) | "drop_refused"
+                       (with `refused`); auto's stop after a drop: "exclude" with
+                       switched_from "drop"
+    cost               drop/auto (fm_pipeline.stragglers.drop): rows_kept, rows,
+                       tokens_dropped_per_step, drop_cost_gpu_s_per_step,
+                       idle_gpu_s_per_step_without, relaunch_cost_gpu_s, break_even_steps,
+                       drop_cost_gpu_s_so_far
+kind "straggler_drop" (rank 0, a drop's rows changed): rank, host, step, ratio, the cost
+kind "straggler_drop_end" (rank 0): rank, host, since_step, end_step, why ("recovered" |
+    "switched to exclude" | "segment ended"), tokens_dropped, drop_cost_gpu_s, ratio
 kind "straggler_end" (rank 0, when the rank recovers or the segment ends):
     the fields above with their final values, plus recovered_step (null: still slow at
     the segment's end), end_step, idle_dollars (idle_gpu_hours x cluster.dollars_per_gpu_hour)

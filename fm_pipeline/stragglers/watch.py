@@ -11,7 +11,10 @@ job's resilience section). Policies: "report" writes events; "exclude" also asks
 segment to stop at the next step boundary with a checkpoint (exit 75, nothing lost), after
 which fm_pipeline.stragglers.mitigation.plan_after_stragglers gives the launch without the
 slot. An exclusion the layout cannot absorb is written as "exclude_refused" with the
-reason, and the job keeps running. Record schema: fm_pipeline/resilience/events.py.
+reason, and the job keeps running. "drop" has the slow rank compute fewer rows of each
+micro-batch (fm_pipeline.stragglers.drop; `row_plan()` is what the trainer sends); "auto"
+drops, and stops to exclude once the dropped work has cost one relaunch, or at once where
+it cannot drop. Record schema: fm_pipeline/rundir/events.py.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from fm_pipeline.rundir.events import append_event
 from fm_pipeline.stragglers.detector import StragglerDetector, StragglerEvent
+from fm_pipeline.stragglers.drop import DropController
 from fm_pipeline.stragglers.mitigation import exclusion_refusal, straggler_stops
 
 log = logging.getLogger(__name__)
@@ -42,7 +46,10 @@ class StragglerWatch:
         self.stop_reason: str | None = None
         self._ended: set[int] = set()  # ids of events whose straggler_end was written
         # Read once per segment: this segment stops at most once, whatever it raises.
-        self.stops_before = straggler_stops(job.name) if self.policy == "exclude" else 0
+        self.stops_before = straggler_stops(job.name) if self.policy in ("exclude", "auto") \
+            else 0
+        self.drops = (DropController.for_job(job, world_size=world_size)
+                      if self.policy in ("drop", "auto") else None)
 
     @classmethod
     def for_segment(cls, job, *, segment: str, world_size: int, gather_every: int,
@@ -54,40 +61,96 @@ class StragglerWatch:
                    mlflow=mlflow)
 
     def update(self, records: Iterable[Mapping[str, Any]]) -> str | None:
-        """Score one gather; returns a stop reason the first time `exclude` wants one."""
+        """Score one gather; returns a stop reason the first time the policy wants one."""
         records = list(records)
         for r in records:
             self.local_ranks[int(r["rank"])] = int(r.get("local_rank", r["rank"]))
+        if self.drops is not None:
+            for kind, fields in self.drops.account(records):
+                self._append(kind, segment=self.segment, policy=self.policy, **fields)
         raised = self.detector.update(records)
         stop = None
-        budget = self.job.resilience.max_straggler_stops
         for event in raised:
             action, refused, extra = "reported", None, {}
-            if self.policy == "exclude" and self.stops_before >= budget:
-                # A persistent straggler would stop and resume the job forever.
-                extra = {"budget_spent": f"{self.stops_before} straggler stop(s) of "
-                                         f"max_straggler_stops {budget}: reported only"}
-            elif self.policy == "exclude":
-                refused = exclusion_refusal(self.job, 1)
-                action = "exclude_refused" if refused else "exclude"
+            wants_stop = self.policy == "exclude"
+            if self.stop_reason is not None:  # already stopping at the next step
+                wants_stop, extra = False, {"stopping": self.stop_reason}
+            elif self.drops is not None:
+                action, refused, cost = self.drops.start(event, records)
+                extra = {"cost": cost} if cost else {}
+                if action == "drop_refused" and self.policy == "auto":
+                    wants_stop, extra = True, {"drop_refused": refused}
+            if wants_stop:
+                action, refused, budget = self._exclusion()
+                extra.update(budget)
             self._append("straggler", **self._fields(event), policy=self.policy,
                          action=action, **({"refused": refused} if refused else {}), **extra)
             log.warning("straggler: rank %d (%s) %s +%.0f%% per step since step %d: %s",
                         event.rank, event.host, event.section, 100 * event.severity,
                         event.first_step, action + (f" ({refused})" if refused else "") +
-                        (f" ({extra['budget_spent']})" if extra else ""))
+                        (f" ({extra['budget_spent']})" if "budget_spent" in extra else ""))
             self._mlflow_raised(event, action)
             if action == "exclude" and self.stop_reason is None:
                 stop = self.stop_reason = (
                     f"straggler: rank {event.rank} ({event.host}) {event.section} "
                     f"+{100 * event.severity:.0f}% per step; excluding its slot")
+        if self.policy == "auto" and self.stop_reason is None:
+            stop = self._switch_to_exclusion(records) or stop
         for event in self.detector.events:
             if event.recovered_step is not None and id(event) not in self._ended:
                 self._end(event, end_step=event.recovered_step)
         return stop
 
+    def row_plan(self) -> list[int] | None:
+        """Rows per micro-batch for every dp rank while a drop is in force (the trainer
+        sends it with the next step's sync), else None."""
+        return self.drops.plan() if self.drops is not None and self.stop_reason is None \
+            else None
+
+    def _exclusion(self) -> tuple[str, str | None, dict]:
+        """(action, refusal, budget note) for a stop to exclude the slot."""
+        budget = self.job.resilience.max_straggler_stops
+        if self.stops_before >= budget:
+            # A persistent straggler would stop and resume the job forever.
+            return "reported", None, {"budget_spent": f"{self.stops_before} straggler stop(s) "
+                                                      f"of max_straggler_stops {budget}: "
+                                                      "reported only"}
+        refused = exclusion_refusal(self.job, 1)
+        return ("exclude_refused" if refused else "exclude"), refused, {}
+
+    def _switch_to_exclusion(self, records) -> str | None:
+        """auto: a drop that has cost one relaunch becomes a stop to exclude the slot."""
+        due = self.drops.due_for_relaunch()
+        if due is None:
+            return None
+        step = max(int(r["step"]) for r in records)
+        action, refused, budget = self._exclusion()
+        if action != "exclude":
+            return None  # keep dropping: a stop is not possible or not allowed
+        cost = self.drops.arithmetic(due)
+        ended = self.drops.end(due.rank, step, "switched to exclude")
+        event = next((e for e in reversed(self.detector.events) if e.rank == due.rank), None)
+        fields = self._fields(event) if event is not None else {
+            "segment": self.segment, "rank": due.rank, "host": due.host,
+            "local_rank": self.local_ranks.get(due.rank, due.rank), "section": "compute",
+            "world_size": self.world_size, "gather_every": self.gather_every}
+        self._append("straggler_drop_end", segment=self.segment, policy=self.policy, **ended)
+        self._append("straggler", **{**fields, "detected_step": step}, policy=self.policy,
+                     action="exclude", switched_from="drop", cost=cost, **budget)
+        log.warning("straggler: rank %d (%s): the drop has cost %.1f GPU-s, one relaunch "
+                    "(%.1f GPU-s): stopping to exclude its slot", due.rank, due.host,
+                    due.cost_gpu_s, self.drops.relaunch_cost_gpu_s)
+        self.stop_reason = (f"straggler: rank {due.rank} ({due.host}) dropped rows cost "
+                            f"{due.cost_gpu_s:.1f} GPU-s >= one relaunch "
+                            f"({self.drops.relaunch_cost_gpu_s:.1f}); excluding its slot")
+        return self.stop_reason
+
     def close(self, *, end_step: int) -> None:
-        """The final record (cost so far) of every event not yet ended."""
+        """The final record (cost so far) of every event and drop not yet ended."""
+        if self.drops is not None:
+            for rank in list(self.drops.drops):
+                self._append("straggler_drop_end", segment=self.segment, policy=self.policy,
+                             **self.drops.end(rank, end_step, "segment ended"))
         for event in self.detector.events:
             if id(event) not in self._ended:
                 self._end(event, end_step=end_step)

@@ -124,12 +124,15 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
 class RankTimingWindow:
     """Per-rank sums since the last gather; gathered to rank 0 as per-step means."""
 
+    FIELDS = 6  # compute, collective wait, data wait, step time, work fraction, rows time
+
     def __init__(self):
-        self.sums = [0.0, 0.0, 0.0, 0.0]
+        self.sums = [0.0] * self.FIELDS
         self.steps = 0
 
     def add(self, r: StepResult) -> None:
-        for i, v in enumerate((r.compute_s, r.collective_wait_s, r.data_wait_s, r.step_time_s)):
+        for i, v in enumerate((r.compute_s, r.collective_wait_s, r.data_wait_s, r.step_time_s,
+                               r.work_fraction, r.rows_s)):
             self.sums[i] += v
         self.steps += 1
 
@@ -137,15 +140,17 @@ class RankTimingWindow:
         mine = torch.tensor([*self.sums, float(self.steps)], dtype=torch.float64, device=device)
         everyone = [torch.zeros_like(mine) for _ in ranks]
         dist.all_gather(everyone, mine)
-        self.sums, self.steps = [0.0, 0.0, 0.0, 0.0], 0
+        self.sums, self.steps = [0.0] * self.FIELDS, 0
         records = []
         for rank, (info, t) in enumerate(zip(ranks, everyone)):
-            compute, wait, data, step_time, n = t.tolist()
+            compute, wait, data, step_time, work, rows_s, n = t.tolist()
             n = max(n, 1.0)
             records.append(dict(step=step, rank=rank, host=info["host"],
                                 local_rank=info["local_rank"], peer_group=info["pp_rank"],
                                 compute_s=compute / n, collective_wait_s=wait / n,
-                                data_wait_s=data / n, step_time_s=step_time / n, steps=int(n)))
+                                data_wait_s=data / n, step_time_s=step_time / n,
+                                work_fraction=round(work / n, 6), rows_s=rows_s / n,
+                                steps=int(n)))
         return records
 
 
@@ -319,6 +324,8 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
                     reporter.rank_timings(records)
                 if stragglers is not None and (reason := stragglers.update(records)):
                     watcher.request(reason)  # all ranks stop after the next step's sync
+                if stragglers is not None and trainer.plan_slots:
+                    trainer.next_row_plan = stragglers.row_plan()  # sent with the next sync
             if reporter is not None and (step % t.log_every == 0 or stopped or step == target):
                 reporter.advance(unlogged - 1)
                 unlogged = 0
@@ -326,6 +333,7 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
                     step=step, loss=result.loss, grad_norm=result.grad_norm, lr=result.lr,
                     step_time_s=round(result.step_time_s, 6), tokens=job.tokens_per_step,
                     tokens_seen=trainer.state.tokens_seen, tokens_per_s=round(tokens_per_s, 3),
+                    tokens_dropped=result.tokens_dropped,
                     mfu=step_mfu, data_wait_s=round(result.data_wait_s, 6),
                     checkpoint_block_s=round(block, 6), peak_memory_gib=result.peak_memory_gib,
                     process_cpu_s=round(result.process_cpu_s, 6)))

@@ -8,6 +8,13 @@ A step, as measured:
                      backward early waits here for the slowest one; it also makes every
                      rank agree on the loss and on whether to stop after this step
     compute (cont.)  grad norm (float64) + clipping + optimizer + LR schedule
+
+Straggler drop (resilience.straggler_policy drop/auto, data-parallel layouts): rank 0 puts a
+row plan (rows per micro-batch for every dp rank) into that all-reduce; from the next step
+each rank computes only its planned rows of each micro-batch (as many micro-batches as its
+peers, so FSDP's collectives still match) and scales its gradient by dp * rows / sum(rows),
+which makes the averaged gradient the mean over the rows actually computed. The rows not
+computed are lost tokens (StepResult.tokens_dropped), not seen ones.
 """
 
 from __future__ import annotations
@@ -46,6 +53,15 @@ class StepResult:
     stop_requested: bool  # some rank asked to stop (preemption) before this step's sync
     peak_memory_gib: float | None  # accelerator memory high-water mark of this step (GPU)
     process_cpu_s: float  # CPU time of this process (all threads) during the step
+    work_fraction: float = 1.0  # rows this rank computed / rows of its batch (drop)
+    rows_s: float = 0.0  # forward/backward alone: the part that scales with the rows
+    tokens_dropped: int = 0  # tokens of this step's global batch no rank computed (drop)
+
+
+def drop_capable(dims: ParallelDims) -> bool:
+    """Rows can be dropped where every rank's batch is its own: no tp (ranks of a tp group
+    share their inputs) and no pp (the schedule fixes the micro-batch shape)."""
+    return dims.tp == 1 and dims.pp == 1
 
 
 def job_topology(job: JobSpec, world_size: int) -> str:
@@ -84,6 +100,12 @@ class Trainer:
         self.pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
         self.slow_rank_delay = slow_rank_delay(rank)
         self.fail_after_step = injected_failure_step(rank)
+        # The drop's row plan: slots in the step's all-reduce (none unless the policy can
+        # drop), the plan in force, and (rank 0) the plan asked for from the next step.
+        drops = job.resilience.straggler_policy in ("drop", "auto")
+        self.plan_slots = dims.dp if drops and drop_capable(dims) else 0
+        self.row_plan: list[int] | None = None
+        self.next_row_plan: list[int] | None = None
         self._probe_tokens: torch.Tensor | None = None
 
     def step(self, *, stop_requested: bool) -> StepResult:
@@ -96,16 +118,26 @@ class Trainer:
         t0, cpu0 = time.perf_counter(), time.process_time()
         batch = next(self.loader).to(self.device, non_blocking=True)
         t1 = time.perf_counter()
-        loss = self.pm.forward_backward(batch[:, :-1], batch[:, 1:])
-        if self.slow_rank_delay:
-            time.sleep(self.slow_rank_delay)
+        full = self.job.training.micro_batch_size
+        rows = self.row_plan[self.dp_rank] if self.row_plan else full
+        computed = sum(self.row_plan) / (full * len(self.row_plan)) if self.row_plan else 1.0
+        if rows < full:  # this rank's planned rows of each micro-batch
+            batch = batch.view(-1, full, batch.shape[-1])[:, :rows].reshape(-1, batch.shape[-1])
+        loss = self.pm.forward_backward(
+            batch[:, :-1], batch[:, 1:], micro_batch_size=rows,
+            grad_scale=rows / (full * computed) if self.row_plan else 1.0)
+        if self.slow_rank_delay:  # a slow device: its delay scales with the rows it computes
+            time.sleep(self.slow_rank_delay * rows / full)
         self._sync_device()
         t2 = time.perf_counter()
+        ask = (self.next_row_plan or [0] * self.plan_slots) if self.rank == 0 else \
+            [0] * self.plan_slots
         packed = torch.tensor(
             [0.0 if loss is None else float(loss), 0.0 if loss is None else 1.0,
-             1.0 if stop_requested else 0.0], dtype=torch.float64, device=self.device)
+             1.0 if stop_requested else 0.0, *map(float, ask)],
+            dtype=torch.float64, device=self.device)
         dist.all_reduce(packed)
-        loss_sum, n_loss, stops = packed.tolist()
+        loss_sum, n_loss, stops, *plan = packed.tolist()
         t3 = time.perf_counter()
         grad_norm = global_grad_norm(self.params, pp_group=self.pp_group)
         clip_grads_(self.params, max_norm=self.job.training.grad_clip, total_norm=grad_norm)
@@ -119,14 +151,20 @@ class Trainer:
         grad_norm_value = grad_norm.item()  # also waits for the device
         t4 = time.perf_counter()
         self.state.step += 1
-        self.state.tokens_seen += self.job.tokens_per_step
+        tokens = round(self.job.tokens_per_step * computed)
+        self.state.tokens_seen += tokens
+        # The plan rank 0 asked for applies from the next step (every rank read it here).
+        self.row_plan = [int(r) for r in plan] if plan and any(
+            0 < r < full for r in plan) else None
         return StepResult(
             step=self.state.step, loss=loss_sum / max(n_loss, 1.0), grad_norm=grad_norm_value,
             lr=lr, data_wait_s=t1 - t0, compute_s=(t2 - t1) + (t4 - t3),
             collective_wait_s=t3 - t2, step_time_s=t4 - t0, stop_requested=stops > 0,
             peak_memory_gib=(torch.cuda.max_memory_allocated(self.device) / 2**30
                              if self.device.type == "cuda" else None),
-            process_cpu_s=time.process_time() - cpu0)
+            process_cpu_s=time.process_time() - cpu0, work_fraction=rows / full,
+            rows_s=t2 - t1,
+            tokens_dropped=self.job.tokens_per_step - tokens)
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":

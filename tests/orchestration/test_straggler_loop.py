@@ -9,7 +9,10 @@
   events) and its MLflow run; the job report charges the stop and the idle time to
   stragglers;
 - with the budget of straggler stops spent (max_straggler_stops 0) the same straggler is
-  reported, not excluded, and the job trains to its target on its full world.
+  reported, not excluded, and the job trains to its target on its full world;
+- a persistent straggler (rank 1 slow on every layout) in a 4-rank job with a budget of one
+  stop: stopped once, resumed on the largest world the batch accepts (2), slow there too,
+  reported with the budget spent, and trained to its target on 2 ranks.
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ def ran(tmp_path_factory):
         env = {"FM_STORE_URI": str(store_dir), "FM_RETRY_BACKOFF_S": "0.5",
                "FM_FAULT_SLOW_RANKS": f"1:{SLOW_S}"}
         jobs = [straggling_job("excluded"),
-                straggling_job("budget-spent", **{"resilience.max_straggler_stops": 0})]
+                straggling_job("budget-spent", **{"resilience.max_straggler_stops": 0}),
+                straggling_job("persistent", **{"parallelism.nproc_per_node": 4,
+                                                "resilience.max_straggler_stops": 1})]
         build_small_mix(jobs[0], store=store)
         with deployment(home, env=env) as stack:
             for job in jobs:
@@ -142,3 +147,28 @@ def test_with_the_stop_budget_spent_the_straggler_is_reported_and_training_goes_
     (segment,) = materializations(instance, name)
     assert segment["world_size"] == 2 and segment["end_step"] == STEPS
     assert job_report(instance, name).stragglers["stops"] == 0
+
+
+def test_a_persistent_straggler_stops_the_job_at_most_its_budget_then_is_reported(at_home):
+    _, instance = at_home
+    name = "persistent"
+    runs = segment_runs(instance, name)
+    assert [r.status for r in runs] == [DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS]
+    assert runs[0].tags["fm/outcome"] == "preempted"
+    assert straggler_stops(name) == 1  # the budget, not more
+    raised, _ = read_events(name, kinds=("straggler",))
+    first = [r for r in raised if r["world_size"] == 4]
+    then = [r for r in raised if r["world_size"] == 2]
+    assert first[0]["action"] == "exclude"
+    # On the smaller world the slow rank is raised again: the budget is spent, so it is
+    # reported and the job trains on.
+    assert then and all(r["action"] == "reported" for r in then)
+    assert "1 straggler stop(s) of max_straggler_stops 1: reported only" in \
+        then[0]["budget_spent"]
+    (applied,), _ = read_events(name, kinds=("exclusion_applied",))
+    assert (applied["world_size_before"], applied["world_size"]) == (4, 2)
+    (segment,) = materializations(instance, name)
+    assert segment["world_size"] == 2 and segment["end_step"] == STEPS
+    assert segment["resharded"] is True
+    report = job_report(instance, name)
+    assert report.reached_step == STEPS and report.stragglers["stops"] == 1

@@ -104,3 +104,45 @@ def test_straggler_events_reach_mlflow_as_tags_and_metrics(tmp_path):
     assert run.data.tags["fm.straggler.1"].endswith(": reported")
     assert run.data.metrics["straggler.events"] == 1
     assert run.data.metrics["straggler.idle_gpu_hours"] > 0
+
+
+@pytest.mark.slow
+def test_under_drop_the_slowed_rank_computes_fewer_rows_and_the_job_never_stops(
+        chaos_ws, live_segment):
+    """`drop`: the same slowed rank (its delay scales with the rows it computes, as a slow
+    device's would) is raised, computes 1 of its 4 rows from the next step, its peer waits
+    far less, the job runs to its end without a stop, and the rows not computed are
+    counted as lost tokens."""
+    import statistics
+
+    from fm_pipeline.config.paths import runs_dir
+    from fm_pipeline.rundir.records import RANK_TIMINGS_FILE, read_records
+
+    ws = chaos_ws
+    with ws.active():
+        job = ws.job("dropper", **{"training.steps": 20, "training.segment_steps": 20,
+                                   "training.micro_batch_size": 4,
+                                   "checkpoint.every_steps": 100,
+                                   "resilience.straggler_policy": "drop"})
+        ws.prepare(job)
+        result = live_segment(job, env={"FM_FAULT_SLOW_RANKS": f"1:{SLOW_S}"}).result()
+        (segment,) = ws.segments(job.name)
+        raised, _ = read_events(job.name, kinds=("straggler",))
+        (ended,), _ = read_events(job.name, kinds=("straggler_drop_end",))
+        timings = list(read_records(runs_dir(job.name) / RANK_TIMINGS_FILE, "rank_timing"))
+    assert result.ok and segment["end_step"] == 20 and not segment.get("preempt_reason")
+    event = raised[0]
+    assert (event["rank"], event["action"]) == (1, "drop")
+    assert event["cost"]["rows_kept"] == 1 and event["cost"]["rows"] == 4
+    assert event["cost"]["break_even_steps"] > 0
+    detected = event["detected_step"]
+    assert ended["why"] == "segment ended" and ended["since_step"] == detected
+    # 3 of rank 1's 4 rows = 3/8 of the global batch, every step after the detection.
+    per_step = job.tokens_per_step * 3 // 8
+    assert ended["tokens_dropped"] == per_step * (20 - detected)
+    fraction = {t["step"]: t["work_fraction"] for t in timings if t["rank"] == 1}
+    assert fraction[detected] == 1.0 and fraction[detected + 2] == 0.25
+    wait = {t["step"]: t["collective_wait_s"] for t in timings if t["rank"] == 0}
+    before = statistics.median(wait[s] for s in range(2, detected + 1))
+    after = statistics.median(wait[s] for s in range(detected + 2, 21))
+    assert after < 0.6 * before, (before, after)

@@ -168,8 +168,11 @@ def test_straggler_costs_come_from_the_jobs_records():
                 {"status": "SUCCESS", "reason": None, "wall_s": 30.0, "productive_s": 21.5},
                 {"status": "FAILURE", "reason": "InjectedFault", "wall_s": 5.0}]
     ended = [{"idle_gpu_hours": 0.001}, {"idle_gpu_hours": 0.0005}]
-    assert straggler_costs(segments, ended) == {"stops": 1, "restart_s": 8.5,
-                                                "idle_gpu_s": 5.4}
+    drops = [{"tokens_dropped": 1344, "drop_cost_gpu_s": 0.3},
+             {"tokens_dropped": 256, "drop_cost_gpu_s": 0.05}]
+    assert straggler_costs(segments, ended, drops) == {
+        "stops": 1, "restart_s": 8.5, "idle_gpu_s": 5.4, "tokens_dropped": 1600,
+        "drop_gpu_s": 0.35}
 
 
 def test_policy_off_or_a_single_rank_watches_nothing():

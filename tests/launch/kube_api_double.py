@@ -235,8 +235,12 @@ class KubeApiDouble:
         deadline = time.monotonic() + timeout_s
         with self.lock:
             while not predicate():
-                if not self.lock.wait(timeout=max(0.0, deadline - time.monotonic())):
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise TimeoutError(f"never happened: {what}")
+                # Re-check often: a predicate may read what a client thread appends
+                # without touching the API (no notify comes for it).
+                self.lock.wait(timeout=min(left, 0.05))
 
     def wait_for_jobset(self, ns: str, name: str, timeout_s: float = 30) -> dict:
         self.wait_until(lambda: (ns, name) in self.jobsets, f"JobSet {ns}/{name}", timeout_s)

@@ -39,10 +39,16 @@ class LocalLauncher(SegmentLauncher):
     """Runs each segment as `torchrun --standalone` with every rank of the job on this machine."""
 
     echo_output: bool = Field(default=True, description="copy torchrun's output to the step log")
-    max_restarts: int = Field(default=0, ge=0, description="torchrun restarts within a segment")
+    max_restarts: int | None = Field(
+        default=None, ge=0,
+        description="torchrun restarts within a segment (unset: the job's "
+                    "resilience.inplace_restarts)")
 
     def segment_launch(self, job, **kwargs) -> SegmentLaunch:
-        return replace(super().segment_launch(job, **kwargs), max_restarts=self.max_restarts)
+        launch = super().segment_launch(job, **kwargs)
+        if self.max_restarts is None:
+            return launch
+        return replace(launch, max_restarts=self.max_restarts)
 
     def run_launch(self, context, launch: SegmentLaunch, *, extras: dict, placement: Placement,
                    env: dict) -> SegmentRun:

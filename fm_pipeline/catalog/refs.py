@@ -154,6 +154,13 @@ def list_local(root: str | Path) -> list[CheckpointRef]:
     return sorted(refs, key=lambda r: r.step)
 
 
+def newest_committed_step(root: str | Path) -> int | None:
+    """The newest step in a local tier whose manifest exists (not validated: a cheap
+    bound, e.g. for the fast tier's restore to know what the durable tier already has)."""
+    steps = [r.step for r in list_local(root) if (r.dir / MANIFEST).is_file()]
+    return max(steps, default=None)
+
+
 def list_store(store: ObjectStore, root: str) -> list[CheckpointRef]:
     """Every step-XXXXXXXX prefix under `root` in the store, oldest first."""
     root = root.strip("/")

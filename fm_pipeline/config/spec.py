@@ -187,6 +187,11 @@ class CheckpointSpec(_Strict):
     milestone_every: int = Field(default=0, ge=0, description="keep every M-th step; 0: none")
     async_save: bool = True
     upload: bool = True
+    memory_every_steps: int = Field(
+        default=0, ge=0,
+        description="fast tier: every N steps each rank snapshots its shards into node memory "
+                    "(/dev/shm) with a replica on a peer node; an in-job restart restores "
+                    "from it (docs/checkpoints.md, Fast tier). 0: off")
 
 
 class ClusterSpec(_Strict):
@@ -217,6 +222,11 @@ class ResilienceSpec(_Strict):
     collective_timeout_s: float = Field(
         default=600.0, gt=0,
         description="a collective waiting this long for a peer fails the segment (hung rank)")
+    inplace_restarts: int = Field(
+        default=0, ge=0,
+        description="torchrun restarts the workers in place this many times per segment "
+                    "(--max-restarts) before the segment fails to the orchestrator; each "
+                    "restart restores from the fast tier when it can, else the durable one")
     lease_ttl_s: float = Field(
         default=30.0, gt=0, le=3600,
         description="the job's one-writer lease expires this long after its holder's last "

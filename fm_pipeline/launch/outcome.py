@@ -24,6 +24,7 @@ from enum import Enum
 from pathlib import Path
 
 from fm_pipeline.rundir import exit_codes
+from fm_pipeline.rundir.attempts import is_peer_loss
 
 
 class Outcome(str, Enum):
@@ -214,14 +215,6 @@ def parse_torchrun_summary(text: str, *, source: str) -> FailureEvidence | None:
 
 
 _OTHER_FAILURES = re.compile(r"^Failures:\n(.*?)^-+\nRoot Cause", re.S | re.M)
-# A worker that failed only because a peer went away (gloo, NCCL, the c10d store): a
-# consequence, never the cause, when another worker's own failure is on record.
-_PEER_LOSS = re.compile(r"Connection (?:closed|reset) by peer|remote worker crashing|"
-                        r"remote process exited|Broken pipe|recvBytes|Socket Timeout", re.I)
-
-
-def is_peer_loss(reason: str | None) -> bool:
-    return bool(reason) and bool(_PEER_LOSS.search(reason))
 
 
 # torchrun ends the surviving workers with SIGTERM once one has failed (the trainer's own

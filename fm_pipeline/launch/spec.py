@@ -98,7 +98,9 @@ class SegmentLaunch:
     end_step: int
     module: str = TRAINER_MODULE
     overrides: tuple[str, ...] = field(default=())  # trainer --set dotted.key=value
-    max_restarts: int = 0  # torchrun's in-place restarts; Kubernetes restarts via JobSet
+    # torchrun's in-place restarts (None: the job's resilience.inplace_restarts); the
+    # JobSet's restarts of whole pods are another budget (jobset.py).
+    max_restarts: int | None = None
     resume_from: str | None = None  # trainer --resume-from: this checkpoint, not the newest
 
     def __post_init__(self):
@@ -109,11 +111,16 @@ class SegmentLaunch:
                 f"end_step {self.end_step} is past the job's target step "
                 f"training.steps={self.job.training.steps}"
             )
-        if self.max_restarts < 0:
+        if self.max_restarts is not None and self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         for item in self.overrides:
             if "=" not in item or item.startswith("="):
                 raise ValueError(f"override {item!r} must look like dotted.key=value")
+
+    @property
+    def restarts(self) -> int:
+        return self.job.resilience.inplace_restarts if self.max_restarts is None \
+            else self.max_restarts
 
     @property
     def rdzv_id(self) -> str:
@@ -140,7 +147,7 @@ class SegmentLaunch:
             "torchrun",
             *rendezvous.args(),
             "--log-dir", str(paths.log_dir),
-            "--max-restarts", str(self.max_restarts),
+            "--max-restarts", str(self.restarts),
             "--shutdown-timeout", str(self.shutdown_timeout_s),
             "-m", self.module,
             *trainer_args,

@@ -38,8 +38,27 @@ def init_distributed(*, timeout_s: float = 600.0) -> torch.device:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+                                device_id=device if device.type == "cuda" else None,
+                                **_attempt_store(timedelta(seconds=timeout_s)))
     return device
+
+
+def _attempt_store(timeout: timedelta) -> dict:
+    """Under torchrun's shared rendezvous store, a store of this restart attempt's own.
+
+    The c10d rendezvous keeps one TCPStore server for the agent's life and hands it to the
+    workers of every restart attempt without a prefix (torch/distributed/rendezvous.py:
+    "We create a new TCPStore for every retry" no longer holds since the store is shared,
+    dynamic_rendezvous.py), so after an in-job restart gloo read the dead workers' addresses
+    and failed with "connectFullMesh ... Connection refused" (pytorch/pytorch#167288).
+    Prefixing the keys with the attempt gives each attempt a clean namespace."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"fm/attempt_{attempt}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def world() -> tuple[int, int]:

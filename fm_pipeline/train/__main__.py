@@ -110,6 +110,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         exit_with(exit_codes.BAD_CONFIG, str(e))
 
+    from fm_pipeline.rundir.attempts import deliberate_stop, previous_attempt
+
+    if (stop := deliberate_stop(previous_attempt())) is not None:
+        # torchrun restarts workers on any non-zero exit; a stop on purpose stays a stop.
+        said = " (the previous attempt stopped on purpose: not restarted)"
+        exit_with(stop.exit_code, stop.reason if said in stop.reason else stop.reason + said)
+
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from fm_pipeline.train.host_memory import keep_freed_host_memory

@@ -24,12 +24,15 @@ import torch.distributed as dist
 
 from fm_pipeline.catalog.refs import ref_from_location
 from fm_pipeline.checkpoint import CheckpointManager, comm
+from fm_pipeline.checkpoint.fast_tier import FastRestore
 from fm_pipeline.checkpoint.load import resume
 from fm_pipeline.config import JobSpec, dump_job
 from fm_pipeline.config.paths import runs_dir, store_uri
 from fm_pipeline.model import count_params, flops_per_token
 from fm_pipeline.parallel import ParallelDims, init_distributed
 from fm_pipeline.rundir import exit_codes
+from fm_pipeline.rundir.attempts import restart_attempt
+from fm_pipeline.rundir.events import append_event
 from fm_pipeline.storage import open_store
 from fm_pipeline.train.metrics import host_name, mfu, peak_flops_per_device
 from fm_pipeline.train.preemption import PreemptionWatcher, preempt_file
@@ -121,6 +124,57 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
                                 f"{type(e).__name__}: {e}") from e
 
 
+def open_fast_tier(job: JobSpec, trainer: Trainer):
+    """The fast tier of this segment (every rank), or None: off, or not under torchrun (no
+    run to restart in place)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if job.checkpoint.memory_every_steps <= 0 or not run_id:
+        return None
+    from fm_pipeline.checkpoint.fast_tier import FastTier
+
+    return FastTier(job, trainer.app_state, topology=trainer.state.topology, run_id=run_id)
+
+
+def restore_in_job(fast, manager: CheckpointManager):
+    """After an in-job restart: the fast tier's newest step every rank can load, unless the
+    durable tier holds a newer one. None: restore from the durable tiers."""
+    from fm_pipeline.catalog.refs import newest_committed_step
+
+    durable = comm.broadcast_from_rank0(
+        newest_committed_step(manager.root) if dist.get_rank() == 0 else None)
+    try:
+        return fast.restore(newer_than=durable)
+    except RuntimeError as e:  # tensors partly written: the durable restore loads over them
+        log.error("%s; restoring from the durable tiers", e)
+        return None
+
+
+def in_job_restart_record(restored, *, restore_s: float, fast) -> dict:
+    from fm_pipeline.rundir.attempts import previous_attempt, restart_cause
+
+    record = {"attempt": restart_attempt(), "cause": restart_cause(previous_attempt()),
+              "tier": _tier_of(restored), "restored_step": restored.step if restored else 0,
+              "restore_s": round(restore_s, 3), "steps_redone": None, "from_peer": [],
+              "skipped": []}
+    if isinstance(restored, FastRestore):
+        record.update(steps_redone=restored.steps_redone, from_peer=restored.from_peer,
+                      skipped=restored.skipped)
+    elif fast is not None:
+        record["skipped"] = fast.last_skipped
+        reached = fast.reached_step()
+        if reached is not None:
+            record["steps_redone"] = max(0, reached - (restored.step if restored else 0))
+    return record
+
+
+def _tier_of(restored) -> str | None:
+    if restored is None:
+        return None
+    if isinstance(restored, FastRestore):
+        return restored.tier
+    return "local" if restored.source == restored.local_path else "store"
+
+
 class RankTimingWindow:
     """Per-rank sums since the last gather; gathered to rank 0 as per-step means."""
 
@@ -179,6 +233,8 @@ class _Setup:
     restored: Any
     restore_s: float
     target: int
+    fast: Any = None  # checkpoint.fast_tier.FastTier, when memory_every_steps > 0
+    restart: dict | None = None  # this attempt's in-job restart, when it is one
 
 
 def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
@@ -192,15 +248,23 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     trainer = Trainer(job, dims=dims, mesh=mesh, device=device, rank=dist.get_rank(), mix=mix)
     manager = CheckpointManager(job, trainer.app_state, mesh=mesh, mix_key=mix.key,
                                 store=store, lease=lease)
+    fast = open_fast_tier(job, trainer)
     t0 = time.perf_counter()
-    restored = restore(trainer, manager, resume_from=resume_from)
+    restored = None
+    if fast is not None and resume_from is None and restart_attempt() > 0:
+        restored = restore_in_job(fast, manager)
+    if restored is None:
+        restored = restore(trainer, manager, resume_from=resume_from)
     restore_s = time.perf_counter() - t0
     target = segment_target(job, trainer.state.step, end_step)
+    restart = None
+    if restart_attempt() > 0:
+        restart = in_job_restart_record(restored, restore_s=restore_s, fast=fast)
     # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
     watcher = PreemptionWatcher(preempt_file(runs_dir(job.name)))
     return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,
                   peak=peak, accelerator=accelerator, restored=restored, restore_s=restore_s,
-                  target=target)
+                  target=target, fast=fast, restart=restart)
 
 
 def run_segment(job: JobSpec, *, end_step: int | None = None,
@@ -244,10 +308,13 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
                                                       accelerator=accelerator, device=device))
     summary: dict[str, Any] = {
         "start_step": start, "target_step": target, "world_size": world,
+        "attempt": restart_attempt(),  # torchrun's in-job restarts before this one
         "parallelism": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"), dims.shape)),
         "restored_from": restored.source if restored else None,
-        "resharded": bool(restored) and (
+        "resharded": bool(restored) and not isinstance(restored, FastRestore) and (
             _manifest_topology(restored.manifest) != trainer.state.topology),
+        "restored_tier": _tier_of(restored),
+        "inplace_restart": setup.restart,
         "rng_restored": trainer.state.rng_restored,
         "restore_s": round(setup.restore_s, 3) if restored else None,
         "accelerator": accelerator, "peak_flops_per_device": peak,
@@ -264,8 +331,11 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
     error: BaseException | None = None
     t_loop = time.perf_counter()
     try:
+        if setup.restart is not None and rank == 0:
+            append_event(job.name, "inplace_restart", segment=reporter.segment,
+                         **setup.restart)
         loop_summary = _train(trainer, manager, watcher, reporter, target=target, device=device,
-                              ranks=ranks, peak=peak, stragglers=stragglers)
+                              ranks=ranks, peak=peak, stragglers=stragglers, fast=setup.fast)
         summary.update(loop_summary)
     except BaseException as e:
         error = e
@@ -292,7 +362,8 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
 
 def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatcher,
            reporter: SegmentReporter | None, *, target: int, device: torch.device,
-           ranks: list[dict], peak: float | None, stragglers=None) -> dict[str, Any]:
+           ranks: list[dict], peak: float | None, stragglers=None,
+           fast=None) -> dict[str, Any]:
     job, t = trainer.job, trainer.job.training
     fpt = flops_per_token(job.model_cfg, t.seq_len)
     window = RankTimingWindow()
@@ -310,6 +381,12 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
                 manager.save(step, tokens_seen=trainer.state.tokens_seen, probe=trainer.probe(),
                              final=stopped or step == target)
                 block = time.perf_counter() - t0
+            if fast is not None:
+                fast.record_progress(step)
+                if fast.due(step) and not stopped and step < target:
+                    t0 = time.perf_counter()
+                    fast.snapshot(step, tokens_seen=trainer.state.tokens_seen)
+                    block += time.perf_counter() - t0
             step_mfu = mfu(flops_per_token=fpt, tokens=job.tokens_per_step,
                            step_time_s=result.step_time_s, devices=len(ranks), peak_flops=peak)
             tokens_per_s = job.tokens_per_step / result.step_time_s
@@ -342,8 +419,14 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
             manager.close()
         except Exception as e:
             log.error("checkpoint save in flight at the failure did not commit: %s", e)
+        if fast is not None:  # kept: an in-job restart restores from it
+            fast.close()
         raise
     manager.close()  # waits for the last save: its manifest must exist before we exit
+    fast_report = None
+    if fast is not None:  # a clean end: the next segment restores from the durable tier
+        fast.close(discard=True)
+        fast_report = fast.report()
     # The first step pays for warm-up (allocations, pipeline shape inference): left out.
     warm_speeds = speeds[1:] or speeds
     warm_mfus = [m for m in (mfus[1:] or mfus) if m is not None]
@@ -367,4 +450,5 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
         "peak_memory_gib": max(memory) if memory else None,
         "preempt_reason": watcher.reason if stopped else None,
         "preempt_to_exit_s": round(since, 3) if stopped and since is not None else None,
+        "fast_tier": fast_report,
     }

@@ -29,8 +29,8 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True,
                         flatten_optimizer_state_dict=True)
 
 
-def build(world: int, *, nnodes: int = 1, upload: bool = False):
-    torch.manual_seed(0)
+def build(world: int, *, nnodes: int = 1, upload: bool = False, seed: int = 0):
+    torch.manual_seed(seed)
     model = TinyLM()
     mesh = None
     if world > 1:  # FSDP2 per block, then the root; a world of 1 keeps a plain module

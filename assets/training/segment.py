@@ -65,7 +65,9 @@ Launcher = LocalLauncher | KubernetesLauncher  # same launch_segment(); resource
 # Keys of rank 0's summary worth a column in the UI (the rest stays in MLflow / JSON lines).
 _SUMMARY_KEYS = ("start_step", "end_step", "final_loss", "mean_mfu", "tokens_per_s",
                  "tokens_seen", "checkpoint", "restored_from", "resharded", "restore_s",
-                 "checkpoint_block_s", "world_size", "accelerator", "duration_s", "segment_dir")
+                 "checkpoint_block_s", "world_size", "accelerator", "duration_s", "segment_dir",
+                 "restored_tier", "inplace_restarts", "inplace_cause", "inplace_restore_s",
+                 "inplace_steps_redone")
 
 
 class SegmentConfig(Config):
@@ -141,8 +143,9 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
         raise Failure(description=e.description, allow_retries=False, metadata=failure_metadata(
             segment, e.metadata, failed_at_step=failed_at, mlflow_run=ml_run)) from e
     reported = run.materialize_result()
-    summary = {"start_step": segment.start, "end_step": segment.end,
-               **_values(reported.metadata)}
+    # The launch's start: an in-job restart's rank 0 reports the step it restored instead.
+    summary = {"end_step": segment.end, **_values(reported.metadata),
+               "start_step": segment.start}
     report = segment_report(job, summary, duration_s=run.result.duration_s, plan=plan)
     report["job_goodput"] = _job_goodput(context.instance, job.name, report,
                                          reached_step=summary["end_step"])

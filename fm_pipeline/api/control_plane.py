@@ -337,6 +337,8 @@ class ControlPlane:
             "gpu_hours": round(gpu_hours, 6),
             "cost_usd": round(gpu_hours * spec["cluster"]["dollars_per_gpu_hour"], 4),
             "preemptions": sum(e["kind"] == "preempted" for e in self.store.events(record.job_id)),
+            "inplace_restarts": sum(e["kind"] == "inplace_restart"
+                                    for e in progress.job_events(record.job_id)),
             "runs": len(runs),
         }
 

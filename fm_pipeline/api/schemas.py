@@ -80,6 +80,9 @@ class JobStatus(BaseModel):
     gpu_hours: float = Field(description="GPU-hours held by this job's runs so far")
     cost_usd: float
     preemptions: int
+    inplace_restarts: int = Field(default=0, description=(
+        "workers restarted inside a segment by torchrun (each restored from the fast tier "
+        "when it could, else the durable one; the events say which)"))
     runs: int
 
 

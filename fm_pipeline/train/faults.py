@@ -3,7 +3,9 @@
     FM_FAULT_SLOW_RANKS="1:0.2,3:0.05"   global rank 1 sleeps 0.2 s (rank 3: 0.05 s) in the
                                           compute section of every step: a straggler
     FM_FAULT_FAIL_AT="1:25"               global rank 1 raises InjectedFault instead of
-                                          running the step after step 25: a crash
+                                          running the step after step 25: a crash (once
+                                          per segment: torchrun's in-job restart of the
+                                          workers trains through it)
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ def slow_rank_delay(rank: int) -> float:
 
 
 def injected_failure_step(rank: int) -> int | None:
-    """The step after which this rank fails (FM_FAULT_FAIL_AT), None when not this rank."""
+    """The step after which this rank fails (FM_FAULT_FAIL_AT), None when not this rank or
+    in a restarted attempt (the fault happened; the restart is what is being tested)."""
+    from fm_pipeline.rundir.attempts import restart_attempt
+
     spec = os.environ.get(FAIL_AT_ENV, "").strip()
-    if not spec:
+    if not spec or restart_attempt() > 0:
         return None
     r, sep, step = spec.partition(":")
     if not sep or not r.strip().isdigit() or not step.strip().isdigit():

@@ -315,6 +315,10 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
             _manifest_topology(restored.manifest) != trainer.state.topology),
         "restored_tier": _tier_of(restored),
         "inplace_restart": setup.restart,
+        # Scalars of it for Dagster metadata and MLflow (Pipes carries scalars only).
+        "inplace_restarts": restart_attempt(),
+        **({f"inplace_{k}": setup.restart[k] for k in ("cause", "restore_s", "steps_redone")
+            if setup.restart[k] is not None} if setup.restart else {}),
         "rng_restored": trainer.state.rng_restored,
         "restore_s": round(setup.restore_s, 3) if restored else None,
         "accelerator": accelerator, "peak_flops_per_device": peak,

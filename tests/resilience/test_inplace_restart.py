@@ -13,12 +13,14 @@ import signal
 import pytest
 import torch
 
+from fm_pipeline.api.progress import job_events
 from fm_pipeline.checkpoint import load_full_state
 from fm_pipeline.checkpoint.fast_tier import FAST_DIR_ENV
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.rundir.events import read_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")]
 
 STEPS = 10
 FAST = {"training.steps": STEPS, "training.segment_steps": STEPS,
@@ -64,6 +66,8 @@ def test_a_killed_worker_restarts_in_place_from_memory_and_matches_the_straight_
         assert segment["end_step"] == STEPS and segment["restored_tier"] == "memory"
         events, _ = read_events("killed", kinds=("inplace_restart",))
         assert [e["restored_step"] for e in events] == [restart["restored_step"]]
+        # What GET /v1/training/jobs/{id} counts as inplace_restarts, and lists as events.
+        assert [e["kind"] for e in job_events("killed")].count("inplace_restart") == 1
         a, b = _final_state(chaos_ws, "straight"), _final_state(chaos_ws, "killed")
         for key in a["model"]:
             assert torch.equal(a["model"][key], b["model"][key]), key
@@ -115,3 +119,30 @@ def test_a_deliberate_stop_is_not_restarted_in_place(chaos_ws, live_segment, fas
         assert result.outcome == Outcome.PREEMPTED, result.reason
         assert "not restarted" in result.reason
         assert [s["attempt"] for s in chaos_ws.segments("stopped")] == [0]
+
+
+def test_through_dagster_pipes_the_restart_is_in_the_materialization(chaos_ws, fast_dir):
+    """The local launcher under Dagster: rank 1 raises after step 5 (FM_FAULT_FAIL_AT, once
+    per segment), torchrun restarts both workers, and the one materialization of the step
+    carries the restart: count, cause, tier, restore time, steps redone."""
+    from dagster import asset, materialize
+    from fm_pipeline.resources.launcher_local import LocalLauncher
+
+    with chaos_ws.active():
+        job = chaos_ws.job("piped", **FAST)
+        chaos_ws.prepare(job)
+
+        @asset
+        def segment(context):
+            run = LocalLauncher(echo_output=False).launch_segment(
+                context, job=job, end_step=STEPS, env={"FM_FAULT_FAIL_AT": "1:5"})
+            return run.materialize_result()
+
+        result = materialize([segment])
+        assert result.success
+        (mat,) = result.asset_materializations_for_node("segment")
+        metadata = {k: v.value for k, v in mat.metadata.items()}
+        assert metadata["outcome"] == "succeeded" and metadata["end_step"] == STEPS
+        assert metadata["inplace_restarts"] == 1 and metadata["restored_tier"] == "memory"
+        assert "InjectedFault" in metadata["inplace_cause"], metadata
+        assert metadata["inplace_steps_redone"] <= 2 and metadata["inplace_restore_s"] > 0

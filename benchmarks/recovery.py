@@ -27,8 +27,22 @@ trainer's records (all timestamps of this machine):
 
 Baseline, same run, like for like: cold_start_s, a job's submission -> its first step (the
 same intake, queue, launch and trainer start, no failure, no restore). Target on 2 cores:
-durable_resume_s <= 30. Last stdout line: one JSON object (medians; each field's spread in
-"spread", max - min).
+durable_resume_s <= 30.
+
+In-job restart (the fast tier, docs/checkpoints.md), same daemon, same job and fault, with
+`checkpoint.memory_every_steps` 2 and `resilience.inplace_restarts` 1: torchrun restarts
+the worker inside the same run, which restores the newest in-memory snapshot:
+
+  inplace_resume_s     fault -> the restarted attempt's first step completed
+  inplace_steps_redone steps trained again after the restore
+  inplace_restore_s    the restarted worker's restore (from memory)
+  snapshot_block_ratio loop time blocked by snapshots / step time, over the restarted
+                       attempt (the loop's share lost to the fast tier at interval 2)
+
+Targets on 2 cores: inplace_resume_s <= 10 and <= durable_resume_s / 5 (same run). Not
+measured yet: peer_resume_s (a lost node's ranks from their peer's replica; tested in
+tests/checkpoint/test_fast_tier.py, not timed). Last stdout line: one JSON object
+(medians; each field's spread in "spread", max - min).
 """
 
 from __future__ import annotations
@@ -146,6 +160,38 @@ def measure(instance, job_name: str, submitted_at: float) -> dict:
     }
 
 
+def measure_inplace(job_name: str) -> dict:
+    """The in-job restart of one job: both attempts are one Dagster run, one launch."""
+    attempts = _steps(job_name)
+    first, restarted = attempts[0], attempts[1]
+    fault_at = first[-1]["time"]
+    segment = next(s for s in _segment_records(job_name) if s.get("inplace_restart"))
+    restart, fast = segment["inplace_restart"], segment["fast_tier"] or {}
+    step_time = sum(r["step_time_s"] for r in restarted)
+    return {
+        "inplace_resume_s": restarted[0]["time"] - fault_at,
+        "inplace_steps_redone": restart["steps_redone"],
+        "inplace_restore_s": restart["restore_s"],
+        "snapshot_block_ratio": fast.get("blocked_s", 0.0) / step_time if step_time else 0.0,
+    }
+
+
+def _wait_done(instance, job_name: str) -> None:
+    """Until the job's API run (number 1: its segment runs, resumes included) ends."""
+    from fm_pipeline.assets.training.api_runs import run_infos
+
+    deadline = time.monotonic() + 600
+    while True:
+        infos = run_infos(instance, job_name, target_step=STEPS)
+        if infos and infos[1].state in ("succeeded", "failed", "cancelled"):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{job_name} did not finish in 600 s")
+        time.sleep(0.5)
+    if infos[1].state != "succeeded":
+        raise RuntimeError(f"{job_name}: {infos[1].state}: {infos[1].reason}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -157,7 +203,6 @@ def main(argv: list[str] | None = None) -> dict:
                        "FM_STORE_URI": str(store_dir), "MLFLOW_LOGGING_LEVEL": "WARNING"})
     from dagster import DagsterInstance
 
-    from fm_pipeline.assets.training.api_runs import run_infos
     from fm_pipeline.assets.training.submit import register_training_job
     from fm_pipeline.data.testing import build_small_mix, small_job
     from fm_pipeline.deploy.instance import write_instance
@@ -184,26 +229,32 @@ def main(argv: list[str] | None = None) -> dict:
             plant_fault(store, job.name, FAULT)
             submitted_at = time.time()
             submit_run(store, job)
-            deadline = time.monotonic() + 600
-            while True:
-                infos = run_infos(instance, job.name, target_step=STEPS)
-                if infos and infos[1].state in ("succeeded", "failed", "cancelled"):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{job.name} did not finish in 600 s")
-                time.sleep(0.5)
-            if infos[1].state != "succeeded":
-                raise RuntimeError(f"{job.name}: {infos[1].state}: {infos[1].reason}")
-            runs.append(measure(instance, job.name, submitted_at))
+            _wait_done(instance, job.name)
+            run = measure(instance, job.name, submitted_at)
+            inplace = small_job(**{"name": f"recovery-inplace-{i}", "training.steps": STEPS,
+                                   "training.segment_steps": STEPS,
+                                   "checkpoint.every_steps": 2,
+                                   "checkpoint.memory_every_steps": 2,
+                                   "resilience.inplace_restarts": 1})
+            register_training_job(instance, inplace, store=store)
+            plant_fault(store, inplace.name, FAULT)
+            submit_run(store, inplace)
+            _wait_done(instance, inplace.name)
+            runs.append({**run, **measure_inplace(inplace.name)})
             progress.update(task, advance=1, description=(
-                f"durable_resume_s {runs[-1]['durable_resume_s']:.1f}"))
+                f"durable_resume_s {runs[-1]['durable_resume_s']:.1f}, "
+                f"inplace_resume_s {runs[-1]['inplace_resume_s']:.1f}"))
         instance.dispose()
     keys = list(runs[0])
     result = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
     result["spread"] = {k: round(max(r[k] for r in runs) - min(r[k] for r in runs), 3)
                         for k in keys}
+    ratios = [r["durable_resume_s"] / r["inplace_resume_s"] for r in runs]
+    result["durable_over_inplace"] = round(statistics.median(ratios), 3)
+    result["spread"]["durable_over_inplace"] = round(max(ratios) - min(ratios), 3)
     result.update({"repeats": len(runs), "target_durable_resume_s": 30.0,
-                   "cpu_count": os.cpu_count(), "runs": runs})
+                   "target_inplace_resume_s": 10.0, "target_durable_over_inplace": 5.0,
+                   "peer_resume_s": None, "cpu_count": os.cpu_count(), "runs": runs})
     print(json.dumps(result))
     return result
 

@@ -73,6 +73,9 @@ def previous_attempt() -> list[AttemptRecord]:
             continue
         extra = message.get("extraInfo") or {}
         rank = extra.get("rank")
+        if rank is None and path.parent.name.isdigit():  # torch's @record keeps no rank
+            rank = int(os.environ.get("GROUP_RANK", "0")) * int(
+                os.environ.get("LOCAL_WORLD_SIZE", "1")) + int(path.parent.name)
         records.append(AttemptRecord(
             rank=int(rank) if rank is not None else None, exit_code=message.get("errorCode"),
             reason=str(message.get("message") or "")))

@@ -48,6 +48,7 @@ import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import crc32c
@@ -168,7 +169,10 @@ class FastTier:
         for sub in ("own", "held", "progress"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self.job_dir, 0o700)
-        self._group = dist.new_group(backend="gloo") if comm.initialized() else None
+        # Its own group (the default one serves training), bounded like training's: a peer
+        # that died mid-exchange fails the snapshot instead of hanging it for 30 minutes.
+        self._group = dist.new_group(backend="gloo", timeout=timedelta(
+            seconds=job.resilience.collective_timeout_s)) if comm.initialized() else None
         where = comm.all_gather((self.node, os.environ.get(RACK_ENV)))
         self.peers = replica_peers([w[0] for w in where], [w[1] for w in where])
         self.peer = self.peers[self.rank]
@@ -230,7 +234,12 @@ class FastTier:
         result.write_s = time.perf_counter() - t0
         if self.peer is not None:
             t1 = time.perf_counter()
-            got = self._exchange(payload if result.committed else b"", info)
+            try:
+                got = self._exchange(payload if result.committed else b"", info)
+            except (RuntimeError, ValueError) as e:  # a peer gone or stuck: no replica
+                got = None
+                result.error = f"replica exchange: {type(e).__name__}: {e}"
+                log.error("fast snapshot of step %d: %s", step, result.error)
             if got is not None:
                 their_info, their_payload = got
                 try:

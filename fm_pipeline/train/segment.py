@@ -424,7 +424,10 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
         except Exception as e:
             log.error("checkpoint save in flight at the failure did not commit: %s", e)
         if fast is not None:  # kept: an in-job restart restores from it
-            fast.close()
+            try:
+                fast.close()
+            except Exception as e:  # a peer gone mid-exchange: the failure above is the news
+                log.error("fast snapshot in flight at the failure did not finish: %s", e)
         raise
     manager.close()  # waits for the last save: its manifest must exist before we exit
     fast_report = None

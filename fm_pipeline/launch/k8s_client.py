@@ -276,6 +276,12 @@ class JobSetClient:
                 phase = leader.status.phase if leader is not None and leader.status else None
                 if leader is not None and leader.metadata.name not in attached and phase in (
                         "Running", "Succeeded", "Failed"):
+                    # Reading the log blocks until it ends: say the status first, as it is
+                    # now (the JobSet may have turned Running since the poll above).
+                    status = self.status(name, namespace)
+                    if on_status and (status.phase, status.restarts) != last_phase:
+                        on_status(status)
+                        last_phase = (status.phase, status.restarts)
                     attached.append(leader.metadata.name)
                     on_leader_pod(leader.metadata.name)  # returns when the pod's log ends
                     continue

@@ -275,17 +275,28 @@ class KubeApiDouble:
         with self.lock:
             return json.loads(json.dumps(self.pods[(ns, name)]))
 
+    def start_pods(self, ns: str, names: list[str]) -> None:
+        """Several containers started at one instant (the controllers settle once after
+        all of them): a follower's next poll sees the JobSet Running before its leader."""
+        with self.lock:
+            for name in names:
+                self._start((ns, name))
+            self._settle()
+
     def start_pod(self, ns: str, name: str) -> None:
         """The kubelet started the container: Running and Ready."""
         with self.lock:
-            pod = self.pods[(ns, name)]
-            pod["status"] = {"phase": "Running", "conditions": [
-                {"type": "Ready", "status": "True"}], "containerStatuses": [{
-                    "name": "trainer", "image": "fm-pipeline:test", "imageID": "",
-                    "ready": True, "restartCount": 0,
-                    "state": {"running": {"startedAt": _now()}}}]}
-            self._pod_event("MODIFIED", pod)
+            self._start((ns, name))
             self._settle()
+
+    def _start(self, key) -> None:
+        pod = self.pods[key]
+        pod["status"] = {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"}], "containerStatuses": [{
+                "name": "trainer", "image": "fm-pipeline:test", "imageID": "",
+                "ready": True, "restartCount": 0,
+                "state": {"running": {"startedAt": _now()}}}]}
+        self._pod_event("MODIFIED", pod)
 
     def log(self, ns: str, pod: str, text: str) -> None:
         with self.lock:

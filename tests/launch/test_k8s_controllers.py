@@ -83,8 +83,9 @@ def test_a_segment_is_queued_admitted_run_and_completed_by_the_controllers(api, 
         # The pod's NODE_RANK comes from this annotation (downward API in the template).
         assert pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == \
             str(index)
-    for pod_name in pods:
-        api.start_pod(NS, pod_name)
+    # Both at once: the follower reports the JobSet Running before it attaches to the
+    # leader's log (reading it blocks the follow until the log ends).
+    api.start_pods(NS, pods)
     api.wait_until(lambda: "Running" in phases, "Running")
     for pod_name in pods:
         api.terminate_pod(NS, pod_name, exit_code=0)

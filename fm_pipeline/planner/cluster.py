@@ -40,6 +40,13 @@ class ClusterConfig:
     storage_dollars_per_gb_month: float = 0.023  # object-store list price
     node_failure_rate_per_day: float = DEFAULT_NODE_FAILURE_RATE_PER_DAY
     restart_overhead_s: float = 600.0  # reschedule, rendezvous, NCCL init (excl. restore)
+    # The fast tier (in-memory snapshots with a peer replica, restored by an in-job restart):
+    # the share of failures it survives (confined to one node whose ring peer lives; the
+    # rest, e.g. a rack's power or both nodes of a pair, need the durable tier), and the
+    # in-job restart's cost excluding the restore (the worker processes start again and
+    # rendezvous; 16.5 s for one node on the shared 2-core machine, benchmarks.recovery).
+    fast_tier_survivable: float = 0.85
+    inplace_restart_s: float = 60.0
 
     def __post_init__(self) -> None:
         require_positive("gpus_per_node", self.gpus_per_node, integer=True)
@@ -62,9 +69,13 @@ class ClusterConfig:
             "storage_dollars_per_gb_month",
             "node_failure_rate_per_day",
             "restart_overhead_s",
+            "inplace_restart_s",
         ):
             if getattr(self, field) < 0:
                 raise PlanInputError(field, f"must be >= 0, got {getattr(self, field)}")
+        if not 0 <= self.fast_tier_survivable <= 1:
+            raise PlanInputError("fast_tier_survivable",
+                                 f"must be within [0, 1], got {self.fast_tier_survivable}")
 
     @property
     def gpus_per_rack(self) -> int:

@@ -18,7 +18,7 @@ from fm_pipeline.planner.errors import PlanInputError, require_positive
 from fm_pipeline.planner.layout import Candidates, Layout, check_layout
 from fm_pipeline.planner.placement import Placement, placement
 from fm_pipeline.planner.prediction import plan_metrics
-from fm_pipeline.planner.reliability import Reliability, reliability
+from fm_pipeline.planner.reliability import Reliability, TwoLevel, reliability, two_level
 from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import evaluate
 
@@ -37,6 +37,7 @@ class Estimate:
     cost: Cost
     placement: Placement
     warnings: list[str] = field(default_factory=list)
+    fast_tier: TwoLevel | None = None  # the in-memory tier's plan next to the durable one
 
     @property
     def fits(self) -> bool:
@@ -62,6 +63,7 @@ class Estimate:
             "memory_gib": self.metrics["memory_gib"],
             "groups_reach": self.metrics["groups_reach"],
             "reliability": self.reliability.to_dict(),
+            "fast_tier": self.fast_tier.to_dict() if self.fast_tier else None,
             "cost": self.cost.to_dict(),
             "placement": self.placement.to_dict(),
             "warnings": self.warnings,
@@ -135,4 +137,6 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         cost=cost,
         placement=place,
         warnings=warnings,
+        fast_tier=two_level(params=params, gpus=layout.gpus, cluster=cluster,
+                            step_time_s=metrics["step_time_s"], durable=rel),
     )

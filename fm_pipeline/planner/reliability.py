@@ -16,6 +16,16 @@
   work since the last durable checkpoint: tau/2 on average, plus the write time when saves
   are async (a checkpoint counts only once written).
 - Goodput = (1 - d / (tau + d)) x (1 - (restart + lost work) / MTBF).
+
+Two levels (`two_level`): a fast tier in node memory with a replica on a peer node
+survives the share `fast_tier_survivable` of failures (rate l_f) with an in-job restart;
+the others (rate l_d) restore from the durable tier. Each level's interval is Daly's for
+the failures that restore from it: tau_f = Daly(d_f, 1/l_f), tau_d = Daly(d_d, 1/l_d),
+with d_f the host copy a snapshot blocks on, tau_f no shorter than sending a rank's shard
+to its peer (the replica must land before the next snapshot) and tau_d a whole number of
+fast intervals. A failure of each kind costs its restart, its restore and half its interval
+plus the time until its copy is safe (replica sent, durable write done). Goodput =
+(1 - d_f / (tau_f + d_f) - d_d / (tau_d + d_d)) x (1 - l_f lost_f - l_d lost_d).
 """
 
 from __future__ import annotations
@@ -96,3 +106,75 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
         goodput=(1 - ckpt_overhead) * (1 - failure_overhead),
         expected_failures_per_day=nodes * cluster.node_failure_rate_per_day,
     )
+
+
+@dataclass(frozen=True)
+class TwoLevel:
+    """Fast (memory + peer replica) and durable intervals, and what each level costs."""
+
+    fast_interval_s: float
+    fast_interval_steps: int
+    durable_interval_s: float
+    durable_interval_steps: int
+    fast_blocking_s: float
+    replica_s: float  # one rank's shard to its peer node
+    fast_restore_s: float
+    fast_failures_per_day: float
+    durable_failures_per_day: float
+    lost_per_fast_failure_s: float
+    lost_per_durable_failure_s: float
+    checkpoint_overhead: float
+    failure_overhead: float
+    goodput: float
+    goodput_durable_only: float
+
+    def to_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and math.isinf(v) else v)
+                for k, v in asdict(self).items()}
+
+
+def _steps_of(tau: float, step_time_s: float) -> tuple[float, int]:
+    if not math.isfinite(tau):
+        return tau, 0
+    steps = max(1, round(tau / step_time_s))
+    return steps * step_time_s, steps
+
+
+def two_level(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s: float,
+              durable: Reliability | None = None) -> TwoLevel:
+    """The multi-level Young/Daly plan (module docstring) next to the durable-only one."""
+    durable = durable or reliability(params=params, gpus=gpus, cluster=cluster,
+                                     step_time_s=step_time_s)
+    nodes = max(1, -(-gpus // cluster.gpus_per_node))
+    shard = params * CHECKPOINT_BYTES_PER_PARAM / gpus
+    blocking_f = shard / (cluster.host_copy_gbps * 1e9)
+    replica_s = shard / (cluster.inter_node_gbps * 1e9) if nodes > 1 else 0.0
+    fast_restore = shard / (cluster.host_copy_gbps * 1e9)
+    rate = nodes * cluster.node_failure_rate_per_day / 86400.0
+    s = cluster.fast_tier_survivable if nodes > 1 else 0.0  # no peer: nothing survives a node
+    rate_f, rate_d = rate * s, rate * (1 - s)
+    tau_f = daly_interval(blocking_f, 1 / rate_f) if rate_f > 0 else math.inf
+    tau_f, steps_f = _steps_of(max(tau_f, replica_s, step_time_s), step_time_s)
+    tau_d = daly_interval(durable.checkpoint_blocking_s, 1 / rate_d) if rate_d > 0 \
+        else math.inf
+    tau_d = max(tau_d, durable.checkpoint_write_s, step_time_s)
+    if math.isfinite(tau_d) and math.isfinite(tau_f):
+        tau_d = max(1, round(tau_d / tau_f)) * tau_f  # durable saves on fast boundaries
+    tau_d, steps_d = _steps_of(tau_d, step_time_s)
+    lost_f = cluster.inplace_restart_s + fast_restore + tau_f / 2 + replica_s
+    lost_d = durable.restart_s + tau_d / 2 + durable.checkpoint_write_s
+    ckpt = 0.0
+    if math.isfinite(tau_f):
+        ckpt += blocking_f / (tau_f + blocking_f)
+    if math.isfinite(tau_d):
+        ckpt += durable.checkpoint_blocking_s / (tau_d + durable.checkpoint_blocking_s)
+    failure = min(1.0, (rate_f * lost_f if rate_f else 0.0)
+                  + (rate_d * lost_d if rate_d else 0.0))
+    return TwoLevel(
+        fast_interval_s=tau_f, fast_interval_steps=steps_f, durable_interval_s=tau_d,
+        durable_interval_steps=steps_d, fast_blocking_s=blocking_f, replica_s=replica_s,
+        fast_restore_s=fast_restore, fast_failures_per_day=rate_f * 86400,
+        durable_failures_per_day=rate_d * 86400, lost_per_fast_failure_s=lost_f,
+        lost_per_durable_failure_s=lost_d, checkpoint_overhead=ckpt,
+        failure_overhead=failure, goodput=(1 - ckpt) * (1 - failure),
+        goodput_durable_only=durable.goodput)

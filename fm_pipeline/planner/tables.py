@@ -73,6 +73,13 @@ def estimate_view(est: Estimate) -> Group:
             f"{_duration(rel['interval_s'])} ({rel['interval_steps']} steps, Young/Daly)",
         ),
         ("goodput", _pct(rel["goodput"])),
+        *([(
+            "with the fast tier",
+            f"snapshot every {_duration(d['fast_tier']['fast_interval_s'])} "
+            f"({d['fast_tier']['fast_interval_steps']} steps, memory_every_steps), durable "
+            f"every {d['fast_tier']['durable_interval_steps']} steps: goodput "
+            f"{_pct(d['fast_tier']['goodput'])}",
+        )] if d.get("fast_tier") else []),
         (
             "time to train",
             f"{_duration(cost['time_to_train_days'] * 86400)} for "

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow,
 STEPS = 16
 # The persistent job must still have a detector's window of steps left on the smaller world
 # however late the first detection comes (4 ranks on 2 cores detect later than 2 ranks).
-PERSISTENT_STEPS = 28
+PERSISTENT_STEPS = 24
 SLOW_S = 0.3  # rank 1 sleeps this long per step in its compute section
 
 

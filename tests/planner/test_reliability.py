@@ -78,3 +78,42 @@ def test_cost_is_gpu_hours_times_price_plus_checkpoint_storage():
     assert cost.gpu_hours == pytest.approx(64 * steps / 3600 / rel.goodput)
     assert cost.dollars == pytest.approx(cost.gpu_hours * 2.0 + cost.checkpoint_storage_dollars)
     assert cost.dollars_per_million_tokens == pytest.approx(cost.dollars / 1e6)
+
+
+def _two(rate=0.005, gpus=16384, **cluster):
+    from fm_pipeline.planner.reliability import two_level
+
+    c = make_cluster("h100", node_failure_rate_per_day=rate, **cluster)
+    return two_level(params=405e9, gpus=gpus, cluster=c, step_time_s=9.0)
+
+
+def test_the_fast_tier_shortens_the_loss_per_failure_and_raises_goodput():
+    plan = _two()
+    assert plan.goodput > plan.goodput_durable_only
+    assert plan.lost_per_fast_failure_s < plan.lost_per_durable_failure_s / 5
+    assert plan.fast_interval_steps < plan.durable_interval_steps
+    # Durable saves land on fast boundaries.
+    assert plan.durable_interval_steps % plan.fast_interval_steps == 0
+    # The split of failures follows fast_tier_survivable (0.85 by default).
+    total = plan.fast_failures_per_day + plan.durable_failures_per_day
+    assert plan.fast_failures_per_day == pytest.approx(0.85 * total)
+
+
+def test_more_failures_mean_shorter_fast_intervals_and_a_larger_gain():
+    calm, busy = _two(rate=0.001), _two(rate=0.02)
+    assert busy.fast_interval_s < calm.fast_interval_s
+    assert busy.goodput - busy.goodput_durable_only > calm.goodput - calm.goodput_durable_only
+
+
+def test_without_a_peer_node_or_a_survivable_share_there_is_no_fast_interval():
+    for plan in (_two(gpus=8), _two(fast_tier_survivable=0.0)):
+        assert plan.fast_failures_per_day == 0 and plan.fast_interval_steps == 0
+        assert plan.to_dict()["fast_interval_s"] is None  # infinite, as JSON says it
+        assert plan.goodput == pytest.approx(plan.goodput_durable_only, rel=0.02)
+
+
+def test_a_survivable_share_outside_0_1_is_refused_naming_it():
+    from fm_pipeline.planner.errors import PlanInputError
+
+    with pytest.raises(PlanInputError, match="fast_tier_survivable"):
+        make_cluster("h100", fast_tier_survivable=1.5)

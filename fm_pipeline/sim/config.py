@@ -59,6 +59,29 @@ class CheckpointPolicy(_With):
 
 
 @dataclass(frozen=True)
+class FastTierPolicy(_With):
+    """In-memory snapshots with a peer replica (docs/checkpoints.md, "Fast tier"): every
+    `interval_s` of training (0: off). An unplanned failure of one GPU or one node is
+    survived with probability `survivable` (its ring peer still holds the replica; the rest
+    are correlated: both nodes of a pair, a rack) and costs an in-job restart of
+    `restart_s` plus `load_s` from memory, rolled back to the newest snapshot; others, and
+    job-wide ones, take the durable path. A lost node still waits for its replacement.
+    Snapshots are taken as non-blocking (a device-to-host copy of milliseconds per shard
+    against intervals of tens of seconds: docs/planner.md, "Two levels")."""
+
+    interval_s: float = 0.0
+    restart_s: float = 60.0
+    load_s: float = 1.0
+    survivable: float = 0.85
+
+    def __post_init__(self) -> None:
+        _check_non_negative(self, "interval_s", "restart_s", "load_s")
+        if not 0 <= self.survivable <= 1:
+            raise ValueError(f"FastTierPolicy.survivable must be within [0, 1], got "
+                             f"{self.survivable!r}")
+
+
+@dataclass(frozen=True)
 class RecoveryPolicy(_With):
     """After a fault is detected: swap failed nodes (hot spare or cold), relaunch, restore.
 
@@ -125,6 +148,7 @@ class SimConfig(_With):
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     recovery: RecoveryPolicy = RecoveryPolicy()
     stragglers: StragglerModel = StragglerModel()
+    fast_tier: FastTierPolicy = FastTierPolicy()
     seed: int = 0
     name: str = "job"
 
@@ -165,6 +189,7 @@ class SimConfig(_With):
         out["checkpoint"] = vars(self.checkpoint)
         out["recovery"] = vars(self.recovery)
         out["stragglers"] = vars(self.stragglers)
+        out["fast_tier"] = vars(self.fast_tier)
         out["failure_modes"] = len(self.failure_modes)
         out["mtbf_hours"] = self.mtbf_s() / 3600
         return out

@@ -45,6 +45,7 @@ class SimResult:
     mtbi_hours: float  # mean time between unplanned interruptions
     events_simulated: int
     timeline: list[tuple[float, float]] = field(repr=False)  # (wall hours, progress hours)
+    in_job_restarts: int = 0  # restarts the fast tier served (in-job, from memory)
 
     @classmethod
     def build(cls, cfg, *, productive_gpu_s: float, lost_gpu_s: dict[tuple[str, str], float],
@@ -90,6 +91,7 @@ class SimResult:
             mtbi_hours=wall_h / unplanned if unplanned else float("inf"),
             events_simulated=events_simulated,
             timeline=[(t / 3600, w / 3600) for t, w in timeline],
+            in_job_restarts=counts.get("in_job_restarts", 0),
         )
 
     @property

@@ -58,6 +58,7 @@ class _Recovery:
     detect_s: float
     planned: bool = False  # save first, lose nothing, no detection (maintenance, exclusion)
     save_first: bool = False
+    in_job: bool = False  # survived by the fast tier: an in-job restart from memory
 
 
 @dataclass
@@ -70,10 +71,10 @@ class _JobSim:
     def __init__(self, cfg: SimConfig):
         self.cfg = cfg
         self.env = CountingEnvironment()
-        seeds = np.random.SeedSequence(cfg.seed).spawn(4)
+        seeds = np.random.SeedSequence(cfg.seed).spawn(5)
         # Separate streams: changing the checkpoint policy or the straggler model keeps
         # the same failure arrivals (common random numbers make sweeps smooth).
-        self.rng_fail, self.rng_repair, self.rng_strag, self.rng_strag_t = (
+        self.rng_fail, self.rng_repair, self.rng_strag, self.rng_strag_t, self.rng_fast = (
             np.random.default_rng(s) for s in seeds
         )
         self.n_gpus = cfg.n_gpus
@@ -210,7 +211,10 @@ class _JobSim:
             self.counts["cold_replacements"] += late - late_from_pool
             self.nodes_needed = 0
         self._set_state("restart", rec.category)
-        yield from self._wait(rc.restart_s + self.cfg.checkpoint.load_s)
+        fast = self.cfg.fast_tier
+        yield from self._wait(fast.restart_s + fast.load_s if rec.in_job
+                              else rc.restart_s + self.cfg.checkpoint.load_s)
+        self.counts["in_job_restarts" if rec.in_job else "durable_restarts"] += 1
         for s in self.stragglers.values():
             if s.excluded is None:  # detected while the job was down: left out of the relaunch
                 s.excluded = True
@@ -224,18 +228,31 @@ class _JobSim:
             if cause.planned:
                 self.recovery = _Recovery("maintenance", 0.0, planned=True, save_first=True)
                 return
-            self._roll_back(cause.category)
-            self.recovery = _Recovery(cause.category, cause.detect_s)
+            in_job = self._fast_survives(cause)
+            self._roll_back(cause.category, to_snapshot=in_job)
+            self.recovery = _Recovery(cause.category, cause.detect_s, in_job=in_job)
         elif isinstance(cause, _Straggler):
             self.recovery = _Recovery("straggler", 0.0, planned=True, save_first=True)
 
-    def _roll_back(self, category: str) -> None:
+    def _fast_survives(self, mode: FailureMode) -> bool:
+        fast = self.cfg.fast_tier
+        if fast.interval_s <= 0 or mode.unit == "job" or self.cfg.n_nodes < 2:
+            return False
+        return bool(self.rng_fast.random() < fast.survivable)
+
+    def _roll_back(self, category: str, *, to_snapshot: bool = False) -> None:
+        """Back to the newest durable checkpoint, or (`to_snapshot`) to the newer of it and
+        the newest in-memory snapshot (taken every fast interval of work)."""
         self._commit_if_due()
         self.pending = None  # an async save still in flight is lost with the job
-        lost = self.work - self.durable
+        back_to = self.durable
+        if to_snapshot:
+            step = self.cfg.fast_tier.interval_s
+            back_to = max(back_to, math.floor(self.work / step + _EPS) * step)
+        lost = self.work - back_to
         if lost > 0:
             self.lost[("lost_work", category)] += lost * self.n_gpus
-        self.work = self.durable
+        self.work = back_to
 
     # --- faults ----------------------------------------------------------------------------
 

@@ -177,3 +177,27 @@ def test_fitted_optimum_is_not_locked_to_the_sweep_grid():
     assert fitted_optimum([point(v) for v in (100, 200, 400, 800, 1600)]) == pytest.approx(500)
     # At the edge of the grid there is nothing to fit: the grid must be widened.
     assert fitted_optimum([point(v) for v in (1000, 2000, 4000)]) == 1000
+
+
+def test_the_fast_tier_raises_ettr_at_16k_gpus_and_changes_nothing_when_it_survives_nothing():
+    from fm_pipeline.sim import llama3_405b, simulate_job
+    from fm_pipeline.sim.config import FastTierPolicy
+
+    base = llama3_405b()
+    durable = simulate_job(base)
+    fast = simulate_job(base.with_(fast_tier=FastTierPolicy(interval_s=30.0, restart_s=60.0)))
+    assert fast.ettr > durable.ettr
+    assert fast.in_job_restarts > 0.5 * fast.restarts  # the rest: planned, job-wide, pairs
+    assert fast.lost_gpu_hours["lost_work"] < durable.lost_gpu_hours["lost_work"] / 2
+    # Surviving nothing, the fast tier is the durable path exactly (same failure stream).
+    none = simulate_job(base.with_(fast_tier=FastTierPolicy(interval_s=30.0, survivable=0.0)))
+    assert none.ettr == durable.ettr and none.in_job_restarts == 0
+
+
+def test_a_fast_tier_policy_out_of_range_is_refused_naming_the_field():
+    from fm_pipeline.sim.config import FastTierPolicy
+
+    with pytest.raises(ValueError, match="survivable"):
+        FastTierPolicy(survivable=2.0)
+    with pytest.raises(ValueError, match="interval_s"):
+        FastTierPolicy(interval_s=-1.0)

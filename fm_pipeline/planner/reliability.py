@@ -90,10 +90,7 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
     tau = daly_interval(blocking_s, mtbf)
     if async_save:
         tau = max(tau, write_s)  # the previous save must be durable before the next starts
-    tau = max(tau, step_time_s)  # saves happen at step boundaries
-    steps = max(1, round(tau / step_time_s)) if math.isfinite(tau) else 0
-    if math.isfinite(tau):
-        tau = steps * step_time_s
+    tau, steps = _steps_of(max(tau, step_time_s), step_time_s)  # saves at step boundaries
     lost = tau / 2 + (write_s if async_save else blocking_s / 2)
     restart = cluster.restart_overhead_s + restore_s
     ckpt_overhead = blocking_s / (tau + blocking_s) if math.isfinite(tau) else 0.0
@@ -134,6 +131,7 @@ class TwoLevel:
 
 
 def _steps_of(tau: float, step_time_s: float) -> tuple[float, int]:
+    """An interval rounded to whole steps (at least one), and the steps; inf stays inf."""
     if not math.isfinite(tau):
         return tau, 0
     steps = max(1, round(tau / step_time_s))

@@ -44,7 +44,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ import torch.distributed as dist
 
 from fm_pipeline.catalog.manifest import atomic_write
 from fm_pipeline.checkpoint import comm
+from fm_pipeline.checkpoint.fast_paths import RACK_ENV, fast_root, replica_peers
 from fm_pipeline.checkpoint.fast_snapshot import (
     SnapshotMismatch,
     apply_snapshot,
@@ -67,46 +67,8 @@ from fm_pipeline.checkpoint.staging import HostStager
 
 log = logging.getLogger(__name__)
 
-FAST_DIR_ENV = "FM_FAST_TIER_DIR"
-RACK_ENV = "FM_RACK"
 FORMAT = "fm-fast/1"
 KEEP = 2  # snapshots per rank (and replicas per peer) on a node
-
-
-def fast_root() -> Path:
-    if os.environ.get(FAST_DIR_ENV):
-        return Path(os.environ[FAST_DIR_ENV])
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / "fm-fast"
-    return Path(tempfile.gettempdir()) / "fm-fast"
-
-
-def replica_peers(nodes: list[str], racks: list[str | None]) -> list[int | None]:
-    """For each rank (given its node and rack), the rank that holds its replica: the same
-    local index on the next node of a ring that takes the racks in turn, so that neighbours
-    are in different racks wherever the racks allow. None for all with a single node."""
-    order_of_node: dict[str, list[int]] = {}
-    for rank, node in enumerate(nodes):
-        order_of_node.setdefault(node, []).append(rank)
-    if len(order_of_node) < 2:
-        return [None] * len(nodes)
-    by_rack: dict[str, list[str]] = {}
-    for node, ranks in order_of_node.items():
-        by_rack.setdefault(str(racks[ranks[0]]), []).append(node)
-    ring: list[str] = []
-    queues = [list(v) for _, v in sorted(by_rack.items())]
-    while any(queues):
-        for q in queues:
-            if q:
-                ring.append(q.pop(0))
-    nxt = {node: ring[(i + 1) % len(ring)] for i, node in enumerate(ring)}
-    peers: list[int | None] = []
-    for rank, node in enumerate(nodes):
-        local = order_of_node[node].index(rank)
-        there = order_of_node[nxt[node]]
-        peers.append(there[local % len(there)])
-    return peers
 
 
 @dataclass

@@ -65,6 +65,8 @@ class PetRendezvous:
 
 Rendezvous = Standalone | PetRendezvous
 
+NO_SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
 
 @dataclass(frozen=True)
 class SegmentPaths:
@@ -76,8 +78,15 @@ class SegmentPaths:
     preempt_flag: Path
 
     def env(self) -> dict[str, str]:
+        """The agent's environment around the command (local process and pod alike)."""
         return {"TORCHELASTIC_ERROR_FILE": str(self.error_file),
-                PREEMPT_FLAG_ENV: str(self.preempt_flag)}
+                PREEMPT_FLAG_ENV: str(self.preempt_flag),
+                # A fresh worker store per rendezvous round. The shared one (torch's default)
+                # is never re-announced to a node that joins after a restart: a spare that
+                # replaces a lost node waits for MASTER_ADDR in the new round's keys until
+                # its rendezvous times out (dynamic_rendezvous.py keeps the first round's
+                # bootstrap info on the survivors). Opting out is torch's documented switch.
+                NO_SHARED_STORE_ENV: "1"}
 
 
 def local_paths(segment_dir: Path) -> SegmentPaths:

@@ -26,12 +26,14 @@ rank 0 commits a checkpoint only after seeing every rank's files there.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV
 from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod_local import pod_process
 from fm_pipeline.resilience.netns import NamespaceNetwork
@@ -47,8 +49,10 @@ def _free_port() -> int:
 class PodNodes:
     def __init__(self, rendered: RenderedSegment, *, root: Path,
                  network: NamespaceNetwork | None = None, store_uri: str | None = None,
-                 env: dict[str, str] | None = None, cwd: Path | None = None):
+                 env: dict[str, str] | None = None, cwd: Path | None = None,
+                 rdzv_conf: str = ""):
         self.rendered = rendered
+        self.rdzv_conf = rdzv_conf  # extra torchrun --rdzv-conf items, "key=value,..."
         self.root = root
         self.network = network
         self.cwd = cwd
@@ -77,27 +81,53 @@ class PodNodes:
         """(hosts, env overrides) of node `index`."""
         if self.network is None:
             return ({self.rendered.leader_host: "127.0.0.1"},
-                    {**self.extra_env, "PET_MASTER_PORT": self.port})
+                    {**self.extra_env, FAST_DIR_ENV: str(self.fast_dir(index)),
+                     "PET_MASTER_PORT": self.port,
+                     **({"PET_RDZV_CONF": self.rdzv_conf} if self.rdzv_conf else {})})
         node = self.network.nodes[index]
         return ({self.rendered.leader_host: self.network.nodes[0].address},
-                {**self.extra_env, "GLOO_SOCKET_IFNAME": node.interface,
+                {**self.extra_env, FAST_DIR_ENV: str(self.fast_dir(index)),
+                 "GLOO_SOCKET_IFNAME": node.interface,
                  "PET_LOCAL_ADDR": node.address,
-                 "PET_RDZV_CONF": f"is_host={1 if index == 0 else 0}"})
+                 "PET_RDZV_CONF": ",".join(filter(None, (
+                     f"is_host={1 if index == 0 else 0}", self.rdzv_conf)))})
 
     def start(self, *, attempt: int = 0) -> PodNodes:
         self.started_at = time.time()
         for i in range(self.n_nodes):
-            hosts, overrides = self.node_env(i)
-            pod = pod_process(self.rendered, node_rank=i, root=self.root, hosts=hosts,
-                              env_overrides=overrides)
-            argv = pod.argv if self.network is None else self.network.wrap(i, pod.argv)
-            log = self.root / f"node-{i}.attempt-{attempt}.log"
-            with open(log, "wb") as out:
-                self.procs.append(subprocess.Popen(argv, env=pod.env, cwd=self.cwd,
-                                                   stdout=out, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
-            self.logs.append(log)
+            self.procs.append(None)
+            self.logs.append(None)
+            self._start_node(i, attempt)
         return self
+
+    def _start_node(self, i: int, attempt: int) -> None:
+        hosts, overrides = self.node_env(i)
+        pod = pod_process(self.rendered, node_rank=i, root=self.root, hosts=hosts,
+                          env_overrides=overrides)
+        argv = pod.argv if self.network is None else self.network.wrap(i, pod.argv)
+        log = self.root / f"node-{i}.attempt-{attempt}.log"
+        with open(log, "wb") as out:
+            self.procs[i] = subprocess.Popen(argv, env=pod.env, cwd=self.cwd, stdout=out,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+        self.logs[i] = log
+
+    def replace_node(self, index: int, *, attempt: int = 1) -> None:
+        """A spare joins in place of the lost node `index`: same pod command (the same
+        completion index), nothing of the lost node's memory (its fast-tier directory is
+        wiped), while the other nodes' agents keep running and rendezvous with it."""
+        proc = self.procs[index]
+        if proc is not None:
+            try:  # a SIGKILL is delivered, not instant
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"node {index} still runs: kill_node({index}) "
+                                   f"first") from None
+        shutil.rmtree(self.fast_dir(index), ignore_errors=True)
+        self._start_node(index, attempt)
+
+    def fast_dir(self, index: int) -> Path:
+        """The node's fast-tier memory: each node's own, as /dev/shm is on a real host."""
+        return self.root / f"node-{index}" / "shm"
 
     def steps(self) -> list[dict]:
         if self.runs_dir is None:
@@ -127,6 +157,22 @@ class PodNodes:
 
         os.killpg(proc.pid, signal.SIGKILL)
         return [proc.pid]
+
+    def worker_pid(self, index: int, rank: int) -> int:
+        """The pid of global rank `rank`'s worker on node `index`: a child of the node's
+        agent (torchrun starts each worker in a session of its own) with RANK set so."""
+        agent = self.procs[index]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) != agent.pid:
+                    continue  # fields[1]: the parent's pid (man 5 proc)
+                environ = (stat.parent / "environ").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if f"RANK={rank}".encode() in environ:
+                return int(stat.parent.name)
+        raise LookupError(f"no worker of rank {rank} on node {index}:\n{self.tail()}")
 
     def wait(self, *, timeout_s: float = 300) -> list[int]:
         deadline = time.monotonic() + timeout_s

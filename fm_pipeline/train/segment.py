@@ -149,10 +149,22 @@ def restore_in_job(fast, manager: CheckpointManager):
         return None
 
 
-def in_job_restart_record(restored, *, restore_s: float, fast) -> dict:
+def job_attempt() -> tuple[int, list[int]]:
+    """(the job's in-job attempt, the nodes that joined it since the last one), collective.
+    Each node's agent counts its own restarts: a spare that replaced a lost node starts at 0
+    while the survivors are at n, and every rank must take the same restore path."""
+    counts = comm.all_gather((restart_attempt(), int(os.environ.get("GROUP_RANK", 0))))
+    attempt = max(c for c, _ in counts)
+    return attempt, sorted({node for c, node in counts if c < attempt})
+
+
+def in_job_restart_record(restored, *, restore_s: float, fast, attempt: int,
+                          joined: list[int]) -> dict:
     from fm_pipeline.rundir.attempts import previous_attempt, restart_cause
 
-    record = {"attempt": restart_attempt(), "cause": restart_cause(previous_attempt()),
+    cause = (f"node {', '.join(map(str, joined))} lost: a new node joined in its place"
+             if joined else restart_cause(previous_attempt()))
+    record = {"attempt": attempt, "cause": cause, "joined_nodes": joined,
               "tier": _tier_of(restored), "restored_step": restored.step if restored else 0,
               "restore_s": round(restore_s, 3), "steps_redone": None, "from_peer": [],
               "skipped": []}
@@ -235,6 +247,7 @@ class _Setup:
     target: int
     fast: Any = None  # checkpoint.fast_tier.FastTier, when memory_every_steps > 0
     restart: dict | None = None  # this attempt's in-job restart, when it is one
+    attempt: int = 0  # the job's in-job restarts before this attempt (job_attempt)
 
 
 def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
@@ -251,20 +264,22 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     fast = open_fast_tier(job, trainer)
     t0 = time.perf_counter()
     restored = None
-    if fast is not None and resume_from is None and restart_attempt() > 0:
+    attempt, joined = job_attempt()
+    if fast is not None and resume_from is None and attempt > 0:
         restored = restore_in_job(fast, manager)
     if restored is None:
         restored = restore(trainer, manager, resume_from=resume_from)
     restore_s = time.perf_counter() - t0
     target = segment_target(job, trainer.state.step, end_step)
     restart = None
-    if restart_attempt() > 0:
-        restart = in_job_restart_record(restored, restore_s=restore_s, fast=fast)
+    if attempt > 0:
+        restart = in_job_restart_record(restored, restore_s=restore_s, fast=fast,
+                                        attempt=attempt, joined=joined)
     # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
     watcher = PreemptionWatcher(preempt_file(runs_dir(job.name)))
     return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,
                   peak=peak, accelerator=accelerator, restored=restored, restore_s=restore_s,
-                  target=target, fast=fast, restart=restart)
+                  target=target, fast=fast, restart=restart, attempt=attempt)
 
 
 def run_segment(job: JobSpec, *, end_step: int | None = None,
@@ -308,7 +323,7 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
                                                       accelerator=accelerator, device=device))
     summary: dict[str, Any] = {
         "start_step": start, "target_step": target, "world_size": world,
-        "attempt": restart_attempt(),  # torchrun's in-job restarts before this one
+        "attempt": setup.attempt,  # torchrun's in-job restarts before this one
         "parallelism": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"), dims.shape)),
         "restored_from": restored.source if restored else None,
         "resharded": bool(restored) and not isinstance(restored, FastRestore) and (
@@ -316,7 +331,7 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
         "restored_tier": _tier_of(restored),
         "inplace_restart": setup.restart,
         # Scalars of it for Dagster metadata and MLflow (Pipes carries scalars only).
-        "inplace_restarts": restart_attempt(),
+        "inplace_restarts": setup.attempt,
         **({f"inplace_{k}": setup.restart[k] for k in ("cause", "restore_s", "steps_redone")
             if setup.restart[k] is not None} if setup.restart else {}),
         "rng_restored": trainer.state.rng_restored,

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from fm_pipeline.checkpoint.fast_tier import replica_peers
+from fm_pipeline.checkpoint.fast_paths import replica_peers
 
 pytestmark = pytest.mark.slow
 

@@ -47,3 +47,16 @@ def test_two_namespaced_nodes_lose_one_and_resume_from_the_shared_checkpoint(cha
     assert _ours() == []
     assert subprocess.run(["ip", "-o", "addr"], capture_output=True,
                           text=True).stdout == host_addresses
+
+
+def test_fast_tier_survives_a_killed_worker_a_lost_node_and_both_copies_lost(chaos_ws):
+    """2 nodes x 2 ranks, one launch, three faults (fm_pipeline.resilience.scenarios.fast):
+    own memory copy, the peer's replicas for a spare that replaced the lost node, then the
+    durable tier once both copies are gone; redone steps bitwise the same."""
+    from fm_pipeline.resilience.scenarios.fast import lose_node_fast
+
+    with chaos_ws.active():
+        result = lose_node_fast(chaos_ws)
+    assert result.passed, (result.failed_checks(), result.outcome, result.notes)
+    assert result.steps_lost is not None and result.steps_lost > 0
+    assert _ours() == []

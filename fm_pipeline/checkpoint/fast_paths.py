@@ -1,0 +1,48 @@
+"""Where a node keeps its fast-tier snapshots and which node holds each rank's replica.
+Torch-free: the launchers and the multi-node harness name the same directory the ranks use
+(fm_pipeline.checkpoint.fast_tier)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+FAST_DIR_ENV = "FM_FAST_TIER_DIR"
+RACK_ENV = "FM_RACK"
+
+
+def fast_root() -> Path:
+    if os.environ.get(FAST_DIR_ENV):
+        return Path(os.environ[FAST_DIR_ENV])
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / "fm-fast"
+    return Path(tempfile.gettempdir()) / "fm-fast"
+
+
+def replica_peers(nodes: list[str], racks: list[str | None]) -> list[int | None]:
+    """For each rank (given its node and rack), the rank that holds its replica: the same
+    local index on the next node of a ring that takes the racks in turn, so that neighbours
+    are in different racks wherever the racks allow. None for all with a single node."""
+    order_of_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        order_of_node.setdefault(node, []).append(rank)
+    if len(order_of_node) < 2:
+        return [None] * len(nodes)
+    by_rack: dict[str, list[str]] = {}
+    for node, ranks in order_of_node.items():
+        by_rack.setdefault(str(racks[ranks[0]]), []).append(node)
+    ring: list[str] = []
+    queues = [list(v) for _, v in sorted(by_rack.items())]
+    while any(queues):
+        for q in queues:
+            if q:
+                ring.append(q.pop(0))
+    nxt = {node: ring[(i + 1) % len(ring)] for i, node in enumerate(ring)}
+    peers: list[int | None] = []
+    for rank, node in enumerate(nodes):
+        local = order_of_node[node].index(rank)
+        there = order_of_node[nxt[node]]
+        peers.append(there[local % len(there)])
+    return peers

@@ -39,10 +39,18 @@ the worker inside the same run, which restores the newest in-memory snapshot:
   snapshot_block_ratio loop time blocked by snapshots / step time, over the restarted
                        attempt (the loop's share lost to the fast tier at interval 2)
 
-Targets on 2 cores: inplace_resume_s <= 10 and <= durable_resume_s / 5 (same run). Not
-measured yet: peer_resume_s (a lost node's ranks from their peer's replica; tested in
-tests/checkpoint/test_fast_tier.py, not timed). Last stdout line: one JSON object
-(medians; each field's spread in "spread", max - min).
+Targets on 2 cores: inplace_resume_s <= 10 and <= durable_resume_s / 5 (same run).
+
+A lost node (fm_pipeline.resilience.scenarios.fast, no daemon: one launch of the pod
+command, 2 nodes x 2 ranks in network namespaces where this machine allows them; torch's
+default rendezvous heartbeat, 5 s):
+
+  peer_resume_s        node 1 SIGKILLed -> the first step after a spare joined and ranks
+                       2, 3 restored from node 0's replicas
+  peer_restore_s       that restore (the replicas sent over the tier's group)
+  peer_steps_redone    steps trained again after it
+
+Last stdout line: one JSON object (medians; each field's spread in "spread", max - min).
 """
 
 from __future__ import annotations
@@ -176,6 +184,22 @@ def measure_inplace(job_name: str) -> dict:
     }
 
 
+def measure_node_loss(home: Path) -> dict:
+    """The scenario's second fault (a whole node lost, a spare joins): its figures."""
+    from fm_pipeline.resilience.scenarios.fast import run_fast_faults
+    from fm_pipeline.resilience.workspace import ChaosWorkspace
+
+    ws = ChaosWorkspace(home)
+    with ws.active():
+        run = run_fast_faults(ws, keep_alive_s=None)
+    if not run.result.passed:
+        raise RuntimeError(f"node-loss run failed: {run.result.failed_checks()} "
+                           f"({run.result.outcome})")
+    peer = run.restarts[1]
+    return {"peer_resume_s": run.resume_s[1], "peer_restore_s": peer["restore_s"],
+            "peer_steps_redone": peer["steps_redone"]}
+
+
 def _wait_done(instance, job_name: str) -> None:
     """Until the job's API run (number 1: its segment runs, resumes included) ends."""
     from fm_pipeline.assets.training.api_runs import run_infos
@@ -245,6 +269,9 @@ def main(argv: list[str] | None = None) -> dict:
                 f"durable_resume_s {runs[-1]['durable_resume_s']:.1f}, "
                 f"inplace_resume_s {runs[-1]['inplace_resume_s']:.1f}"))
         instance.dispose()
+        for i, run in enumerate(runs):
+            run.update(measure_node_loss(root / f"node-loss-{i}"))
+            progress.update(task, description=f"peer_resume_s {run['peer_resume_s']:.1f}")
     keys = list(runs[0])
     result = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
     result["spread"] = {k: round(max(r[k] for r in runs) - min(r[k] for r in runs), 3)
@@ -254,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["spread"]["durable_over_inplace"] = round(max(ratios) - min(ratios), 3)
     result.update({"repeats": len(runs), "target_durable_resume_s": 30.0,
                    "target_inplace_resume_s": 10.0, "target_durable_over_inplace": 5.0,
-                   "peer_resume_s": None, "cpu_count": os.cpu_count(), "runs": runs})
+                   "cpu_count": os.cpu_count(), "runs": runs})
     print(json.dumps(result))
     return result
 

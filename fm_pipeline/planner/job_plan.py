@@ -87,6 +87,10 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
             "recommended_every_steps": rel.interval_steps,
             "recommended_interval_s": rel.interval_s,
             "job_mtbf_h": rel.job_mtbf_h,
+            # The fast tier (memory + a peer replica): its interval next to the configured
+            # one (0: off), and the durable interval that goes with it; None on one node.
+            "configured_memory_every_steps": job.checkpoint.memory_every_steps,
+            **_two_level(est.fast_tier),
         },
         "alternatives": [
             {
@@ -104,6 +108,15 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
         },
         "rank_placement": rank_table(inp["cluster"], inp["layout"], limit=rank_rows),
     }
+
+
+def _two_level(fast) -> dict:
+    if fast is None or not fast.fast_interval_steps:
+        return {"recommended_memory_every_steps": None,
+                "recommended_every_steps_with_memory": None, "goodput_with_memory": None}
+    return {"recommended_memory_every_steps": fast.fast_interval_steps,
+            "recommended_every_steps_with_memory": fast.durable_interval_steps,
+            "goodput_with_memory": fast.goodput}
 
 
 def _headline(m: dict) -> dict:

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from fm_pipeline.resilience.matrix import FaultResult
@@ -31,9 +32,21 @@ STEPS, DURABLE_EVERY = 12, 4
 KILL_WORKER_AT, LOSE_NODE_AT, LOSE_BOTH_AT = 3, 7, 10
 
 
-def lose_node_fast(ws: ChaosWorkspace, *, keep_alive_s: int | None = 1) -> FaultResult:
-    """`keep_alive_s`: torchrun's rendezvous heartbeat (its default 5 s x 3 misses decides
-    when the lost node is dropped); None keeps torch's default (what the benchmark uses)."""
+@dataclass
+class FastFaultsRun:
+    result: FaultResult
+    restarts: list[dict]  # the segments' inplace_restart records, in order
+    resume_s: list[float | None]  # per fault: -> the first step of the restarted attempt
+
+
+def lose_node_fast(ws: ChaosWorkspace) -> FaultResult:
+    """The scenario (fault matrix, tests), with a 1 s rendezvous heartbeat."""
+    return run_fast_faults(ws, keep_alive_s=1).result
+
+
+def run_fast_faults(ws: ChaosWorkspace, *, keep_alive_s: int | None) -> FastFaultsRun:
+    """`keep_alive_s`: torchrun's rendezvous heartbeat (3 missed ones drop the lost node;
+    torch's default is 5 s); None keeps torch's default (what benchmarks.recovery uses)."""
     from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
     from fm_pipeline.launch.spec import SegmentLaunch
     from fm_pipeline.resilience.injectors import Unavailable
@@ -110,9 +123,10 @@ def lose_node_fast(ws: ChaosWorkspace, *, keep_alive_s: int | None = 1) -> Fault
                                   for r in restarts))
     check_restarts(result, restarts, codes=codes, segments=segments)
     check_redone_steps_bitwise(result, steps)
-    result.notes.append(f"fault -> first resumed step: {resume_times(faults, steps)} s")
+    resume = resume_times(faults, steps)
+    result.notes.append(f"fault -> first resumed step: {resume} s")
     result.notes.append(f"tiers: {tiers}")
-    return result
+    return FastFaultsRun(result=result, restarts=restarts, resume_s=resume)
 
 
 def _held_dir(fast_dir: Path, job_name: str) -> Path:

@@ -41,7 +41,7 @@ class StragglerWatch:
         self.policy = r.straggler_policy
         self.detector = StragglerDetector(world_size=world_size, window=r.straggler_window,
                                           persist=r.straggler_persist)
-        self.mlflow = mlflow  # fm_pipeline.train.tracking.MlflowSink (client, run_id)
+        self.mlflow = mlflow  # fm_pipeline.train.tracking.MlflowSink
         self.local_ranks: dict[int, int] = {}
         self.stop_reason: str | None = None
         self._ended: set[int] = set()  # ids of events whose straggler_end was written
@@ -181,15 +181,10 @@ class StragglerWatch:
     def _mlflow_raised(self, event: StragglerEvent, action: str) -> None:
         if self.mlflow is None:
             return
-        from fm_pipeline.tracking import runs
-
         n = len(self.detector.events)
-        try:  # tags are rare and small: set directly; metrics go through the sink's queue
-            runs.set_tags(self.mlflow.client, self.mlflow.run_id, {
-                f"fm.straggler.{n}": (f"rank {event.rank} ({event.host}) {event.section} "
-                                      f"+{100 * event.severity:.0f}% from step "
-                                      f"{event.first_step}: {action}")})
-        except Exception as e:  # tracking must never take training down
-            log.warning("MLflow straggler tag not set: %s", e)
+        self.mlflow.set_tags({  # queued like the metrics: the sink's thread sets them
+            f"fm.straggler.{n}": (f"rank {event.rank} ({event.host}) {event.section} "
+                                  f"+{100 * event.severity:.0f}% from step "
+                                  f"{event.first_step}: {action}")})
         self.mlflow.log_metrics(event.detected_step, {"straggler.events": float(n),
                                                       "straggler.severity": event.severity})

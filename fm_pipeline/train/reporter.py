@@ -27,13 +27,9 @@ class SegmentReporter:
         self.mlflow: MlflowSink | None = None
         self.pipes: PipesSink | None = None
         uri = tracking_uri()
-        if uri:
-            try:
-                self.mlflow = MlflowSink(uri, job_name=job_name, params=params,
-                                         run_name=f"{job_name}-steps-{start_step}-{target_step}")
-            except Exception as e:  # tracking must never take training down
-                log.warning("MLflow at %s unusable, this segment is not tracked there "
-                            "(metrics.jsonl still is): %s", uri, e)
+        if uri:  # opens in the background; unusable: a warning, never an error
+            self.mlflow = MlflowSink(uri, job_name=job_name, params=params,
+                                     run_name=f"{job_name}-steps-{start_step}-{target_step}")
         if pipes_requested():
             self.pipes = PipesSink()
         self._progress = None

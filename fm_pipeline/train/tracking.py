@@ -55,33 +55,65 @@ def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
 
 class MlflowSink:
+    """Rank 0's MLflow run of a segment. It opens on its own thread (mlflow's import, the
+    server probe, the run and its params: ~3 s on 2 cores, paid again by every in-job
+    restart), so the first step never waits for tracking; metrics and tags queue until it
+    is open. Unusable (`ready` set, `usable` False): a warning, and the queue is dropped."""
+
     def __init__(self, uri: str, *, job_name: str, params: dict[str, Any], run_name: str):
-        probe_server(uri)
-        self.client = runs.open_client(uri)
-        self.own_run = not os.environ.get(names.ENV_RUN_ID)
-        self.run_id = os.environ.get(names.ENV_RUN_ID) or runs.open_trainer_run(
-            self.client, job_name=job_name, run_name=run_name,
-            experiment=os.environ.get(names.ENV_EXPERIMENT, names.DEFAULT_EXPERIMENT),
-            parent_run_id=os.environ.get(names.ENV_PARENT_RUN_ID))
-        runs.log_params(self.client, self.run_id, flatten_params(params))
+        self.uri = uri
+        self.client = None
+        self.run_id = os.environ.get(names.ENV_RUN_ID)
+        self.own_run = not self.run_id
+        self.usable = False
+        self.ready = threading.Event()
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._drain, name="fm-mlflow", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(job_name, params, run_name),
+                                        name="fm-mlflow", daemon=True)
         self._thread.start()
 
     def log_metrics(self, step: int, metrics: dict[str, float | None]) -> None:
-        self._queue.put((step, {k: v for k, v in metrics.items() if v is not None}))
+        self._queue.put(("metrics", step, {k: v for k, v in metrics.items() if v is not None}))
 
-    def _drain(self) -> None:
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self._queue.put(("tags", None, tags))
+
+    def _open(self, job_name: str, params: dict[str, Any], run_name: str) -> None:
+        probe_server(self.uri)
+        self.client = runs.open_client(self.uri)
+        if self.own_run:
+            self.run_id = runs.open_trainer_run(
+                self.client, job_name=job_name, run_name=run_name,
+                experiment=os.environ.get(names.ENV_EXPERIMENT, names.DEFAULT_EXPERIMENT),
+                parent_run_id=os.environ.get(names.ENV_PARENT_RUN_ID))
+        runs.log_params(self.client, self.run_id, flatten_params(params))
+
+    def _run(self, job_name: str, params: dict[str, Any], run_name: str) -> None:
+        try:
+            self._open(job_name, params, run_name)
+            self.usable = True
+        except Exception as e:  # tracking must never take training down
+            log.warning("MLflow at %s unusable, this segment is not tracked there "
+                        "(metrics.jsonl still is): %s", self.uri, e)
+        finally:
+            self.ready.set()
         while (item := self._queue.get()) is not None:
-            step, metrics = item
+            if not self.usable:
+                continue
+            kind, step, values = item
             try:
-                runs.log_metrics(self.client, self.run_id, metrics, step=step)
+                if kind == "metrics":
+                    runs.log_metrics(self.client, self.run_id, values, step=step)
+                else:
+                    runs.set_tags(self.client, self.run_id, values)
             except Exception as e:  # tracking must never take training down
-                log.warning("MLflow metrics of step %d not logged: %s", step, e)
+                log.warning("MLflow %s of step %s not logged: %s", kind, step, e)
 
     def close(self, *, summary: dict[str, Any], failed: bool) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if not self.usable:
+            return
         try:
             runs.set_tags(self.client, self.run_id, {
                 names.TAG_START_STEP: summary.get("start_step"),

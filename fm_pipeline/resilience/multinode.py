@@ -203,3 +203,18 @@ class PodNodes:
     def tail(self, lines: int = 25) -> str:
         return "\n".join(f"--- node {i} ---\n" + "\n".join(
             self.output(i).splitlines()[-lines:]) for i in range(len(self.logs)))
+
+
+def node_network(stack, n_nodes: int) -> tuple[NamespaceNetwork | None, str]:
+    """(a NamespaceNetwork entered on `stack`, or None: loopback) and where the nodes run,
+    in words: namespaces where this machine allows them."""
+    from fm_pipeline.resilience.injectors import Unavailable
+    from fm_pipeline.resilience.netns import availability
+
+    why_not = availability()
+    if why_not is None:
+        try:
+            return stack.enter_context(NamespaceNetwork(n_nodes)), "network namespaces"
+        except Unavailable as e:
+            why_not = str(e)
+    return None, f"loopback ({why_not})"

@@ -83,6 +83,22 @@ class ChaosWorkspace:
 
         return open_mix(store, key[1])
 
+    def pod_segment(self, job: JobSpec, label: str):
+        """(the job's whole run rendered as a JobSet with a shared claim, a fresh directory
+        for its pods under this workspace), the mix prepared: for PodNodes."""
+        import time
+
+        from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
+        from fm_pipeline.launch.spec import SegmentLaunch
+
+        self.prepare(job)
+        rendered = render_segment(SegmentLaunch(job, end_step=job.training.steps),
+                                  KubernetesTarget(store_uri="s3://unused/fm",
+                                                   shared_volume_claim="fm-runs"))
+        root = self.home / "pods" / f"{label}-{time.time_ns()}"
+        root.mkdir(parents=True)
+        return rendered, root
+
     def segments(self, job_name: str, *, since: float = 0.0) -> list[dict]:
         return [r for r in read_records(runs_dir(job_name) / SEGMENTS_FILE, "segment")
                 if r.get("time", 0) >= since]

@@ -47,24 +47,14 @@ def lose_node_fast(ws: ChaosWorkspace) -> FaultResult:
 def run_fast_faults(ws: ChaosWorkspace, *, keep_alive_s: int | None) -> FastFaultsRun:
     """`keep_alive_s`: torchrun's rendezvous heartbeat (3 missed ones drop the lost node;
     torch's default is 5 s); None keeps torch's default (what benchmarks.recovery uses)."""
-    from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
-    from fm_pipeline.launch.spec import SegmentLaunch
-    from fm_pipeline.resilience.injectors import Unavailable
-    from fm_pipeline.resilience.multinode import PodNodes
-    from fm_pipeline.resilience.netns import NamespaceNetwork, availability
-    from fm_pipeline.storage import open_store
+    from fm_pipeline.resilience.multinode import PodNodes, node_network
 
     job = ws.job("chaos-lose-node-fast", **{
         "parallelism.nnodes": 2, "parallelism.nproc_per_node": 2,
         "training.steps": STEPS, "training.segment_steps": STEPS,
         "checkpoint.every_steps": DURABLE_EVERY, "checkpoint.memory_every_steps": 1,
         "resilience.inplace_restarts": 3})
-    ws.prepare(job, open_store(str(ws.store_dir)))
-    rendered = render_segment(SegmentLaunch(job, end_step=STEPS),
-                              KubernetesTarget(store_uri="s3://unused/fm",
-                                               shared_volume_claim="fm-runs"))
-    root = ws.home / "pods" / f"lose-node-fast-{time.time_ns()}"
-    root.mkdir(parents=True)
+    rendered, root = ws.pod_segment(job, "lose-node-fast")
     result = FaultResult("lose-node-fast", expected=(
         "each fault is survived inside the one launch: the killed worker's node restores "
         "its own memory copy, the spare replacing a lost node gets its ranks' shards from "
@@ -74,13 +64,7 @@ def run_fast_faults(ws: ChaosWorkspace, *, keep_alive_s: int | None) -> FastFaul
         if keep_alive_s else ""
     faults: list[tuple[str, float]] = []
     with contextlib.ExitStack() as stack:
-        network, why_not = None, availability()
-        if why_not is None:
-            try:
-                network = stack.enter_context(NamespaceNetwork(2))
-            except Unavailable as e:
-                why_not = str(e)
-        where = "network namespaces" if network else f"loopback ({why_not})"
+        network, where = node_network(stack, 2)
         nodes = PodNodes(rendered, root=root, network=network, store_uri=str(ws.store_dir),
                          cwd=Path(__file__).resolve().parents[3], rdzv_conf=conf)
         events = nodes.runs_dir / EVENTS_FILE

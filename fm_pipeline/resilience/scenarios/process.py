@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import time
 from pathlib import Path
 
 from fm_pipeline.launch.outcome import Outcome, diagnose
@@ -108,35 +107,19 @@ def kill_node(ws: ChaosWorkspace) -> FaultResult:
     (agent and worker) is SIGKILLed; the JobSet recreates both pods (BlockingRecreate),
     which rendezvous again and resume from the shared claim's newest checkpoint."""
     from fm_pipeline.catalog import latest_valid
-    from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
-    from fm_pipeline.launch.spec import SegmentLaunch
-    from fm_pipeline.resilience.injectors import Unavailable
-    from fm_pipeline.resilience.multinode import PodNodes
-    from fm_pipeline.resilience.netns import NamespaceNetwork, availability
+    from fm_pipeline.resilience.multinode import PodNodes, node_network
     from fm_pipeline.resilience.processes import wait_for_checkpoint
-    from fm_pipeline.storage import open_store
 
     job = ws.job("chaos-kill-node", **{"parallelism.nnodes": 2,
                                        "parallelism.nproc_per_node": 1})
     store = ws.store_dir
-    ws.prepare(job, open_store(str(store)))
-    rendered = render_segment(SegmentLaunch(job, end_step=job.training.steps),
-                              KubernetesTarget(store_uri="s3://unused/fm",
-                                               shared_volume_claim="fm-runs"))
-    root = ws.home / "pods" / f"kill-node-{int(time.time())}"
-    root.mkdir(parents=True)
+    rendered, root = ws.pod_segment(job, "kill-node")
     result = FaultResult("kill-node", expected=(
         "the surviving node's worker fails on the lost peer; both pods recreated, "
         "rendezvous again and resume from the newest checkpoint on the shared claim"))
     repo = Path(__file__).resolve().parents[3]
     with contextlib.ExitStack() as stack:
-        network, why_not = None, availability()
-        if why_not is None:
-            try:
-                network = stack.enter_context(NamespaceNetwork(2))
-            except Unavailable as e:
-                why_not = str(e)
-        where = "network namespaces" if network else f"loopback ({why_not})"
+        network, where = node_network(stack, 2)
         nodes = PodNodes(rendered, root=root, network=network, store_uri=str(store), cwd=repo)
         nodes.start()
         events = nodes.runs_dir / EVENTS_FILE

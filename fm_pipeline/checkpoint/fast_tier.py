@@ -148,6 +148,7 @@ class FastTier:
         self.results: list[SnapshotResult] = []
         self.skipped: list[tuple[int, str]] = []
         self.last_skipped: list[str] = []  # why the last restore found nothing
+        self._held_at_close: int | None = None
 
     def _forget_other_runs(self) -> None:
         """Snapshots of other runs of this job on this node: never restorable, memory."""
@@ -417,7 +418,15 @@ class FastTier:
     # -- end ----------------------------------------------------------------------------------
 
     def held_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.dir.rglob("*.snap") if p.is_file())
+        """Bytes of this run's snapshots on this node. Tolerates files and directories going
+        while it counts: the other local ranks commit and prune at the same time."""
+        total = 0
+        for parent, _, files in os.walk(self.dir):  # os.walk ignores vanished directories
+            for name in files:
+                if name.endswith(".snap"):
+                    with contextlib.suppress(FileNotFoundError):
+                        total += os.stat(os.path.join(parent, name)).st_size
+        return total
 
     def report(self) -> dict:
         done = [r for r in self.results if r.committed]
@@ -426,7 +435,8 @@ class FastTier:
                 else 0, "blocked_s": round(sum(r.blocked_s for r in self.results), 6),
                 "replica_peer": self.peer,
                 "replicas_held": sum(r.replica_held for r in self.results),
-                "held_bytes_on_node": self.held_bytes() if self.dir.is_dir() else 0}
+                "held_bytes_on_node": self.held_bytes() if self._held_at_close is None
+                else self._held_at_close}
 
     def close(self, *, discard: bool = False) -> None:
         """Wait for the snapshot in flight; `discard`: the segment ended cleanly, so its
@@ -437,6 +447,7 @@ class FastTier:
             self._executor.shutdown(wait=True)
             self._stager.close()
         if discard:
+            self._held_at_close = self.held_bytes()  # counted before local rank 0 deletes
             comm.barrier()
             if comm.local_rank() == 0:
                 shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,7 +1,8 @@
 """torchrun's in-place restarts, seen from a worker: which attempt this is, and how the
 previous attempt's workers on this node ended (their error files).
 
-    restart_attempt()                  # 0 for the first start, n after n in-job restarts
+    restart_attempt()                  # 0 for the first start, n after n failure restarts
+    worker_group_start(node_dir)       # this agent's worker groups started before this one
     previous_attempt()                 # [AttemptRecord(rank, exit_code, reason)] on this node
     deliberate_stop(previous_attempt())   # a stop to keep, not a failure to restart from
 
@@ -49,6 +50,49 @@ def restart_attempt() -> int:
         return int(os.environ.get(RESTART_COUNT_ENV, "0"))
     except ValueError:
         return 0
+
+
+def worker_group_start(node_dir: Path) -> int:
+    """How many worker groups this worker's agent started before this one, on this local
+    rank: every rendezvous round counts. torch's restart count does not count a round that a
+    membership change started (a peer's agent re-joining after its own worker failed, a
+    spare joining in place of a lost node): the agent that notices the new node first
+    restarts without counting, so the same fault counts 1 on one node and 0 on another.
+    Kept per (run, agent pid, local rank) under `node_dir` (node-local memory: a new node
+    starts at 0); outside torchrun, the restart count."""
+    run, local = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("LOCAL_RANK", "0")
+    if not run:
+        return restart_attempt()
+    agent = os.getppid()
+    starts = node_dir / ".starts"
+    path = starts / f"{_safe(run)}-{agent}-{_safe(local)}"
+    try:
+        starts.mkdir(parents=True, exist_ok=True)
+        before = int(path.read_text()) if path.exists() else 0
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(before + 1))
+        os.replace(tmp, path)
+        if before == 0 and local == "0":
+            _forget_dead_agents(starts)
+        return before
+    except (OSError, ValueError):  # no node-local memory to count in: torch's own count
+        return restart_attempt()
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", text)
+
+
+def _forget_dead_agents(starts: Path) -> None:
+    for p in starts.iterdir():
+        try:
+            os.kill(int(p.name.split("-")[-2]), 0)
+        except (ValueError, IndexError):
+            continue
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def previous_attempt() -> list[AttemptRecord]:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from fm_pipeline.catalog.refs import ref_from_location
 from fm_pipeline.checkpoint import CheckpointManager, comm
+from fm_pipeline.checkpoint.fast_paths import fast_root
 from fm_pipeline.checkpoint.fast_tier import FastRestore
 from fm_pipeline.checkpoint.load import resume
 from fm_pipeline.config import JobSpec, dump_job
@@ -31,7 +32,7 @@ from fm_pipeline.config.paths import runs_dir, store_uri
 from fm_pipeline.model import count_params, flops_per_token
 from fm_pipeline.parallel import ParallelDims, init_distributed
 from fm_pipeline.rundir import exit_codes
-from fm_pipeline.rundir.attempts import restart_attempt
+from fm_pipeline.rundir.attempts import worker_group_start
 from fm_pipeline.rundir.events import append_event
 from fm_pipeline.storage import open_store
 from fm_pipeline.train.metrics import host_name, mfu, peak_flops_per_device
@@ -151,11 +152,13 @@ def restore_in_job(fast, manager: CheckpointManager):
 
 def job_attempt() -> tuple[int, list[int]]:
     """(the job's in-job attempt, the nodes that joined it since the last one), collective.
-    Each node's agent counts its own restarts: a spare that replaced a lost node starts at 0
-    while the survivors are at n, and every rank must take the same restore path."""
-    counts = comm.all_gather((restart_attempt(), int(os.environ.get("GROUP_RANK", 0))))
+    Each node counts the worker groups its agent started (worker_group_start): a spare that
+    replaced a lost node is at its first while the survivors are at n, and every rank must
+    take the same restore path."""
+    node = int(os.environ.get("GROUP_RANK", 0))
+    counts = comm.all_gather((worker_group_start(fast_root()), node))
     attempt = max(c for c, _ in counts)
-    return attempt, sorted({node for c, node in counts if c < attempt})
+    return attempt, sorted({node for c, node in counts if c == 0 and attempt > 0})
 
 
 def in_job_restart_record(restored, *, restore_s: float, fast, attempt: int,

@@ -88,7 +88,11 @@ def run_fast_faults(ws: ChaosWorkspace, *, keep_alive_s: int | None) -> FastFaul
             nodes.replace_node(1, attempt=1)
             _wait_for_restart(nodes, 2)
             nodes.wait_for_step(LOSE_BOTH_AT)
+            survivors = [nodes.worker_pid(0, rank) for rank in (0, 1)]
             nodes.kill_node(1)
+            # Deleted once node 0's workers are gone: a replica they were still committing
+            # would otherwise come back after the delete.
+            _wait_gone(survivors, nodes)
             shutil.rmtree(_held_dir(nodes.fast_dir(0), job.name))
             inject(f"node 1 lost again after step {LOSE_BOTH_AT}, and node 0's replicas "
                    f"of its ranks deleted")
@@ -110,12 +114,24 @@ def run_fast_faults(ws: ChaosWorkspace, *, keep_alive_s: int | None) -> FastFaul
     resume = resume_times(faults, steps)
     result.notes.append(f"fault -> first resumed step: {resume} s")
     result.notes.append(f"tiers: {tiers}")
+    if not result.passed:  # what the agents printed is what tells why
+        result.notes.append(nodes.tail(60))
     return FastFaultsRun(result=result, restarts=restarts, resume_s=resume)
 
 
 def _held_dir(fast_dir: Path, job_name: str) -> Path:
     (run,) = [p for p in (fast_dir / job_name).iterdir() if p.is_dir()]
     return run / "held"
+
+
+def _wait_gone(pids: list[int], nodes, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"node 0's workers {pids} still run {timeout_s:.0f} s after node 1 "
+                       f"was lost:\n{nodes.tail()}")
 
 
 def _wait_for_restart(nodes, n: int, timeout_s: float = 240) -> None:
@@ -142,6 +158,10 @@ def check_restarts(result: FaultResult, restarts: list[dict], *, codes, segments
     if len(restarts) != 3:
         return
     worker, node, both = restarts
+    result.check(f"one attempt per fault ({[r['attempt'] for r in restarts]}); the killed "
+                 f"worker's restart names no node as joined ({worker['joined_nodes']})",
+                 [r["attempt"] for r in restarts] == [1, 2, 3]
+                 and worker["joined_nodes"] == [])
     result.check(f"killed worker: restored from the node's own memory ({worker['tier']}), "
                  f"{worker['steps_redone']} step(s) redone (<= 1)",
                  worker["tier"] == "memory" and worker["steps_redone"] is not None

@@ -27,7 +27,7 @@ demo: venv
 	$(BIN)/fm demo
 
 test: venv
-	$(BIN)/python -m pytest -q -ra -p no:cacheprovider
+	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=25
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).
 BENCHMARKS ?= data remote_data trainer checkpoint planner simulation recovery

@@ -8,7 +8,8 @@ stas00/ml-engineering, compute/accelerator/README.md; for the H100 SXM also 798 
 measured with a 8192^3 bf16 torch.matmul on one H100 SXM). The planner uses it as the
 ceiling of every GEMM; the CPU's peak is itself a measured matmul, so its ceiling is 1.
 
-The CPU probe runs torch's matmul where torch is installed (the trainer always has it); a
+The CPU probe runs once per host and thread count (fm_pipeline.cpu_peaks keeps the
+figures), with torch's matmul where torch is installed (the trainer always has it); a
 control-side process without torch measures numpy's fp32 matmul instead (bf16 taken as the
 fp32 figure, the threads as numpy's own).
 """
@@ -125,12 +126,15 @@ def cpu_threads() -> int:
     return torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)
 
 
-def measured_cpu() -> Accelerator:
-    """The CPU entry, its peaks measured once per process (per thread count)."""
-    threads = cpu_threads()
+def measured_cpu(threads: int | None = None) -> Accelerator:
+    """The CPU entry at `threads` matmul threads (default: this process's), its peaks
+    measured once per host (fm_pipeline.cpu_peaks)."""
+    from fm_pipeline.cpu_peaks import cpu_peak
+
+    threads = cpu_threads() if threads is None else threads
     if threads not in _cpu_cache:
-        fp32 = measure_matmul_flops("fp32")
-        bf16 = measure_matmul_flops("bf16") if _torch() is not None else fp32
+        fp32 = cpu_peak("fp32", threads=threads)
+        bf16 = cpu_peak("bf16", threads=threads)
         _cpu_cache[threads] = Accelerator(
             name=f"cpu-{threads}t", peak_bf16_flops=max(bf16, fp32), peak_fp32_flops=fp32,
             memory_gib=24, memory_bw_gbps=20, intra_node_gbps=10, inter_node_gbps=1.25,

@@ -95,23 +95,17 @@ def cpu_per_rank(ranks_per_node: int) -> Accelerator:
     torch (a control-side image) the whole machine is measured and shared out evenly."""
     import os
     from dataclasses import replace
+    from importlib.util import find_spec
 
     from fm_pipeline.accelerators import measured_cpu
 
-    try:
-        import torch
-    except ImportError:
+    if find_spec("torch") is None:
         whole = measured_cpu()
         return replace(whole, name=f"cpu-{ranks_per_node}r",
                        peak_bf16_flops=whole.peak_bf16_flops / ranks_per_node,
                        peak_fp32_flops=whole.peak_fp32_flops / ranks_per_node)
-    threads = max(1, (os.cpu_count() or 1) // ranks_per_node)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return measured_cpu()
-    finally:
-        torch.set_num_threads(before)
+    # Known per host once measured (fm_pipeline.cpu_peaks): torch is imported only to probe.
+    return measured_cpu(max(1, (os.cpu_count() or 1) // ranks_per_node))
 
 
 def make_cluster(gpu_type: str, **overrides) -> ClusterConfig:

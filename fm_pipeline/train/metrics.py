@@ -10,20 +10,16 @@ import socket
 
 import torch
 
-from fm_pipeline.accelerators import (
-    cuda_accelerator_name,
-    get_accelerator,
-    measure_matmul_flops,
-    measured_cpu,
-)
+from fm_pipeline.accelerators import cuda_accelerator_name, get_accelerator, measured_cpu
+from fm_pipeline.cpu_peaks import cpu_peak
 
 
 def peak_flops_per_device(device: torch.device, mixed_precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s of one device for the compute dtype, the accelerator's name).
 
     GPUs: the catalog's dense datasheet figure (BF16, or TF32 for fp32 runs); unknown GPUs
-    give None (no MFU rather than a wrong one). CPU: a matmul probe run now, in the
-    dtype the model computes in, with the thread count of this process."""
+    give None (no MFU rather than a wrong one). CPU: a matmul probe in the dtype the model
+    computes in, with the thread count of this process, run once per host."""
     dtype = "bf16" if mixed_precision == "bf16" else "fp32"
     if device.type == "cuda":
         name = cuda_accelerator_name(torch.cuda.get_device_name(device))
@@ -31,8 +27,8 @@ def peak_flops_per_device(device: torch.device, mixed_precision: str) -> tuple[f
             return None, torch.cuda.get_device_name(device)
         return get_accelerator(name).peak_flops(dtype), name
     threads = torch.get_num_threads()
-    if dtype == "fp32":  # the probe of one dtype is enough (half of measured_cpu's second)
-        return measure_matmul_flops("fp32"), f"cpu-{threads}t"
+    if dtype == "fp32":  # the probe of one dtype is enough
+        return cpu_peak("fp32", threads=threads), f"cpu-{threads}t"
     cpu = measured_cpu()
     return cpu.peak_flops(dtype), cpu.name
 

@@ -1,0 +1,96 @@
+"""The CPU's measured matmul peaks, kept per host: a probe costs about half a second per
+dtype (plus torch's import on the control side) in every process that needs a peak (each
+trainer rank for its MFU, each Dagster run that plans a CPU job), and the machine does not
+change between them.
+
+    cpu_peak("fp32", threads=1)     # FLOP/s; measured on the first call on this host
+
+Kept in FM_HOME/host/cpu-peaks.json, one entry per host, CPU model, core count, thread
+count and matmul library (torch and its version, or numpy), with when it was measured.
+Delete the file to measure again (after a BIOS or kernel change, say). Writers replace the
+file whole; two processes measuring at once both measure, and the last write wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from importlib import metadata
+from pathlib import Path
+
+from fm_pipeline.config.paths import fm_home
+
+CACHE_NAME = "cpu-peaks.json"
+
+
+def cache_path() -> Path:
+    return fm_home() / "host" / CACHE_NAME
+
+
+def cpu_peak(dtype: str, *, threads: int) -> float:
+    """Peak FLOP/s of a square `dtype` matmul with `threads` threads on this host."""
+    key = _key(dtype, threads)
+    entries = _read()
+    if key in entries:
+        return float(entries[key]["flops"])
+    flops = _measure(dtype, threads)
+    entries = _read()  # another process may have written meanwhile
+    entries[key] = {"flops": flops, "measured_at": time.time()}
+    _write(entries)
+    return flops
+
+
+def _key(dtype: str, threads: int) -> str:
+    try:
+        lib = f"torch-{metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        lib, dtype = "numpy", "fp32"  # numpy has no bf16 matmul: the fp32 figure stands in
+    return "|".join([socket.gethostname(), _cpu_model(), f"{os.cpu_count()}cores",
+                     f"{threads}t", lib, dtype])
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _measure(dtype: str, threads: int) -> float:
+    from fm_pipeline.accelerators import measure_matmul_flops
+
+    try:
+        import torch
+    except ImportError:
+        return measure_matmul_flops("fp32")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return measure_matmul_flops(dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _read() -> dict:
+    try:
+        data = json.loads(cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(entries: dict) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{CACHE_NAME}.{os.getpid()}")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only FM_HOME measures every time: slower, never wrong

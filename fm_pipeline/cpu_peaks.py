@@ -5,7 +5,8 @@ change between them.
 
     cpu_peak("fp32", threads=1)     # FLOP/s; measured on the first call on this host
 
-Kept in FM_HOME/host/cpu-peaks.json, one entry per host, CPU model, core count, thread
+Kept in FM_HOME/host/cpu-peaks.json ($FM_CPU_PEAKS_FILE names another file: one shared by
+every FM_HOME on the machine), one entry per host, CPU model, core count, thread
 count and matmul library (torch and its version, or numpy), with when it was measured.
 Delete the file to measure again (after a BIOS or kernel change, say). Writers replace the
 file whole; two processes measuring at once both measure, and the last write wins.
@@ -24,9 +25,12 @@ from pathlib import Path
 from fm_pipeline.config.paths import fm_home
 
 CACHE_NAME = "cpu-peaks.json"
+CACHE_ENV = "FM_CPU_PEAKS_FILE"
 
 
 def cache_path() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
     return fm_home() / "host" / CACHE_NAME
 
 
@@ -89,7 +93,7 @@ def _write(entries: dict) -> None:
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{CACHE_NAME}.{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
         os.replace(tmp, path)
     except OSError:

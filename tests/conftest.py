@@ -18,6 +18,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def cpu_peaks_file(tmp_path_factory) -> Iterator[Path]:
+    """One machine, one measurement of its CPU's matmul peaks (fm_pipeline.cpu_peaks) for
+    every test's FM_HOME and the processes they start, as on a host with many homes."""
+    path = tmp_path_factory.mktemp("host") / "cpu-peaks.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FM_CPU_PEAKS_FILE", str(path))
+        yield path
+
+
 @pytest.fixture(autouse=True)
 def fm_home(tmp_path, monkeypatch) -> Iterator[Path]:
     """Every test gets its own state directory; nothing leaks into the repo's .fm/."""

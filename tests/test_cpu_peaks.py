@@ -7,9 +7,24 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from fm_pipeline import cpu_peaks
 from fm_pipeline.accelerators import measured_cpu
 from fm_pipeline.planner.cluster import cpu_per_rank
+
+
+@pytest.fixture(autouse=True)
+def own_cache(monkeypatch):
+    """These tests measure: the FM_HOME's own file, not the session's shared one."""
+    monkeypatch.delenv(cpu_peaks.CACHE_ENV, raising=False)
+
+
+def test_the_shared_file_is_used_where_it_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv(cpu_peaks.CACHE_ENV, str(tmp_path / "peaks.json"))
+    cpu_peaks.cpu_peak("fp32", threads=1)
+    assert cpu_peaks.cache_path() == tmp_path / "peaks.json"
+    assert len(json.loads((tmp_path / "peaks.json").read_text())) == 1
 
 
 def _count_probes(monkeypatch) -> list[str]:

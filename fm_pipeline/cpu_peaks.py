@@ -20,9 +20,8 @@ import platform
 import socket
 import time
 from importlib import metadata
+from importlib.util import find_spec
 from pathlib import Path
-
-from fm_pipeline.config.paths import fm_home
 
 CACHE_NAME = "cpu-peaks.json"
 CACHE_ENV = "FM_CPU_PEAKS_FILE"
@@ -31,7 +30,9 @@ CACHE_ENV = "FM_CPU_PEAKS_FILE"
 def cache_path() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    return fm_home() / "host" / CACHE_NAME
+    # config.paths.fm_home's rule, read here: config is a floor above the accelerators.
+    home = Path(os.environ.get("FM_HOME", Path.cwd() / ".fm")).resolve()
+    return home / "host" / CACHE_NAME
 
 
 def cpu_peak(dtype: str, *, threads: int) -> float:
@@ -47,10 +48,21 @@ def cpu_peak(dtype: str, *, threads: int) -> float:
     return flops
 
 
-def _key(dtype: str, threads: int) -> str:
+def has_torch() -> bool:
+    """Whether torch can be imported here, without importing it."""
     try:
-        lib = f"torch-{metadata.version('torch')}"
-    except metadata.PackageNotFoundError:
+        return find_spec("torch") is not None
+    except (ImportError, ValueError):  # an import hook that forbids it
+        return False
+
+
+def _key(dtype: str, threads: int) -> str:
+    if has_torch():
+        try:
+            lib = f"torch-{metadata.version('torch')}"
+        except metadata.PackageNotFoundError:  # importable without a distribution
+            lib = "torch"
+    else:
         lib, dtype = "numpy", "fp32"  # numpy has no bf16 matmul: the fp32 figure stands in
     return "|".join([socket.gethostname(), _cpu_model(), f"{os.cpu_count()}cores",
                      f"{threads}t", lib, dtype])
@@ -69,10 +81,10 @@ def _cpu_model() -> str:
 def _measure(dtype: str, threads: int) -> float:
     from fm_pipeline.accelerators import measure_matmul_flops
 
-    try:
-        import torch
-    except ImportError:
+    if not has_torch():
         return measure_matmul_flops("fp32")
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

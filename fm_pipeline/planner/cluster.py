@@ -95,11 +95,11 @@ def cpu_per_rank(ranks_per_node: int) -> Accelerator:
     torch (a control-side image) the whole machine is measured and shared out evenly."""
     import os
     from dataclasses import replace
-    from importlib.util import find_spec
 
     from fm_pipeline.accelerators import measured_cpu
+    from fm_pipeline.cpu_peaks import has_torch
 
-    if find_spec("torch") is None:
+    if not has_torch():
         whole = measured_cpu()
         return replace(whole, name=f"cpu-{ranks_per_node}r",
                        peak_bf16_flops=whole.peak_bf16_flops / ranks_per_node,

@@ -355,7 +355,9 @@ class ControlPlane:
                         f"(step-{newest.step:08d}); omit checkpoint or name that one"
                     ))])
                 return None  # the newest: what the orchestrator restores anyway
-        known = ", ".join(f"step-{c.step:08d}" for c in committed) or "none yet"
+        # One name per step, newest first (a step is listed once per tier that holds it).
+        known = ", ".join(f"step-{step:08d}" for step in sorted(
+            {c.step for c in committed}, reverse=True)) or "none yet"
         raise FieldError([("checkpoint", (
             f"{wanted!r} is not a committed checkpoint of job {job_id} (committed: {known})"
         ))])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fm_pipeline.api.auth import TokenStore
@@ -20,19 +22,27 @@ TENANTS = {
 }
 
 
-@pytest.fixture(scope="session")
-def mix_store(tmp_path_factory):
-    """A real small data mix, prepared once per session in its own store."""
+def prepare_mix(root: Path) -> dict:
+    """A real small data mix in the store under `root`: its root, key and manifest."""
     from fm_pipeline.data.testing import build_small_mix, small_job
     from fm_pipeline.storage import open_store
 
-    root = tmp_path_factory.mktemp("mix-store")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FM_HOME", str(root / "home"))
         store = open_store(root / "store")
         mix = build_small_mix(small_job(), store=store)
-    return {"root": str(root / "store"), "key": mix.key,
-            "manifest": f"{root / 'store'}/data/{mix.key}/manifest.json"}
+    return mix_in(root / "store", mix.key)
+
+
+def mix_in(store_root: Path, key: str) -> dict:
+    return {"root": str(store_root), "key": key,
+            "manifest": f"{store_root}/data/{key}/manifest.json"}
+
+
+@pytest.fixture(scope="session")
+def mix_store(tmp_path_factory):
+    """A real small data mix, prepared once per session in its own store."""
+    return prepare_mix(tmp_path_factory.mktemp("mix-store"))
 
 
 @pytest.fixture

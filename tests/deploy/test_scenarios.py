@@ -5,9 +5,9 @@
   each failure resumed by the daemon's sensors, no segment launched twice, the restore drill
   run by the schedule, the lineage read through the webserver's GraphQL.
 - The sqlite default with two `fm api serve` processes on one FM_HOME (they share one
-  daemon): 4 simultaneous submissions from 3 tenants, half to each server, one injected
-  failure in each; every request answers, every job reaches its target step, no segment
-  launched twice, both servers report every job the same way.
+  daemon): 4 simultaneous submissions from 3 tenants, half to each server, an injected
+  failure in one job of each server; every request answers, every job reaches its target
+  step, no segment launched twice, both servers report every job the same way.
 """
 
 from __future__ import annotations
@@ -44,14 +44,24 @@ def bearer(tenant: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TokenStore().issue(tenant=tenant)[1]}"}
 
 
-def submit(base: str, headers: dict, payload: dict, store) -> str:
+def submit(base: str, headers: dict, payload: dict, store, *, fault: bool = True) -> str:
     """POST a job, then plant one fault in it (rank 0 fails after step 6, in whichever
     segment reaches it: the first segment has not launched yet when this returns)."""
     r = httpx.post(f"{base}/v1/training/jobs", json=payload, headers=headers, timeout=60)
     assert r.status_code == 201, r.text
     job_id = r.json()["job_id"]
-    plant_fault(store, job_id, "0:6")
+    if fault:
+        plant_fault(store, job_id, "0:6")
     return job_id
+
+
+def check_trained_in_one_segment(instance, job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        (segment,) = [r.dagster_run for r in instance.get_run_records()
+                      if r.dagster_run.job_name == "training_segment_job"
+                      and r.dagster_run.tags.get("dagster/partition") == job_id]
+        assert segment.status == DagsterRunStatus.SUCCESS
+        assert int(segment.tags["fm/end_step"]) == STEPS
 
 
 def check_every_job_recovered(instance, job_ids: list[str]) -> None:
@@ -161,16 +171,23 @@ def test_two_api_servers_on_one_sqlite_instance_four_submissions_at_once(
     with deployment(fm_home, env=env, with_daemon=False) as stack, \
             stack.api_server(THREE_TENANTS, keep_daemon=True, name="api-a") as first, \
             stack.api_server(THREE_TENANTS, keep_daemon=True, name="api-b") as second:
-        asks = [(first, bearer("prod"), "high"), (second, bearer("research"), "normal"),
-                (first, bearer("vision"), "normal"), (second, bearer("prod"), "low")]
+        # (server, tenant, priority, a fault planted): one failure behind each server.
+        asks = [(first, bearer("prod"), "high", True),
+                (second, bearer("research"), "normal", True),
+                (first, bearer("vision"), "normal", False),
+                (second, bearer("prod"), "low", False)]
         jobs: dict[str, tuple] = {}
+        faulted: list[str] = []
         errors: list[BaseException] = []
         go = threading.Barrier(len(asks))
 
-        def ask(base, headers, priority):
+        def ask(base, headers, priority, fault):
             try:
                 go.wait()
-                jobs[submit(base, headers, body(mix_store, priority), store)] = headers
+                job_id = submit(base, headers, body(mix_store, priority), store, fault=fault)
+                jobs[job_id] = headers
+                if fault:
+                    faulted.append(job_id)
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
@@ -188,7 +205,8 @@ def test_two_api_servers_on_one_sqlite_instance_four_submissions_at_once(
             seen = [job_status(base, headers, job_id) for base in (first, second)]
             assert [s["status"] for s in seen] == ["succeeded"] * 2
             assert seen[0]["step"] == seen[1]["step"] == STEPS
-        check_every_job_recovered(stack.instance, list(jobs))
+        check_every_job_recovered(stack.instance, faulted)
+        check_trained_in_one_segment(stack.instance, [j for j in jobs if j not in faulted])
         # One daemon served the instance: the second server shared the first one's.
         assert "already runs for it" in (fm_home / "dagster" / "services" /
                                          "daemon.log").read_text()

@@ -69,7 +69,7 @@ def worker_group_start(node_dir: Path) -> int:
     try:
         starts.mkdir(parents=True, exist_ok=True)
         before = int(path.read_text()) if path.exists() else 0
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f"{path.name}.tmp")  # one per local rank, whatever the run id
         tmp.write_text(str(before + 1))
         os.replace(tmp, path)
         if before == 0 and local == "0":

@@ -21,7 +21,10 @@ output layer and fp32 logits instead. The worse of the two is the GPU's need.
 Model state (bytes per parameter, mixed precision as Megatron and torchtitan keep it):
 bf16 weights 2, fp32 gradients 4, fp32 master weights + Adam moments 12. ZeRO-1 shards the
 12, ZeRO-2 the 4 + 12, FSDP all 18 over the shard group (dp_shard x cp ranks), plus the two
-gathered layers FSDP keeps in flight.
+gathered layers FSDP keeps in flight. FSDP under a pipeline runs as the trainer runs it
+(torch.distributed.pipelining with reshard_after_forward=False): a stage's weights are
+gathered at its first micro-batch and kept, its gradients accumulate unsharded in fp32 until
+the last backward reduce-scatters them, so only the 12 optimizer bytes stay sharded.
 """
 
 from __future__ import annotations
@@ -121,14 +124,16 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
     last_params = layers * layer_params + head
 
     shard = (c.dp_shard * c.cp).astype(np.float64)
+    # FSDP inside a pipeline keeps weights gathered and gradients unsharded all step.
+    fsdp_resharding = (c.sharding == FSDP) & single
 
     def state_bytes(params):
         w = params * state.weights
         g = params * state.grads
         o = params * state.optimizer
-        g = np.where((c.sharding == ZERO2) | (c.sharding == FSDP), g / shard, g)
+        g = np.where((c.sharding == ZERO2) | fsdp_resharding, g / shard, g)
         o = np.where(c.sharding == DDP, o, o / shard)
-        w = np.where(c.sharding == FSDP, w / shard, w)
+        w = np.where(fsdp_resharding, w / shard, w)
         return w, g, o
 
     acts = layer_activations(shape, c, dtype_bytes=dtype_bytes)
@@ -142,7 +147,7 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
         [c.recompute == SELECTIVE, c.recompute >= HALF], [acts.core, everything], default=0.0
     )
     fsdp_working = np.where(
-        c.sharding == FSDP, 2 * layer_params * (state.weights + state.grads), 0.0
+        fsdp_resharding, 2 * layer_params * (state.weights + state.grads), 0.0
     )
 
     m = global_batch_tokens // shape.seq_len // (c.dp * c.micro_batch)

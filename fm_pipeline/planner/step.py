@@ -17,7 +17,10 @@ The bubble is (p-1)/v micro-batch times: a fraction (p-1)/(v m + p - 1) of the s
 (Narayanan et al. 2021; v = 1 is plain 1F1B). Data-parallel traffic per step: DDP
 all-reduces fp32 gradients; ZeRO-1 reduce-scatters them and all-gathers updated bf16
 weights; ZeRO-2 reduce-scatters every micro-batch; FSDP all-gathers weights forward and
-backward and reduce-scatters gradients every micro-batch. With overlap (modern Megatron,
+backward and reduces-scatters gradients every micro-batch, except under a pipeline, where
+(as the trainer runs it: torch.distributed.pipelining keeps an FSDP stage unsharded and
+skips gradient sync until the last backward) it gathers once and reduce-scatters once per
+step, like ZeRO-1. With overlap (modern Megatron,
 torchtitan) only what exceeds the backward (or forward) compute it hides behind is exposed,
 and never less than the last layer's bucket.
 """
@@ -156,9 +159,9 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     ag_weights = ring_pass_time(weights, shard_size, shard_link, calls=layers)
     across_replicas = all_reduce_time(grads / shard_size, replicas, replica_link, calls=layers)
     ddp_all_reduce = all_reduce_time(grads, shard_size, shard_link, calls=layers) + across_replicas
+    fwd_hidden = _hides(ag_weights, fwd_window, layers)
+    grad_once = _hides(rs_grads, bwd_window, layers) + across_replicas
     if dp_overlap:
-        fwd_hidden = _hides(ag_weights, fwd_window, layers)
-        grad_once = _hides(rs_grads, bwd_window, layers) + across_replicas
         per_micro_fsdp = fwd_hidden + _hides(ag_weights + rs_grads, bwd_window, layers)
         dp_s = np.select(
             [c.sharding == DDP, c.sharding == ZERO2, c.sharding == FSDP],
@@ -174,6 +177,9 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
              m * (2 * ag_weights + rs_grads) + across_replicas],
             default=rs_grads + across_replicas + ag_weights,
         )
+    # FSDP under a pipeline: once per step, as ZeRO-1 (the default branch of the selects).
+    once = (grad_once + fwd_hidden) if dp_overlap else (rs_grads + across_replicas + ag_weights)
+    dp_s = np.where((c.sharding == FSDP) & (c.pp > 1), once, dp_s)
     dp_s = np.where(c.dp * c.cp > 1, dp_s, 0.0)  # one replica of the weights: nothing to reduce
 
     optimizer_params = np.where(c.sharding == DDP, params, params / shard_size)

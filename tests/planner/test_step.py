@@ -108,3 +108,28 @@ def test_slower_fabric_exposes_more_data_parallel_communication():
 def test_context_parallel_ranks_reduce_their_gradients_even_without_dp():
     ev = run(Layout(tp=8, cp=2, dp=1), Layout(tp=8, cp=1, dp=1), batch_tokens=16 * 4096)
     assert ev.dp_comm_s[0] > 0 and ev.dp_comm_s[1] == 0
+
+
+def test_fsdp_under_a_pipeline_gathers_and_reduces_once_per_step_as_the_trainer_runs_it():
+    # torch.distributed.pipelining keeps an FSDP stage unsharded through the step and syncs
+    # gradients at the last backward only; without a pipeline FSDP re-gathers and reduces
+    # every micro-batch of the gradient accumulation.
+    def dp_comm(pp, sharding, batch_tokens):
+        lay = Layout(tp=8, pp=pp, dp=8, sharding=sharding)
+        ev = evaluate(SHAPE, H100, Candidates.from_layouts([lay]),
+                      global_batch_tokens=batch_tokens, dp_overlap=False)
+        return float(ev.dp_comm_s[0]), ev.memory
+
+    small, big = 32 * 4096, 128 * 4096  # 4 and 16 micro-batches per step
+    fsdp_pp, mem_pp = dp_comm(4, "fsdp", big)
+    zero1_pp, mem_zero1 = dp_comm(4, "zero1", big)
+    assert fsdp_pp == pytest.approx(zero1_pp)
+    assert dp_comm(4, "fsdp", small)[0] == pytest.approx(fsdp_pp)
+    assert dp_comm(1, "fsdp", big)[0] > 3 * dp_comm(1, "fsdp", small)[0]
+    # ... and holds what it gathered: full bf16 weights and fp32 gradients, sharded optimizer.
+    _, mem_ddp = dp_comm(4, "ddp", big)
+    assert mem_pp.weights[0] == pytest.approx(mem_ddp.weights[0])
+    assert mem_pp.grads[0] == pytest.approx(mem_ddp.grads[0])
+    assert mem_pp.optimizer[0] == pytest.approx(mem_zero1.optimizer[0])
+    _, mem_flat = dp_comm(1, "fsdp", big)
+    assert mem_flat.grads[0] == pytest.approx(dp_comm(1, "ddp", big)[1].grads[0] / 8)

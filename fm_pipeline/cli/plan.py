@@ -107,8 +107,10 @@ def _cluster(o: dict):
 
 
 def _layout(o: dict, gpus: int):
-    from fm_pipeline.planner.layout import Layout
+    from fm_pipeline.planner.layout import Layout, parse_layout
 
+    if o.get("layout"):
+        return parse_layout(o["layout"])
     for field in ("tp", "pp", "micro_batch"):
         if o[field] is None:
             raise PlanInputError(field, "is required for an estimate (fm plan search finds one)")
@@ -123,6 +125,9 @@ def _layout(o: dict, gpus: int):
                 "gpus", f"{gpus} GPUs do not divide by tp x pp x cp = {tp * pp * cp}"
             )
         dp = gpus // (tp * pp * cp)
+    sharding, _, group = (o["sharding"] or "fsdp").partition("/")
+    if group and not group.isdigit():
+        raise PlanInputError("sharding", f"hybrid sharding is fsdp/N, got {o['sharding']!r}")
     return Layout(
         tp=tp,
         pp=pp,
@@ -131,7 +136,8 @@ def _layout(o: dict, gpus: int):
         micro_batch=o["micro_batch"],
         virtual_stages=o["virtual_stages"] or 1,
         recompute=o["recompute"] or "none",
-        sharding=o["sharding"] or "zero1",
+        sharding=sharding,
+        dp_shard=int(group) if group else 0,
     )
 
 
@@ -156,7 +162,8 @@ def _inputs(o: dict) -> dict:
         "gpus": o["gpus"],
         "global_batch_tokens": o["global_batch_tokens"],
         "training_tokens": o["training_tokens"],
-        "precision": o["precision"] or "bf16",
+        # As the job spec: bf16 on GPUs, fp32 on CPU (where bf16 matmuls are no faster).
+        "precision": o["precision"] or ("fp32" if o["gpu_type"].lower() == "cpu" else "bf16"),
     }
 
 
@@ -206,10 +213,15 @@ def plan_command(**own: object):
     return decorate
 
 
+SHARDING_HELP = "fsdp (default), fsdp/N (hybrid: shard in N, replicate across), ddp, zero1, zero2"
+
+
 @plan_command(
     micro_batch=Int, tp=Int, pp=Int, dp=Int, cp=Int, virtual_stages=Int,
     recompute=Annotated[str | None, typer.Option(help="none|selective|half|full")],
-    sharding=Annotated[str | None, typer.Option(help="ddp|zero1|zero2|fsdp")])
+    sharding=Annotated[str | None, typer.Option(help=SHARDING_HELP)],
+    layout=Annotated[str | None, typer.Option(
+        help="a layout as `fm plan search` prints it: \"tp=8 pp=16 dp=16 mb=1 fsdp/64\"")])
 def estimate(o: dict):
     """Predict one layout: memory, step time, MFU/HFU, checkpoint interval, time and cost."""
     from fm_pipeline.planner.estimate import estimate as run_estimate
@@ -243,9 +255,16 @@ def estimate(o: dict):
     cp=Annotated[int | None, typer.Option(help="pin cp")],
     recompute=Annotated[str | None, typer.Option(help="pin: none|selective|half|full")],
     sharding=Annotated[str | None, typer.Option(help="pin: ddp|zero1|zero2|fsdp")],
-    top=(Annotated[int, typer.Option(help="plans to show")], 5))
+    top=(Annotated[int, typer.Option(help="plans to show")], 5),
+    any_layout=(Annotated[bool, typer.Option(
+        "--any-layout", help="rank every layout the cost model knows, runnable or not")], False),
+    write_spec=Annotated[str | None, typer.Option(
+        help="write the job spec of plan --spec-rank to this YAML file")],
+    spec_rank=(Annotated[int, typer.Option(help="which plan --write-spec writes")], 1),
+    name=Annotated[str | None, typer.Option(help="the written job's name")])
 def search(o: dict):
-    """Enumerate valid layouts, drop what does not fit, rank by predicted throughput."""
+    """Enumerate valid layouts the trainer can run, drop what does not fit, rank by predicted
+    throughput; faster layouts it cannot run are listed apart with the reason."""
     from fm_pipeline.planner.search import search as run_search
     from fm_pipeline.planner.tables import search_view
 
@@ -263,12 +282,14 @@ def search(o: dict):
         top=o["top"],
         fixed=fixed,
         precision=inp["precision"],
+        runnable_only=not o["any_layout"],
     )
     payload = {
         "evaluated": result.evaluated,
         "fitting": result.fitting,
         "search_s": result.seconds,
         "gpus": result.gpus,
+        "precision": inp["precision"],
         "plans": [
             {
                 "rank": p.rank,
@@ -279,10 +300,56 @@ def search(o: dict):
             }
             for p in result.plans
         ],
+        "not_runnable_here": [
+            {
+                "describe": p.layout.describe(),
+                **{k: v for k, v in result.metrics(p.index).items() if not isinstance(v, dict)},
+                "why_not": p.reasons,
+            }
+            for p in result.not_runnable
+        ],
     }
+    if o["write_spec"]:
+        payload["spec_written"] = _write_spec(o, inp, result)
     _print(payload, search_view(result), o["as_json"])
     if not result.plans:
         raise typer.Exit(1)
+
+
+def _write_spec(o: dict, inp: dict, result) -> str:
+    """The job spec of plan --spec-rank, checked by the spec loader before it is written."""
+    from pathlib import Path
+
+    from fm_pipeline.config.load import parse_job
+    from fm_pipeline.config.strict_yaml import dump_yaml, load_yaml
+    from fm_pipeline.defaults import DEMO_JOB
+    from fm_pipeline.planner.estimate import estimate as run_estimate
+    from fm_pipeline.planner.plan_spec import job_name, spec_sections
+
+    if not 1 <= o["spec_rank"] <= len(result.plans):
+        raise PlanInputError("spec_rank", f"{o['spec_rank']} is not one of the "
+                             f"{len(result.plans)} plans found")
+    layout = result.plans[o["spec_rank"] - 1].layout
+    est = run_estimate(inp["shape"], inp["cluster"], layout,
+                       global_batch_tokens=inp["global_batch_tokens"],
+                       training_tokens=inp["training_tokens"], precision=inp["precision"])
+    spec = {"name": o["name"] or job_name(inp["shape"], layout),
+            **spec_sections(inp["shape"], inp["cluster"], layout,
+                            global_batch_tokens=inp["global_batch_tokens"],
+                            precision=inp["precision"],
+                            checkpoint_every_steps=est.reliability.interval_steps,
+                            training_steps=est.cost.steps)}
+    # The data mix is not the planner's: the embedded demo's sources stand in, named as such.
+    spec["data"] = load_yaml(DEMO_JOB.read_text(), source=str(DEMO_JOB))["data"]
+    parse_job(spec, source="the written plan")  # refuses (naming fields) before writing
+    path = Path(o["write_spec"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"# Plan {o['spec_rank']} of `fm plan search`: {layout.describe()} on {layout.gpus} x "
+        f"{inp['cluster'].accelerator.name}\n"
+        "# data: the embedded demo's sources stand in; replace them with the real mix.\n"
+        + dump_yaml(spec))
+    return str(path)
 
 
 @plan_command(

@@ -58,6 +58,7 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         top=1,
         fixed=fixed,
         dp_overlap=run.dp_overlap,
+        runnable_only=False,  # the published runs' own layouts (ZeRO-1, cp, uneven stages)
     )
     if not result.plans:
         return CalibrationRow(run=run, predicted=None, layout="nothing fits", mfu=None)

@@ -19,6 +19,7 @@ from fm_pipeline.planner.layout import Candidates, Layout, check_layout
 from fm_pipeline.planner.placement import Placement, placement
 from fm_pipeline.planner.prediction import plan_metrics
 from fm_pipeline.planner.reliability import Reliability, TwoLevel, reliability, two_level
+from fm_pipeline.planner.runnable import model_not_runnable, not_runnable
 from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import evaluate
 
@@ -38,6 +39,7 @@ class Estimate:
     placement: Placement
     warnings: list[str] = field(default_factory=list)
     fast_tier: TwoLevel | None = None  # the in-memory tier's plan next to the durable one
+    precision: str = "bf16"  # compute dtype of the matmuls; MFU is against its peak
 
     @property
     def fits(self) -> bool:
@@ -54,6 +56,7 @@ class Estimate:
             "model_flops_per_token": self.shape.model_flops_per_token(),
             "gpus": lay.gpus,
             "gpu_type": self.cluster.accelerator.name,
+            "precision": self.precision,
             "global_batch_tokens": self.global_batch_tokens,
             "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp,
                        "micro_batch": lay.micro_batch, "virtual_stages": lay.virtual_stages,
@@ -114,14 +117,11 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         warnings.append(
             f"does not fit: {metrics['memory_gib_per_gpu']:.1f} GiB needed per GPU, "
             f"{metrics['memory_capacity_gib']:.0f} GiB available; add pp or tp, shard "
-            "more (zero1 -> fsdp), or recompute activations"
+            "more (ddp -> fsdp), or recompute activations"
         )
-    chunks = layout.pp * layout.virtual_stages
-    if shape.layers % chunks:
-        warnings.append(
-            f"{shape.layers} layers do not split evenly over pp x virtual_stages = "
-            f"{chunks} chunks; the fullest rank sets the pace"
-        )
+    warnings += [f"not runnable by the trainer: {why}" for why in not_runnable(shape, layout)]
+    if why := model_not_runnable(shape):
+        warnings.append(why)
     if layout.recompute == "selective" and shape.flash_attention:
         warnings.append(
             "selective recomputation saves nothing with flash attention "
@@ -139,4 +139,5 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         warnings=warnings,
         fast_tier=two_level(params=params, gpus=layout.gpus, cluster=cluster,
                             step_time_s=metrics["step_time_s"], durable=rel),
+        precision=precision,
     )

@@ -25,8 +25,16 @@ def _versus(ev: Evaluation, i: int, mask: np.ndarray) -> str | None:
 
 
 def reasons_for(
-    shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Evaluation, i: int
+    shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Evaluation, i: int,
+    space: np.ndarray | None = None,
 ) -> list[str]:
+    """`space`: the candidates the plan was chosen among (the runnable ones); alternatives
+    outside it are not compared."""
+    within = np.ones(len(c), dtype=bool) if space is None else space
+
+    def versus(mask: np.ndarray) -> str | None:
+        return _versus(ev, i, mask & within)
+
     tp, pp, cp = int(c.tp[i]), int(c.pp[i]), int(c.cp[i])
     v, mb = int(c.virtual_stages[i]), int(c.micro_batch[i])
     cap = ev.memory.capacity_gib
@@ -40,7 +48,7 @@ def reasons_for(
             if int(ev.tp_level[i]) == NODE
             else f"TP spans the {LEVEL_NAMES[int(ev.tp_level[i])]} fabric"
         )
-        smaller = _versus(ev, i, c.tp < tp)
+        smaller = versus(c.tp < tp)
         out.append(
             f"tp={tp} {where}; "
             + (
@@ -52,7 +60,7 @@ def reasons_for(
     if pp == 1:
         out.append("pp=1: no pipeline bubble")
     else:
-        smaller = _versus(ev, i, c.pp < pp)
+        smaller = versus(c.pp < pp)
         why = (
             f"pp={pp} because weights and activations do not fit in {cap:.0f} GiB below it"
             if smaller is None
@@ -60,7 +68,7 @@ def reasons_for(
         )
         out.append(why + f" (bubble {ev.bubble_s[i] / ev.step_time_s[i]:.0%} of the step)")
     if cp > 1:
-        smaller = _versus(ev, i, c.cp < cp)
+        smaller = versus(c.cp < cp)
         out.append(
             f"cp={cp} splits each {shape.seq_len}-token sequence over {cp} GPUs; "
             + (
@@ -70,7 +78,7 @@ def reasons_for(
             )
         )
     if v > 1:
-        plain = _versus(ev, i, (c.virtual_stages == 1) & (c.pp == pp) & (c.tp == tp))
+        plain = versus((c.virtual_stages == 1) & (c.pp == pp) & (c.tp == tp))
         out.append(
             f"{v} virtual stages per rank shrink the bubble to (p-1)/(v m)"
             + (f"; {plain.replace('alternative', 'non-interleaved plan')}" if plain else "")
@@ -79,7 +87,7 @@ def reasons_for(
     if recompute == "none":
         out.append("no activation recomputation: activations fit")
     else:
-        lighter = _versus(ev, i, c.recompute < c.recompute[i])
+        lighter = versus(c.recompute < c.recompute[i])
         out.append(
             f"{recompute} recomputation because "
             + (
@@ -96,7 +104,7 @@ def reasons_for(
         out.append(
             f"{sharding} over {shard} ranks; "
             + (
-                _versus(ev, i, c.sharding != c.sharding[i]) or "the only sharding that fits"
+                versus(c.sharding != c.sharding[i]) or "the only sharding that fits"
             ).replace("alternative", "other sharding")
         )
     m = int(ev.microbatches[i])

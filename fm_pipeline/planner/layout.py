@@ -61,10 +61,41 @@ class Layout:
         parts.append(f"mb={self.micro_batch}")
         if self.virtual_stages > 1:
             parts.append(f"v={self.virtual_stages}")
+        if self.pipeline_schedule == "GPipe":
+            parts.append("schedule=GPipe")
         hybrid = self.sharding != "ddp" and self.shard_group < self.dp
         parts += [f"recompute={self.recompute}",
                   f"{self.sharding}/{self.shard_group}" if hybrid else self.sharding]
         return " ".join(parts)
+
+
+_DESCRIBED = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "mb": "micro_batch",
+              "v": "virtual_stages"}
+
+
+def parse_layout(text: str) -> Layout:
+    """The inverse of `Layout.describe()`: "tp=8 pp=16 dp=16 mb=1 v=4 recompute=full fsdp/64"
+    (what `fm plan search` prints) back into a Layout. Left out: tp, pp, dp, cp 1, mb 1,
+    recompute none, sharding fsdp."""
+    fields: dict = {"sharding": "fsdp"}
+    for token in text.split():
+        key, eq, value = token.partition("=")
+        if not eq:
+            sharding, slash, group = token.partition("/")
+            if sharding not in SHARDING or (slash and not group.isdigit()):
+                raise PlanInputError("layout", f"{token!r} is neither key=value nor a sharding "
+                                     f"({', '.join(SHARDING)}, or fsdp/N for hybrid)")
+            fields["sharding"], fields["dp_shard"] = sharding, int(group) if slash else 0
+        elif key in _DESCRIBED:
+            if not value.isdigit():
+                raise PlanInputError("layout", f"{key} must be a whole number, got {value!r}")
+            fields[_DESCRIBED[key]] = int(value)
+        elif key in ("recompute", "schedule"):
+            fields[key] = value
+        else:
+            raise PlanInputError("layout", f"unknown key {key!r}; known: "
+                                 f"{', '.join([*_DESCRIBED, 'recompute', 'schedule'])}")
+    return Layout(**fields)
 
 
 def microbatches(*, global_batch_tokens: int, seq_len: int, dp: int, micro_batch: int) -> int:

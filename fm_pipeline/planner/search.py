@@ -11,6 +11,11 @@ divides the sequence with tp; pp divides what is left of the GPUs and is at most
 count; dp takes the rest. Sharded optimizers / FSDP shard over all of dp or, hybrid-sharded
 (HSDP), over groups of 8 or 64 data-parallel ranks replicated across the rest. Pinning any
 field (`fixed={"tp": 8}`) restricts the search to it.
+
+Plans are ranked among the layouts the trainer can run (fm_pipeline.planner.runnable); the
+ones the cost model rates faster but the trainer cannot run (cp, ZeRO-1/2, uneven pipeline
+splits, ...) come back apart, in `not_runnable`, each with its reasons. `runnable_only=False`
+ranks the whole space, for questions about layouts this trainer does not have.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from fm_pipeline.planner.layout import (
     Layout,
     valid_mask,
 )
+from fm_pipeline.planner.runnable import not_runnable, runnable_mask
 from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import Evaluation, evaluate
 
@@ -60,6 +66,10 @@ class SearchResult:
     fitting: int
     seconds: float
     gpus: int
+    # Faster in the cost model than plans[0] but not runnable by the trainer; reasons say why.
+    not_runnable: list[RankedPlan] = field(default_factory=list)
+    runnable_only: bool = True
+    precision: str = "bf16"
 
     def metrics(self, index: int) -> dict:
         from fm_pipeline.planner.prediction import plan_metrics
@@ -153,6 +163,8 @@ def search(
     fixed: dict | None = None,
     precision: str = "bf16",
     dp_overlap: bool = True,
+    runnable_only: bool = True,
+    not_runnable_top: int = 3,
 ) -> SearchResult:
     require_positive("gpus", gpus, integer=True)
     require_positive("global_batch_tokens", global_batch_tokens, integer=True)
@@ -171,8 +183,9 @@ def search(
         precision=precision,
         dp_overlap=dp_overlap,
     )
-    fits = np.flatnonzero(ev.fits)
-    order = fits[np.lexsort((ev.memory.total_gib[fits], -ev.tokens_per_s[fits]))][:top]
+    space = runnable_mask(shape, c) if runnable_only else np.ones(len(c), dtype=bool)
+    fits = np.flatnonzero(ev.fits & space)
+    order = _ranked(ev, fits)[:top]
     from fm_pipeline.planner.explain import reasons_for
 
     plans = [
@@ -180,9 +193,17 @@ def search(
             rank=r + 1,
             layout=c.layout(int(i)),
             index=int(i),
-            reasons=reasons_for(shape, cluster, c, ev, int(i)),
+            reasons=reasons_for(shape, cluster, c, ev, int(i), space=space),
         )
         for r, i in enumerate(order)
+    ]
+    outside = np.flatnonzero(ev.fits & ~space)
+    if len(order):
+        outside = outside[ev.tokens_per_s[outside] > ev.tokens_per_s[order[0]]]
+    elsewhere = [
+        RankedPlan(rank=r + 1, layout=c.layout(i), index=i,
+                   reasons=not_runnable(shape, c.layout(i)))
+        for r, i in enumerate(_distinct_degrees(c, _ranked(ev, outside), not_runnable_top))
     ]
     return SearchResult(
         plans=plans,
@@ -192,4 +213,26 @@ def search(
         fitting=len(fits),
         seconds=time.perf_counter() - start,
         gpus=gpus,
+        not_runnable=elsewhere,
+        runnable_only=runnable_only,
+        precision=precision,
     )
+
+
+def _distinct_degrees(c: Candidates, ranked: np.ndarray, n: int) -> list[int]:
+    """The first n of `ranked` with distinct degrees (one sharding variant of each)."""
+    seen, out = set(), []
+    for i in ranked[: 50 * n]:
+        key = (c.tp[i], c.pp[i], c.dp[i], c.cp[i], c.micro_batch[i], c.virtual_stages[i],
+               c.recompute[i])
+        if key not in seen:
+            seen.add(key)
+            out.append(int(i))
+            if len(out) == n:
+                break
+    return out
+
+
+def _ranked(ev: Evaluation, index: np.ndarray) -> np.ndarray:
+    """Fastest first; among equals the one using less memory."""
+    return index[np.lexsort((ev.memory.total_gib[index], -ev.tokens_per_s[index]))]

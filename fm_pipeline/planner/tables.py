@@ -33,13 +33,13 @@ def _money(x: float) -> str:
 def estimate_view(est: Estimate) -> Group:
     d = est.to_dict()
     head = Table(title=f"{est.shape.describe()}\n{est.layout.describe()} on {est.layout.gpus} x "
-                       f"{est.cluster.accelerator.name}", show_header=False)
+                       f"{est.cluster.accelerator.name} in {est.precision}", show_header=False)
     head.add_column(style="bold")
     head.add_column(justify="right")
     fits = "[green]yes[/]" if d["fits"] else "[red]NO[/]"
     for label, value in [
         ("step time", f"{d['step_time_s']:.3f} s"), ("tokens/s", f"{d['tokens_per_s']:,.0f}"),
-        ("MFU / HFU", f"{_pct(d['mfu'])} / {_pct(d['hfu'])}"),
+        ("MFU / HFU", f"{_pct(d['mfu'])} / {_pct(d['hfu'])} of the {d['precision']} peak"),
         ("memory per GPU", f"{d['memory_gib_per_gpu']:.1f} of {d['memory_capacity_gib']:.0f} GiB"),
         ("fits", fits), ("micro-batches per step", str(d["microbatches"])),
         ("compute / exposed comm / bubble", f"{_pct(d['compute_fraction'])} / "
@@ -109,7 +109,7 @@ def estimate_view(est: Estimate) -> Group:
 def search_view(result: SearchResult) -> Group:
     t = Table(
         title=f"best of {result.fitting} fitting layouts ({result.evaluated} evaluated on "
-        f"{result.gpus} GPUs in {result.seconds:.2f} s)"
+        f"{result.gpus} GPUs in {result.seconds:.2f} s, {result.precision})"
     )
     for col in ("#", "layout", "step s", "tokens/s", "MFU", "GiB/GPU", "bubble", "exposed comm"):
         t.add_column(col, justify="right" if col not in ("layout",) else "left")
@@ -125,10 +125,21 @@ def search_view(result: SearchResult) -> Group:
             _pct(m["bubble_fraction"]),
             _pct(m["exposed_comm_fraction"]),
         )
+    apart = []
+    if result.not_runnable:
+        other = Table(title="faster in the cost model, not runnable by this trainer")
+        for col in ("layout", "tokens/s", "MFU", "why not"):
+            other.add_column(col)
+        for p in result.not_runnable:
+            m = result.metrics(p.index)
+            other.add_row(p.layout.describe(), f"{m['tokens_per_s']:,.0f}", _pct(m["mfu"]),
+                          "; ".join(p.reasons))
+        apart.append(other)
     if not result.plans:
-        return Group(t, "[red]no layout fits in memory[/]")
+        what = "runnable layout" if result.runnable_only else "layout"
+        return Group(t, f"[red]no {what} fits in memory[/]", *apart)
     why = "\n".join(f"  - {r}" for r in result.plans[0].reasons)
-    return Group(t, f"[bold]why #1:[/]\n{why}")
+    return Group(t, f"[bold]why #1:[/]\n{why}", *apart)
 
 
 def whatif_view(wi: WhatIf) -> Group:

@@ -23,6 +23,7 @@ from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.estimate import Estimate, estimate
 from fm_pipeline.planner.layout import Layout, check_layout
+from fm_pipeline.planner.runnable import not_runnable
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import ModelShape
 
@@ -107,14 +108,21 @@ class WhatIf:
         return "\n".join(lines) + f"\n\nWhat breaks first: {self.breaks_first}"
 
 
-def _best(shape, cluster, gpus, batch, precision) -> tuple[Layout | None, str]:
+def _best(shape, cluster, gpus, batch, precision,
+          runnable_only: bool = True) -> tuple[Layout | None, str]:
     result = search(
-        shape, cluster, gpus=gpus, global_batch_tokens=batch, top=1, precision=precision
+        shape, cluster, gpus=gpus, global_batch_tokens=batch, top=1, precision=precision,
+        runnable_only=runnable_only,
     )
     if result.plans:
+        beyond = "" if runnable_only else "; searched beyond the trainer, as the given layout is"
         return result.plans[
             0
-        ].layout, f"re-planned ({result.fitting} of {result.evaluated} layouts fit)"
+        ].layout, f"re-planned ({result.fitting} of {result.evaluated} layouts fit{beyond})"
+    if result.not_runnable:  # the cost model's answer, said to be beyond this trainer
+        best = result.not_runnable[0]
+        return best.layout, ("re-planned, not runnable by this trainer: "
+                             + "; ".join(best.reasons))
     sequences = batch // shape.seq_len
     return None, (
         f"no layout fits: {result.evaluated} valid layouts, none fits in memory"
@@ -195,7 +203,10 @@ def what_if(
         n = gpus * 2**k
         lay, why = _scaled(shape, layout, 2**k, global_batch_tokens)
         scaled.append(run(f"{2**k}x GPUs, dp x{2**k}", cluster, n, lay, why))
-        lay, why = _best(shape, cluster, n, global_batch_tokens, precision)
+        # Re-planned in the space the given layout lives in: one the trainer cannot run
+        # (Llama 3's uneven pipeline, say) is compared with the cost model's best.
+        lay, why = _best(shape, cluster, n, global_batch_tokens, precision,
+                         runnable_only=not not_runnable(shape, layout))
         scenarios += [scaled[-1], run(f"{2**k}x GPUs, re-planned", cluster, n, lay, why)]
     first, growth = breaks_first(base, scaled[0]) if doublings else ("", {})
     for factor in (0.5, 2.0):

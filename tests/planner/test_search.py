@@ -8,6 +8,7 @@ import pytest
 from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.layout import check_layout
+from fm_pipeline.planner.runnable import not_runnable, runnable_mask
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
 
@@ -25,12 +26,17 @@ def test_1t_on_16k_gpus_finds_fitting_plans_ranked_by_throughput(one_trillion):
     assert result.evaluated > 10_000 and 0 < result.fitting < result.evaluated
     tokens = [result.metrics(p.index)["tokens_per_s"] for p in result.plans]
     assert tokens == sorted(tokens, reverse=True)
-    assert tokens[0] == pytest.approx(result.evaluation.tokens_per_s[result.evaluation.fits].max())
+    runnable = runnable_mask(shape, result.candidates)
+    ev = result.evaluation
+    assert tokens[0] == pytest.approx(ev.tokens_per_s[ev.fits & runnable].max())
     for p in result.plans:
         m = result.metrics(p.index)
         assert m["fits"] and m["memory_gib_per_gpu"] <= 80
         check_layout(shape, p.layout, gpus=16384, global_batch_tokens=16 * 2**20)
-        assert p.layout.tp * p.layout.pp >= 64  # 1T of state cannot live on fewer model shards
+        # 1T of training state (~18 TB) cannot live on fewer than 64-way splits of it.
+        sharded = p.layout.shard_group if p.layout.sharding == "fsdp" else 1
+        assert p.layout.tp * p.layout.pp * sharded >= 64
+        assert not_runnable(shape, p.layout) == []
 
 
 def test_the_best_plan_says_why(one_trillion):
@@ -46,9 +52,10 @@ def test_the_best_plan_says_why(one_trillion):
 def test_pinned_fields_are_respected():
     shape = named_shape("llama3-70b", seq_len=8192)
     result = search(shape, H100, gpus=512, global_batch_tokens=4 * 2**20,
-                    fixed={"tp": 8, "recompute": "full", "sharding": "zero1"})
+                    fixed={"tp": 8, "recompute": "full", "sharding": "fsdp"})
     c = result.candidates
     assert set(c.tp) == {8} and set(c.recompute) == {3} and len(result.plans) > 0
+    assert {p.layout.sharding for p in result.plans} == {"fsdp"}
 
 
 def test_a_small_model_on_one_node_needs_no_pipeline():

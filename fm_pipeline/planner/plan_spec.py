@@ -1,0 +1,93 @@
+"""A plan written as the job spec that runs it: model, parallelism, training, checkpoint and
+cluster sections the spec loader (fm_pipeline.config) accepts, the inverse of
+`job_plan.job_inputs` (a spec written here reads back as the same layout).
+
+    from fm_pipeline.planner.plan_spec import spec_sections
+    sections = spec_sections(shape, cluster, layout, global_batch_tokens=16 * 2**20,
+                             precision="bf16", checkpoint_every_steps=40)
+
+Layout to mesh: fsdp over all of dp -> dp_shard dp; hybrid fsdp/N -> dp_shard N x
+dp_replicate dp/N; ddp -> dp_shard 1 x dp_replicate dp (replicated: DDP's traffic).
+"""
+
+from __future__ import annotations
+
+from fm_pipeline.planner.cluster import ClusterConfig
+from fm_pipeline.planner.errors import PlanInputError
+from fm_pipeline.planner.layout import Layout
+from fm_pipeline.planner.runnable import model_not_runnable, not_runnable
+from fm_pipeline.planner.shape import ModelShape
+
+# A custom shape is written as this registry size with every shape field overridden.
+CUSTOM_BASE = "llama3-8b"
+
+
+def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
+                  global_batch_tokens: int, precision: str, checkpoint_every_steps: int,
+                  training_steps: int | None = None) -> dict:
+    """The job spec sections for `layout`; PlanInputError names what the trainer cannot run."""
+    why = model_not_runnable(shape)
+    if why:
+        raise PlanInputError("model", why)
+    problems = not_runnable(shape, layout)
+    if problems:
+        raise PlanInputError("layout", "the trainer cannot run it: " + "; ".join(problems))
+    gpn = min(cluster.gpus_per_node, layout.gpus)
+    if layout.gpus % gpn:
+        raise PlanInputError("gpus", f"{layout.gpus} GPUs are not whole nodes of {gpn}")
+    shard = layout.shard_group if layout.sharding == "fsdp" else 1
+    sequences = global_batch_tokens // shape.seq_len
+    parallelism = {
+        "nnodes": layout.gpus // gpn, "nproc_per_node": gpn,
+        "dp_replicate": layout.dp // shard, "dp_shard": shard, "tp": layout.tp, "pp": layout.pp,
+        "pp_schedule": layout.pipeline_schedule, "pp_virtual_stages": layout.virtual_stages,
+        "activation_checkpoint": layout.recompute, "mixed_precision": precision,
+    }
+    training = {"seq_len": shape.seq_len, "global_batch_size": sequences,
+                "micro_batch_size": layout.micro_batch}
+    if training_steps:
+        training["steps"] = training_steps
+        training["warmup_steps"] = min(training_steps, max(1, training_steps // 100))
+    return {
+        "model": _model_section(shape),
+        "parallelism": parallelism,
+        "training": training,
+        "checkpoint": {"every_steps": max(1, checkpoint_every_steps)},
+        "cluster": _cluster_section(cluster),
+    }
+
+
+def _model_section(shape: ModelShape) -> dict:
+    from fm_pipeline.model.registry import get_model_config, model_names
+
+    size = shape.name if shape.name in model_names() else CUSTOM_BASE
+    base = get_model_config(size)
+    wanted = {"n_layers": shape.layers, "dim": shape.hidden, "n_heads": shape.heads,
+              "n_kv_heads": shape.kv_heads, "ffn_dim": shape.ffn, "vocab_size": shape.vocab,
+              "tie_embeddings": shape.tie_embeddings,
+              "max_seq_len": max(base.max_seq_len, shape.seq_len)}
+    return {"size": size, **{k: v for k, v in wanted.items() if getattr(base, k) != v}}
+
+
+def _cluster_section(cluster: ClusterConfig) -> dict:
+    name = cluster.accelerator.name
+    return {
+        "accelerator": "cpu" if name.startswith("cpu") else name,
+        "gpus_per_node": cluster.gpus_per_node,
+        "intra_node_gbps": cluster.intra_node_gbps,
+        "inter_node_gbps": cluster.inter_node_gbps,
+        "oversubscription": cluster.oversubscription,
+        "nodes_per_rack": cluster.nodes_per_rack,
+        "region_gpus": cluster.region_gpus,
+        "inter_region_gbps": cluster.inter_region_gbps,
+        "storage_write_gbps": cluster.storage_write_gbps,
+        "dollars_per_gpu_hour": cluster.dollars_per_gpu_hour,
+        "node_failure_rate_per_day": cluster.node_failure_rate_per_day,
+        "restart_overhead_s": cluster.restart_overhead_s,
+    }
+
+
+def job_name(shape: ModelShape, layout: Layout) -> str:
+    """A Kubernetes-object name for the plan: `llama3-70b-4096gpu`."""
+    base = "".join(ch if ch.isalnum() else "-" for ch in shape.name.lower()).strip("-")
+    return f"{base or 'plan'}-{layout.gpus}gpu"[:40].strip("-")

@@ -1,0 +1,71 @@
+"""What the trainer can run: the search's space by default, and the reasons a layout the
+cost model can express cannot be launched here.
+
+    from fm_pipeline.planner.runnable import not_runnable, runnable_mask
+    not_runnable(shape, Layout(tp=8, cp=2, dp=64, sharding="zero1"))
+    # ['cp 2: context parallelism is not in the trainer', 'zero1: ...']
+
+The trainer (fm_pipeline.parallel) shards with FSDP2 over all data-parallel ranks or, hybrid
+(HSDP), within groups replicated across the rest; with one rank per shard group it
+replicates, which moves what DDP moves. It has tensor parallelism with sequence parallelism,
+the 1F1B, Interleaved1F1B and GPipe schedules with layers split evenly over the pipeline
+chunks, and activation checkpointing none|selective|full. ZeRO-1/2, context parallelism and
+recomputing half the layers exist in the cost model only; tied embeddings cannot be split
+by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fm_pipeline.planner.layout import RECOMPUTE, SHARDING, Candidates, Layout
+from fm_pipeline.planner.shape import ModelShape
+
+RUNNABLE_SHARDING = ("ddp", "fsdp")
+RUNNABLE_RECOMPUTE = ("none", "selective", "full")
+
+
+def model_not_runnable(shape: ModelShape) -> str | None:
+    """Why the trainer cannot build this model at all (it builds Llama-style decoders)."""
+    if (shape.mlp, shape.norm, shape.learned_positions, shape.bias) == (
+            "swiglu", "rmsnorm", False, False):
+        return None
+    return (f"{shape.name} is GPT-style ({shape.mlp}, {shape.norm}"
+            f"{', learned positions' if shape.learned_positions else ''}"
+            f"{', biases' if shape.bias else ''}); the trainer builds Llama-style decoders "
+            "(SwiGLU, RMSNorm, RoPE), so only the cost model plans it")
+
+
+def not_runnable(shape: ModelShape, layout: Layout) -> list[str]:
+    """Each reason the trainer cannot run `layout` (empty: it can)."""
+    why = []
+    if layout.cp > 1:
+        why.append(f"cp {layout.cp}: context parallelism is not in the trainer")
+    if layout.sharding not in RUNNABLE_SHARDING:
+        why.append(f"{layout.sharding}: the trainer shards with FSDP2 (fsdp, or hybrid "
+                   "fsdp/N) or replicates (ddp); ZeRO-1/2 are not implemented")
+    elif layout.sharding == "fsdp" and layout.dp == 1:
+        why.append("fsdp over one data-parallel rank: the trainer runs that unsharded (ddp)")
+    if layout.recompute not in RUNNABLE_RECOMPUTE:
+        why.append(f"recompute {layout.recompute}: the trainer's activation_checkpoint is "
+                   f"{'|'.join(RUNNABLE_RECOMPUTE)}")
+    chunks = layout.pp * layout.virtual_stages
+    if shape.layers % chunks:
+        why.append(f"{shape.layers} layers do not split evenly over pp x virtual_stages = "
+                   f"{chunks} chunks, as the trainer's pipeline splits them")
+    if shape.tie_embeddings and (layout.tp > 1 or layout.pp > 1):
+        why.append("tied embeddings cannot be split by tp or pp (untie them to use either)")
+    return why
+
+
+def runnable_mask(shape: ModelShape, c: Candidates) -> np.ndarray:
+    """The vectorized form of `not_runnable(...) == []`."""
+    ok = c.cp == 1
+    sharding = np.array([SHARDING.index(s) for s in RUNNABLE_SHARDING])
+    ok &= np.isin(c.sharding, sharding)
+    ok &= (c.sharding != SHARDING.index("fsdp")) | (c.dp > 1)
+    ok &= np.isin(c.recompute, [RECOMPUTE.index(r) for r in RUNNABLE_RECOMPUTE])
+    ok &= shape.layers % (c.pp * c.virtual_stages) == 0
+    if shape.tie_embeddings:
+        ok &= (c.tp == 1) & (c.pp == 1)
+    return ok

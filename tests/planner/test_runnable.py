@@ -1,0 +1,146 @@
+"""Plans the trainer can run: what `fm plan search` ranks goes back into `estimate` and out as
+a job spec the spec loader accepts, predicting the same; the rest is shown apart, with why."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fm_pipeline.cli.plan import app
+from fm_pipeline.config import load_job, parse_job
+from fm_pipeline.defaults import DEMO_JOB
+from fm_pipeline.planner.cluster import make_cluster
+from fm_pipeline.planner.errors import PlanInputError
+from fm_pipeline.planner.estimate import estimate
+from fm_pipeline.planner.job_plan import job_inputs
+from fm_pipeline.planner.layout import Layout, parse_layout
+from fm_pipeline.planner.plan_spec import spec_sections
+from fm_pipeline.planner.runnable import not_runnable, runnable_mask
+from fm_pipeline.planner.search import enumerate_candidates, search
+from fm_pipeline.planner.shape import named_shape
+
+H100 = make_cluster("h100")
+CASES = [("llama3-8b", 8192, 8, 64 * 8192), ("llama3-70b", 8192, 512, 4 * 2**20),
+         ("dense-1t", 8192, 16384, 16 * 2**20), ("llama3-1b", 4096, 64, 2**20)]
+
+
+def _spec(shape, layout, batch) -> dict:
+    data = yaml.safe_load(DEMO_JOB.read_text())["data"]
+    return {"name": "plan", "data": data,
+            **spec_sections(shape, H100, layout, global_batch_tokens=batch, precision="bf16",
+                            checkpoint_every_steps=50)}
+
+
+@pytest.mark.parametrize("model,seq,gpus,batch", CASES, ids=[c[0] for c in CASES])
+def test_every_plan_found_is_runnable_and_round_trips_through_estimate_and_a_job_spec(
+        model, seq, gpus, batch):
+    shape = named_shape(model, seq_len=seq)
+    result = search(shape, H100, gpus=gpus, global_batch_tokens=batch, top=5)
+    assert result.plans, "the runnable space has a fitting plan for each case"
+    for plan in result.plans:
+        assert not_runnable(shape, plan.layout) == []
+        found = result.metrics(plan.index)
+        again = estimate(shape, H100, parse_layout(plan.layout.describe()),
+                         global_batch_tokens=batch).metrics
+        assert again["mfu"] == pytest.approx(found["mfu"], rel=1e-9), plan.layout.describe()
+        assert again["memory_gib_per_gpu"] == pytest.approx(found["memory_gib_per_gpu"])
+        job = parse_job(_spec(shape, plan.layout, batch))
+        inp = job_inputs(job)
+        assert inp["layout"].describe() == plan.layout.describe()
+        via_spec = estimate(inp["shape"], inp["cluster"], inp["layout"],
+                            global_batch_tokens=inp["global_batch_tokens"],
+                            precision=inp["precision"]).metrics
+        assert via_spec["mfu"] == pytest.approx(found["mfu"], rel=1e-9)
+
+
+def test_faster_layouts_the_trainer_cannot_run_are_listed_apart_with_the_reason():
+    # 126 layers do not split evenly over the pipelines Llama 3 used (pp 16): the trainer
+    # splits layers evenly, so those plans are the cost model's only.
+    shape = named_shape("llama3-405b", seq_len=8192)
+    result = search(shape, H100, gpus=8192, global_batch_tokens=16 * 2**20, top=3)
+    anywhere = search(shape, H100, gpus=8192, global_batch_tokens=16 * 2**20, top=1,
+                      runnable_only=False)
+    assert result.not_runnable and all(p.reasons for p in result.not_runnable)
+    best_elsewhere = result.metrics(result.not_runnable[0].index)["tokens_per_s"]
+    best_anywhere = anywhere.metrics(anywhere.plans[0].index)["tokens_per_s"]
+    assert best_elsewhere == pytest.approx(best_anywhere)
+    floor = result.metrics(result.plans[0].index)["tokens_per_s"] if result.plans else 0
+    assert all(result.metrics(p.index)["tokens_per_s"] > floor for p in result.not_runnable)
+    reasons = " ".join(r for p in result.not_runnable for r in p.reasons)
+    assert "split evenly" in reasons or "context parallelism" in reasons or "ZeRO" in reasons
+
+
+@pytest.mark.parametrize("model,gpus", [("llama3-1b", 64), ("llama3-405b", 1024)])
+def test_the_vectorized_mask_agrees_with_the_reasons(model, gpus):
+    shape = named_shape(model, seq_len=8192)
+    c = enumerate_candidates(shape, gpus=gpus, global_batch_tokens=4 * 2**20)
+    mask = runnable_mask(shape, c)
+    assert mask.any() and not mask.all()
+    for i in np.random.default_rng(0).choice(len(c), size=min(400, len(c)), replace=False):
+        assert bool(mask[i]) == (not_runnable(shape, c.layout(int(i))) == []), c.layout(int(i))
+
+
+def test_layouts_parse_back_from_what_search_prints():
+    for lay in (Layout(tp=8, pp=16, dp=16, micro_batch=2, virtual_stages=4, recompute="full",
+                       sharding="fsdp", dp_shard=8),
+                Layout(tp=2, pp=4, dp=8, schedule="GPipe", sharding="ddp"),
+                Layout(tp=1, dp=64, cp=2, sharding="zero1", dp_shard=8)):
+        back = parse_layout(lay.describe())
+        assert back.describe() == lay.describe()
+        assert back.pipeline_schedule == lay.pipeline_schedule
+        assert back.shard_group == lay.shard_group
+    for bad, says in (("tp=x", "whole number"), ("zero9", "sharding"), ("fsdp/x", "sharding"),
+                      ("foo=1", "unknown key")):
+        with pytest.raises(PlanInputError, match=says) as e:
+            parse_layout(bad)
+        assert e.value.field == "layout"
+
+
+def test_a_spec_is_refused_for_what_the_trainer_cannot_build():
+    gpt = named_shape("gpt3-175b")
+    with pytest.raises(PlanInputError, match="GPT-style") as e:
+        spec_sections(gpt, H100, Layout(tp=8, pp=8, dp=16), global_batch_tokens=2**20,
+                      precision="bf16", checkpoint_every_steps=10)
+    assert e.value.field == "model"
+    llama = named_shape("llama3-70b", seq_len=8192)
+    with pytest.raises(PlanInputError, match="cp 2.*zero1") as e:
+        spec_sections(llama, H100, Layout(tp=8, dp=32, cp=2, sharding="zero1"),
+                      global_batch_tokens=2**20, precision="bf16", checkpoint_every_steps=10)
+    assert e.value.field == "layout"
+
+
+def test_the_cli_writes_the_plan_as_a_job_spec_that_estimates_the_same(tmp_path):
+    runner = CliRunner()
+    model = ["--model", "llama3-70b", "--seq-len", "8192", "--global-batch-tokens",
+             str(4 * 2**20), "--gpus", "512", "--gpu-type", "h100"]
+    spec = tmp_path / "plan.yaml"
+    r = runner.invoke(app, ["search", *model, "--top", "3", "--json", "--write-spec", str(spec),
+                            "--spec-rank", "2", "--name", "seventy"])
+    assert r.exit_code == 0, r.output
+    found = json.loads(r.stdout)
+    second = found["plans"][1]
+    assert found["spec_written"] == str(spec) and found["precision"] == "bf16"
+    assert "not_runnable_here" in found
+    job = load_job(spec)
+    assert job.name == "seventy" and job.parallelism.mixed_precision == "bf16"
+    assert job.checkpoint.every_steps >= 1 and job.training.steps > 1000
+    by_job = runner.invoke(app, ["estimate", "--job", str(spec), "--json"])
+    assert by_job.exit_code == 0, by_job.output
+    by_layout = runner.invoke(app, ["estimate", *model, "--layout", second["describe"], "--json"])
+    assert by_layout.exit_code == 0, by_layout.output
+    for out in (json.loads(by_job.stdout), json.loads(by_layout.stdout)):
+        assert out["mfu"] == pytest.approx(second["mfu"], rel=1e-9)
+        assert out["precision"] == "bf16" and out["warnings"] == []
+    bad = runner.invoke(app, ["search", *model, "--write-spec", str(spec), "--spec-rank", "9"])
+    assert bad.exit_code == 2 and "--spec-rank" in bad.output
+
+
+def test_a_layout_the_trainer_cannot_run_is_estimated_with_a_warning():
+    est = estimate(named_shape("llama3-70b", seq_len=8192), H100,
+                   Layout(tp=8, dp=32, cp=2, sharding="zero1"), global_batch_tokens=2**20)
+    warned = [w for w in est.warnings if w.startswith("not runnable by the trainer")]
+    assert len(warned) == 2 and est.to_dict()["precision"] == "bf16"

@@ -143,3 +143,13 @@ def test_yaml_1_2_scalars_in_a_spec_file(tmp_path):
     with pytest.raises(JobSpecError) as e:
         load_job(path)
     assert "valid boolean (got a string)" in dict(e.value.problems)["checkpoint.async_save"]
+
+
+def test_mixed_precision_defaults_to_bf16_on_gpus_and_fp32_on_cpu(demo):
+    assert parse_job(demo).parallelism.mixed_precision == "fp32"  # cluster.accelerator: cpu
+    on_gpus = parse_job({**demo, "cluster": {"accelerator": "h100"}})
+    assert on_gpus.parallelism.mixed_precision == "bf16"
+    assert parse_job(dump_job(on_gpus)) == on_gpus
+    declared = {**demo, "cluster": {"accelerator": "h100"},
+                "parallelism": {**demo["parallelism"], "mixed_precision": "fp32"}}
+    assert parse_job(declared).parallelism.mixed_precision == "fp32"

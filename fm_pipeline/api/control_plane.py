@@ -60,12 +60,14 @@ class ControlPlane:
             raise Forbidden("admins do not own jobs: submit with a tenant's token")
         tenant = self.tenants.tenant(who.tenant)
         job_id = "job-" + secrets.token_hex(5)
+        pool = []  # reported with every other problem of the body, all at once
         try:
             self.policy.check(JobRequest.gpus(job_id, tenant.name, body.gpus,
                                               priority=PRIORITY_VALUES[body.priority], seq=0))
         except AdmissionError as e:
-            raise FieldError([("gpus", str(e))]) from None
-        job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.store_root)
+            pool.append(("gpus", str(e)))
+        job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.store_root,
+                          problems=pool)
         with self._locked():
             record = self.store.add(
                 job_id=job_id, tenant=tenant.name, priority=body.priority, gpus=body.gpus,

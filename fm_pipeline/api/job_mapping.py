@@ -23,6 +23,7 @@ from fm_pipeline.api.errors import FieldError
 from fm_pipeline.api.schemas import JobCreate
 from fm_pipeline.config import JobSpec, JobSpecError, parse_job
 from fm_pipeline.config.paths import store_uri
+from fm_pipeline.model.registry import model_names
 from fm_pipeline.scheduling.kueue import local_queue_name
 from fm_pipeline.scheduling.tenants import TenantSpec
 from fm_pipeline.storage import StoreError, open_store
@@ -97,30 +98,40 @@ def default_global_batch(dp: int, pp: int, micro: int) -> int:
 
 
 def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
-                store_root: str | None = None) -> JobSpec:
-    """The JobSpec for `body`; FieldError names the body's fields (never the JobSpec's)."""
+                store_root: str | None = None, problems: list | None = None) -> JobSpec:
+    """The JobSpec for `body`; FieldError names the body's fields (never the JobSpec's),
+    every problem at once: `problems` already found (the pool's) come first."""
+    problems = list(problems or [])
     if body.priority not in tenant.priorities:
-        raise FieldError([("priority", (
+        problems.append(("priority", (
             f"tenant {tenant.name} may use priorities {', '.join(tenant.priorities)}, "
             f"not {body.priority!r}"
-        ))])
+        )))
+    if body.model not in model_names():
+        problems.append(("model", f"unknown model size {body.model!r}; known sizes: "
+                                  f"{', '.join(model_names())}"))
     per_node = body.gpus_per_node or min(body.gpus, DEFAULT_GPUS_PER_NODE)
     if body.gpus % per_node:
-        raise FieldError([("gpus", (
+        problems.append(("gpus", (
             f"{body.gpus} is not a whole number of nodes of {per_node} GPUs (gpus_per_node)"
-        ))])
+        )))
     p = body.parallelism
-    if body.gpus % (p.tp * p.pp):
-        raise FieldError([("parallelism", (
-            f"tp {p.tp} x pp {p.pp} = {p.tp * p.pp} must divide gpus ({body.gpus})"
-        ))])
     dp = p.dp or body.gpus // (p.tp * p.pp)
-    if p.tp * p.pp * dp != body.gpus:
-        raise FieldError([("parallelism.dp", (
+    if body.gpus % (p.tp * p.pp):
+        problems.append(("parallelism", (
+            f"tp {p.tp} x pp {p.pp} = {p.tp * p.pp} must divide gpus ({body.gpus})"
+        )))
+    elif p.tp * p.pp * dp != body.gpus:
+        problems.append(("parallelism.dp", (
             f"tp {p.tp} x pp {p.pp} x dp {dp} = {p.tp * p.pp * dp} must equal gpus ({body.gpus})"
-        ))])
+        )))
     store_root = store_root or store_uri()
-    manifest = read_mix_manifest(mix_key_of(body.data_manifest, store_root), store_root)
+    try:
+        manifest = read_mix_manifest(mix_key_of(body.data_manifest, store_root), store_root)
+    except FieldError as e:
+        problems += e.problems
+    if problems:  # the spec's own rules need a layout, a model and a mix to check against
+        raise FieldError(problems)
     micro = body.micro_batch_size or DEFAULT_MICRO_BATCH
     training = {
         "seq_len": manifest.seq_len,

@@ -91,3 +91,14 @@ def test_resume_with_an_unknown_checkpoint_names_the_field(client, plane, tokens
     assert "committed: none yet" in r.json()["detail"][0]["msg"]
     r = client.post(f"/v1/training/jobs/{job_id}/resume", json={"checkpoint": 5}, headers=prod)
     assert r.status_code == 422 and _fields(r) == ["checkpoint"]
+
+
+def test_every_problem_of_a_body_is_listed_at_once(client, tokens, seed_body):
+    # The seed's 2,048-GPU job against the local pool of 8: too big, and more besides.
+    body = {**seed_body, "gpus": 2048, "model": "fm-100b", "priority": "urgent",
+            "parallelism": {"tp": 8, "pp": 16, "dp": 32},
+            "data_manifest": "data/0123456789abcdef/manifest.json"}
+    r = client.post("/v1/training/jobs", json=body, headers=auth(tokens["research"]))
+    assert r.status_code == 422, r.text
+    assert set(_fields(r)) == {"gpus", "priority", "parallelism.dp", "data_manifest"}, r.json()
+    assert any("more than the whole pool" in d["msg"] for d in r.json()["detail"])

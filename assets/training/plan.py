@@ -53,5 +53,9 @@ def training_plan(context: AssetExecutionContext, store: ObjectStoreResource) ->
         "best_alternative": best["layout"] if best else "none fits",
         "best_alternative_mfu": round(best["mfu"], 4) if best else 0.0,
         "warnings": MetadataValue.md("\n".join(f"- {w}" for w in est["warnings"]) or "none"),
+        # What the spec declares against the plan (planner.critique), each with a suggestion.
+        "critique": MetadataValue.md("\n".join(
+            f"- `{c['field']}`: {c['message']} (suggested: {c['suggested']})"
+            for c in plan.get("critique", [])) or "none"),
         "plan_path": MetadataValue.path(str(path)),
     })

@@ -80,6 +80,9 @@ def render(
     rendered = render_segment(SegmentLaunch(spec, end_step=step), target)
     for path in rendered.write(out):
         console.print(f"wrote {path}", highlight=False)
+    for finding in _critique(spec):
+        console.print(f"[yellow]warning:[/] {finding.field}: {finding.message} (suggested: "
+                      f"{finding.suggested})", highlight=False)
     console.print(
         f"[green]segment {spec.name} -> step {step}[/]: JobSet {rendered.name} in namespace "
         f"{rendered.namespace}, {spec.parallelism.nnodes} node(s) x "
@@ -87,3 +90,14 @@ def render(
         highlight=False,
     )
 
+
+
+def _critique(spec) -> list:
+    """The planner's findings on what the spec declares (none for a layout it cannot model)."""
+    from fm_pipeline.planner.errors import PlanInputError
+    from fm_pipeline.planner.job_plan import job_critique
+
+    try:
+        return job_critique(spec)
+    except PlanInputError:
+        return []

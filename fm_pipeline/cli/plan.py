@@ -245,7 +245,17 @@ def estimate(o: dict):
         async_checkpoint=inp.get("async_checkpoint", True),
         checkpoints_kept=inp.get("checkpoints_kept", 3),
     )
-    _print(est.to_dict(), estimate_view(est), o["as_json"])
+    payload = est.to_dict()
+    if o["job"]:  # what the spec declares, argued with the plan's numbers
+        from fm_pipeline.config import load_job
+        from fm_pipeline.planner.critique import critique
+
+        payload["critique"] = [f.to_dict() for f in critique(load_job(o["job"]), inp, est)]
+    _print(payload, estimate_view(est), o["as_json"])
+    if o["job"] and not o["as_json"]:
+        for f in payload["critique"]:
+            console.print(f"[yellow]critique:[/] {f['field']}: {f['message']} (suggested: "
+                          f"{f['suggested']})", highlight=False)
 
 
 @plan_command(

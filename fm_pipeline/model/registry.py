@@ -33,6 +33,10 @@ _SIZES: dict[str, dict] = {
                        vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),
     "llama3-405b": dict(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8, ffn_dim=53248,
                         vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),
+    # The seed job's ~100B model (2,048 GPUs as tp 8 x pp 16 x dp 16): 80 layers split
+    # evenly over 16 stages, 80 heads and 8 kv heads over tp 8. 101.7B parameters.
+    "fm-100b": dict(n_layers=80, dim=10240, n_heads=80, n_kv_heads=8, ffn_dim=32768,
+                    vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),
     # A dense ~1T-parameter Llama-style shape for planning at the largest scale.
     "dense-1t": dict(n_layers=128, dim=25600, n_heads=160, n_kv_heads=16, ffn_dim=81920,
                      vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0),

@@ -87,12 +87,13 @@ def job_plan(store: ObjectStore, job: JobSpec) -> dict | None:
     """The planner's plan of `job` (planner.job_plan.plan_for_job), computed once per spec and
     kept beside it (the CPU's matmul probe alone costs a second per process); None for a
     layout the planner cannot model. Every process of the job reads the same plan."""
-    from fm_pipeline.planner.job_plan import plan_for_job
+    from fm_pipeline.planner.job_plan import PLAN_VERSION, plan_for_job
 
     digest = _spec_digest(job)
     try:
         stored = json.loads(store.get_bytes(plan_key(job.name)))
-        if stored.get("spec_sha256") == digest:
+        # A plan of this spec by this planner version (older plans lack newer sections).
+        if stored.get("spec_sha256") == digest and stored.get("version") == PLAN_VERSION:
             return stored.get("plan")
     except (ObjectNotFound, FileNotFoundError, ValueError):
         pass
@@ -100,8 +101,8 @@ def job_plan(store: ObjectStore, job: JobSpec) -> dict | None:
         plan = plan_for_job(job)
     except ValueError:  # a layout the planner cannot model: segments run without a plan
         plan = None
-    store.put_bytes(json.dumps({"spec_sha256": digest, "plan": plan}, indent=1).encode(),
-                    plan_key(job.name))
+    store.put_bytes(json.dumps({"spec_sha256": digest, "version": PLAN_VERSION, "plan": plan},
+                               indent=1).encode(), plan_key(job.name))
     return plan
 
 

@@ -17,13 +17,14 @@ import os
 from pathlib import Path
 
 from fm_pipeline.planner.cluster import cluster_from_spec
+from fm_pipeline.planner.critique import Finding, critique
 from fm_pipeline.planner.estimate import estimate
 from fm_pipeline.planner.layout import Layout
 from fm_pipeline.planner.placement import rank_table
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import shape_from_model_config
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: the critique section
 
 
 def job_inputs(job) -> dict:
@@ -48,11 +49,9 @@ def job_inputs(job) -> dict:
     }
 
 
-def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
-    """The checked plan: predictions for the declared layout, the search's best alternatives,
-    the checkpoint interval against the configured one, and the rank placement."""
-    inp = job_inputs(job)
-    est = estimate(
+def estimate_job(inp: dict):
+    """The estimate of the declared layout from `job_inputs`."""
+    return estimate(
         inp["shape"],
         inp["cluster"],
         inp["layout"],
@@ -62,6 +61,20 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
         async_checkpoint=inp["async_checkpoint"],
         checkpoints_kept=inp["checkpoints_kept"],
     )
+
+
+def job_critique(job) -> list[Finding]:
+    """What the spec declares that its plan argues against, every finding at once."""
+    inp = job_inputs(job)
+    return critique(job, inp, estimate_job(inp))
+
+
+def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
+    """The checked plan: predictions for the declared layout, the search's best alternatives,
+    the checkpoint interval against the configured one, the critique of what the spec
+    declares, and the rank placement."""
+    inp = job_inputs(job)
+    est = estimate_job(inp)
     found = search(
         inp["shape"],
         inp["cluster"],
@@ -106,6 +119,7 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
             "fitting": found.fitting,
             "seconds": found.seconds,
         },
+        "critique": [f.to_dict() for f in critique(job, inp, est)],
         "rank_placement": rank_table(inp["cluster"], inp["layout"], limit=rank_rows),
     }
 

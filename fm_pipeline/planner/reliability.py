@@ -80,17 +80,27 @@ class Reliability:
 
 
 def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s: float,
-                async_save: bool = True) -> Reliability:
+                async_save: bool = True, interval_steps: int | None = None) -> Reliability:
+    """Daly's interval and what it costs; `interval_steps` given: what that interval costs
+    instead (a declared checkpoint.every_steps, critiqued against the optimum)."""
     nodes = max(1, -(-gpus // cluster.gpus_per_node))
     size = params * CHECKPOINT_BYTES_PER_PARAM
     write_s = size / (cluster.storage_write_gbps * 1e9)
     blocking_s = size / gpus / (cluster.host_copy_gbps * 1e9) if async_save else write_s
     restore_s = size / (cluster.restore_gbps * 1e9)
     mtbf = job_mtbf_s(nodes=nodes, node_failure_rate_per_day=cluster.node_failure_rate_per_day)
-    tau = daly_interval(blocking_s, mtbf)
-    if async_save:
-        tau = max(tau, write_s)  # the previous save must be durable before the next starts
-    tau, steps = _steps_of(max(tau, step_time_s), step_time_s)  # saves at step boundaries
+    if interval_steps is None:
+        tau = daly_interval(blocking_s, mtbf)
+        if async_save:
+            tau = max(tau, write_s)  # the previous save must be durable before the next starts
+        tau, steps = _steps_of(max(tau, step_time_s), step_time_s)  # saves at step boundaries
+        if async_save and tau < write_s:  # rounded below the write: one step more
+            tau, steps = tau + step_time_s, steps + 1
+    else:
+        steps = max(1, interval_steps)
+        tau = steps * step_time_s
+        if async_save and tau < write_s:  # each save waits for the previous one's write
+            blocking_s += write_s - tau
     lost = tau / 2 + (write_s if async_save else blocking_s / 2)
     restart = cluster.restart_overhead_s + restore_s
     ckpt_overhead = blocking_s / (tau + blocking_s) if math.isfinite(tau) else 0.0

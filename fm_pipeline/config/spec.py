@@ -205,7 +205,11 @@ class ClusterSpec(_Strict):
     oversubscription: float = Field(default=1.0, ge=1)
     storage_write_gbps: float = Field(default=10.0, gt=0)
     dollars_per_gpu_hour: float = Field(default=2.5, ge=0)
-    node_failure_rate_per_day: float = Field(default=0.002, ge=0)
+    node_failure_rate_per_day: float | None = Field(
+        default=None, ge=0,
+        description="left out: Llama 3's interruption rates per GPU, node and job (the "
+                    "planner's and the simulator's failure model); a number: failures per "
+                    "node and day")
     # Planner (fm_pipeline.planner): network hierarchy above the node, restarts, storage price.
     nodes_per_rack: int = Field(default=4, gt=0, description="nodes under one leaf switch group")
     region_gpus: int = Field(default=0, ge=0, description="GPUs per region; 0: one region")

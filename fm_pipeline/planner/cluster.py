@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 
 from fm_pipeline.accelerators import Accelerator, get_accelerator
 from fm_pipeline.planner.errors import PlanInputError, require_positive
+from fm_pipeline.planner.failure_model import llama3_failures_per_day
 
 # Defaults shared with the job spec's `cluster:` section (fm_pipeline/config/spec.py).
 DEFAULT_STORAGE_WRITE_GBPS = 10.0
-DEFAULT_NODE_FAILURE_RATE_PER_DAY = 0.002
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,10 @@ class ClusterConfig:
     host_copy_gbps: float = 25.0  # device-to-host per GPU, what an async save blocks on
     dollars_per_gpu_hour: float = 2.5
     storage_dollars_per_gb_month: float = 0.023  # object-store list price
-    node_failure_rate_per_day: float = DEFAULT_NODE_FAILURE_RATE_PER_DAY
+    # None: Llama 3's interruption rates per GPU, node and job (planner.failure_model, the
+    # simulator's too); a number: that many failures per node and day, nothing else.
+    node_failure_rate_per_day: float | None = None
+    failure_rate_scale: float = 1.0  # what-if: x2 the failures, x0.5
     restart_overhead_s: float = 600.0  # reschedule, rendezvous, NCCL init (excl. restore)
     # The fast tier (in-memory snapshots with a peer replica, restored by an in-job restart):
     # the share of failures it survives (confined to one node whose ring peer lives; the
@@ -68,14 +71,23 @@ class ClusterConfig:
             "dollars_per_gpu_hour",
             "storage_dollars_per_gb_month",
             "node_failure_rate_per_day",
+            "failure_rate_scale",
             "restart_overhead_s",
             "inplace_restart_s",
         ):
-            if getattr(self, field) < 0:
+            if getattr(self, field) is not None and getattr(self, field) < 0:
                 raise PlanInputError(field, f"must be >= 0, got {getattr(self, field)}")
         if not 0 <= self.fast_tier_survivable <= 1:
             raise PlanInputError("fast_tier_survivable",
                                  f"must be within [0, 1], got {self.fast_tier_survivable}")
+
+    def failures_per_day(self, gpus: int) -> float:
+        """Unplanned interruptions per day of a job on `gpus` of this cluster."""
+        if self.node_failure_rate_per_day is None:
+            rate = llama3_failures_per_day(n_gpus=gpus, gpus_per_node=self.gpus_per_node)
+        else:
+            rate = -(-gpus // self.gpus_per_node) * self.node_failure_rate_per_day
+        return rate * self.failure_rate_scale
 
     @property
     def gpus_per_rack(self) -> int:

@@ -82,8 +82,9 @@ def _cluster_section(cluster: ClusterConfig) -> dict:
         "inter_region_gbps": cluster.inter_region_gbps,
         "storage_write_gbps": cluster.storage_write_gbps,
         "dollars_per_gpu_hour": cluster.dollars_per_gpu_hour,
-        "node_failure_rate_per_day": cluster.node_failure_rate_per_day,
         "restart_overhead_s": cluster.restart_overhead_s,
+        **({} if cluster.node_failure_rate_per_day is None
+           else {"node_failure_rate_per_day": cluster.node_failure_rate_per_day}),
     }
 
 

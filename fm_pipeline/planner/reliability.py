@@ -7,7 +7,9 @@
   resume needs; the bf16 copy is derived). Writing it takes size / aggregate storage write
   bandwidth. An async save blocks training only while each GPU copies its shard to host
   memory; the write must still finish before the next save starts.
-- Job MTBF: 1 / (nodes x node failure rate), failures independent.
+- Job MTBF: 1 / the job's interruption rate, failures independent: Llama 3's rates per GPU,
+  node and job by default (planner.failure_model, shared with the simulator), or a flat
+  `node_failure_rate_per_day` x nodes when the cluster sets one.
 - Interval: Daly (2006) "A higher order estimate of the optimum checkpoint interval for
   restart dumps", tau = sqrt(2 d M) [1 + sqrt(d / 2M) / 3 + (d / 2M) / 9] - d for d < 2M
   (else M), where d is the blocking checkpoint cost; to first order this is Young's (1974)
@@ -83,12 +85,12 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
                 async_save: bool = True, interval_steps: int | None = None) -> Reliability:
     """Daly's interval and what it costs; `interval_steps` given: what that interval costs
     instead (a declared checkpoint.every_steps, critiqued against the optimum)."""
-    nodes = max(1, -(-gpus // cluster.gpus_per_node))
     size = params * CHECKPOINT_BYTES_PER_PARAM
     write_s = size / (cluster.storage_write_gbps * 1e9)
     blocking_s = size / gpus / (cluster.host_copy_gbps * 1e9) if async_save else write_s
     restore_s = size / (cluster.restore_gbps * 1e9)
-    mtbf = job_mtbf_s(nodes=nodes, node_failure_rate_per_day=cluster.node_failure_rate_per_day)
+    per_day = cluster.failures_per_day(gpus)
+    mtbf = 86400.0 / per_day if per_day > 0 else math.inf
     if interval_steps is None:
         tau = daly_interval(blocking_s, mtbf)
         if async_save:
@@ -111,7 +113,7 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
         young_interval_s=young_interval(blocking_s, mtbf), lost_work_per_failure_s=lost,
         restart_s=restart, checkpoint_overhead=ckpt_overhead, failure_overhead=failure_overhead,
         goodput=(1 - ckpt_overhead) * (1 - failure_overhead),
-        expected_failures_per_day=nodes * cluster.node_failure_rate_per_day,
+        expected_failures_per_day=per_day,
     )
 
 
@@ -158,7 +160,7 @@ def two_level(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s: 
     blocking_f = shard / (cluster.host_copy_gbps * 1e9)
     replica_s = shard / (cluster.inter_node_gbps * 1e9) if nodes > 1 else 0.0
     fast_restore = shard / (cluster.host_copy_gbps * 1e9)
-    rate = nodes * cluster.node_failure_rate_per_day / 86400.0
+    rate = cluster.failures_per_day(gpus) / 86400.0
     s = cluster.fast_tier_survivable if nodes > 1 else 0.0  # no peer: nothing survives a node
     rate_f, rate_d = rate * s, rate * (1 - s)
     tau_f = daly_interval(blocking_f, 1 / rate_f) if rate_f > 0 else math.inf

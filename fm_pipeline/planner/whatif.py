@@ -234,9 +234,7 @@ def what_if(
         scenarios.append(
             run(
                 f"failures x{factor:g}",
-                cluster.with_changes(
-                    node_failure_rate_per_day=cluster.node_failure_rate_per_day * factor
-                ),
+                cluster.with_changes(failure_rate_scale=cluster.failure_rate_scale * factor),
                 gpus,
                 layout,
             )

@@ -23,7 +23,12 @@ from typing import Callable, Iterable
 from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.reliability import daly_interval, reliability
 from fm_pipeline.sim.config import CheckpointPolicy, SimConfig, llama3_405b
-from fm_pipeline.sim.failures import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_GPUS_PER_NODE, LLAMA3_PLANNED
+from fm_pipeline.planner.failure_model import (
+    LLAMA3_DAYS,
+    LLAMA3_GPUS,
+    LLAMA3_GPUS_PER_NODE,
+    LLAMA3_PLANNED,
+)
 from fm_pipeline.sim.results import SimResult
 from fm_pipeline.sim.single_job import simulate_job
 from fm_pipeline.sim.sweep import SweepPoint, geometric_grid, sweep, sweep_checkpoint_interval

@@ -14,13 +14,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from fm_pipeline.sim.failures import (
-    LLAMA3_DAYS,
-    LLAMA3_GPUS,
-    LLAMA3_GPUS_PER_NODE,
-    FailureMode,
-    llama3_failure_modes,
-)
+from fm_pipeline.planner.failure_model import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_GPUS_PER_NODE
+from fm_pipeline.sim.failures import FailureMode, llama3_failure_modes
 
 
 class _With:

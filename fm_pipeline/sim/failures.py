@@ -19,6 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+# The rates are the planner's (one failure model for both: fm_pipeline/planner/failure_model.py).
+from fm_pipeline.planner.failure_model import (
+    LLAMA3_DAYS,
+    LLAMA3_PLANNED,
+    LLAMA3_TABLE5,
+    rate_per_unit_hour,
+)
+
+
 UNITS = ("gpu", "node", "job")
 CATEGORIES = ("gpu", "host", "network", "software", "unknown", "maintenance")
 
@@ -66,33 +75,6 @@ class FailureMode:
         return replace(self, rate_per_unit_hour=self.rate_per_unit_hour * factor)
 
 
-# Llama 3 405B, Table 5: (component, category in the paper, count of 419, unit we scale
-# it by, needs a node swap). Categories are the paper's, mapped to ours.
-LLAMA3_TABLE5: tuple[tuple[str, str, int, str, bool], ...] = (
-    ("faulty_gpu", "gpu", 148, "gpu", True),
-    ("gpu_hbm3_memory", "gpu", 72, "gpu", True),
-    ("software_bug", "software", 54, "job", False),
-    ("network_switch_cable", "network", 35, "node", False),
-    ("host_maintenance", "maintenance", 32, "node", True),  # "unplanned maintenance"
-    ("gpu_sram_memory", "gpu", 19, "gpu", True),
-    ("gpu_system_processor", "gpu", 17, "gpu", True),
-    ("nic", "host", 7, "node", True),
-    ("nccl_watchdog_timeout", "unknown", 7, "node", False),
-    ("silent_data_corruption", "gpu", 6, "gpu", True),
-    ("gpu_thermal_interface_sensor", "gpu", 6, "gpu", True),
-    ("ssd", "host", 3, "node", True),
-    ("power_supply", "host", 3, "node", True),
-    ("server_chassis", "host", 2, "node", True),
-    ("io_expansion_board", "host", 2, "node", True),
-    ("dependency", "software", 2, "job", False),
-    ("cpu", "host", 2, "node", True),
-    ("system_memory", "host", 2, "node", True),
-)
-LLAMA3_PLANNED = 47
-LLAMA3_GPUS = 16_384
-LLAMA3_GPUS_PER_NODE = 8
-LLAMA3_DAYS = 54
-
 # How long until each kind of fault is noticed. A crash (Xid error, ECC, process exit) is
 # seen by the elastic agent within about a minute; a hang only when the collective
 # watchdog fires (torch's NCCL default is 10 minutes; large runs lower it).
@@ -106,13 +88,12 @@ def llama3_failure_modes(*, hang_detect_s: float = HANG_DETECT_S,
                          include_planned: bool = True) -> list[FailureMode]:
     """The 18 root causes of Table 5 (and the planned interruptions) as per-unit rates."""
     hours = LLAMA3_DAYS * 24
-    units = {"gpu": LLAMA3_GPUS, "node": LLAMA3_GPUS // LLAMA3_GPUS_PER_NODE, "job": 1}
     modes = [
         FailureMode(
             name=name,
             category=category,
             unit=unit,
-            rate_per_unit_hour=count / (units[unit] * hours),
+            rate_per_unit_hour=rate_per_unit_hour(count, unit),
             detect_s=hang_detect_s if name in _HANGS else crash_detect_s,
             replace_node=swap,
         )

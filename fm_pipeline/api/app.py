@@ -28,6 +28,7 @@ from fm_pipeline.api.schemas import (
     EvaluationList,
     EventList,
     JobAccepted,
+    JobSubmitted,
     JobCreate,
     JobList,
     JobStatus,
@@ -119,11 +120,14 @@ def create_app(plane: ControlPlane, tokens: TokenStore, *,
     def healthz() -> Message:
         return Message(detail="ok")
 
-    @app.post("/v1/training/jobs", status_code=201, response_model=JobAccepted, tags=["jobs"],
+    @app.post("/v1/training/jobs", status_code=201, response_model=JobSubmitted, tags=["jobs"],
+              response_model_exclude_unset=True,
               responses=_errors(extra={403: {"model": Message, "description": "admin tokens own no jobs"}}))
-    def submit_job(body: JobCreate, who: Principal = Depends(caller)) -> JobAccepted:
-        record = plane.submit(who, body)
-        return JobAccepted(job_id=record.job_id, status="queued")
+    def submit_job(body: JobCreate, who: Principal = Depends(caller)) -> JobSubmitted:
+        record, warnings = plane.submit_with_warnings(who, body)
+        # The seed's {job_id, status} exactly, unless the planner has something to say.
+        return JobSubmitted(job_id=record.job_id, status="queued",
+                            **({"warnings": warnings} if warnings else {}))
 
     @app.get("/v1/training/jobs", response_model=JobList, tags=["jobs"], responses=_errors())
     def list_jobs(

@@ -56,6 +56,11 @@ class ControlPlane:
     # -- verbs -------------------------------------------------------------------------
 
     def submit(self, who: Principal, body: JobCreate) -> JobRecord:
+        return self.submit_with_warnings(who, body)[0]
+
+    def submit_with_warnings(self, who: Principal, body: JobCreate) -> tuple[JobRecord, list]:
+        """The accepted job and the planner's critique of it (planner.critique): findings
+        about what it declares, each with numbers and a suggestion; it is queued anyway."""
         if who.is_admin:
             raise Forbidden("admins do not own jobs: submit with a tenant's token")
         tenant = self.tenants.tenant(who.tenant)
@@ -67,7 +72,8 @@ class ControlPlane:
         except AdmissionError as e:
             pool.append(("gpus", str(e)))
         job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.store_root,
-                          problems=pool)
+                          problems=pool, cluster=self.tenants.cluster)
+        warnings = critique_of(job)
         with self._locked():
             record = self.store.add(
                 job_id=job_id, tenant=tenant.name, priority=body.priority, gpus=body.gpus,
@@ -75,11 +81,12 @@ class ControlPlane:
                 submitted_at=self.clock(),
             )
             self.policy.submit(_request(record))
-            self.store.add_event(job_id, "submitted", {"gpus": body.gpus, "priority": body.priority})
+            self.store.add_event(job_id, "submitted", {"gpus": body.gpus, "priority": body.priority,
+                                                       "warnings": warnings})
             log.info("job %s submitted by tenant %s (%d GPUs, %s)", job_id, tenant.name,
                      body.gpus, body.priority)
             self.reconcile()
-            return self.store.get(job_id)
+            return self.store.get(job_id), warnings
 
     def cancel(self, who: Principal, job_id: str) -> str:
         with self._locked():
@@ -372,6 +379,21 @@ class ControlPlane:
         for ref in candidates(job_id, store=self._object_store()):
             if ref.location == location:
                 write_mark(ref, "pin", {"reason": "a resume from this checkpoint was requested"})
+
+
+def critique_of(job) -> list[dict]:
+    """The planner's findings on a job for a GPU pool; none on CPUs, where planning would
+    measure this machine (a matmul probe) inside the control plane."""
+    if job.cluster.accelerator.lower() == "cpu":
+        return []
+    from fm_pipeline.planner.errors import PlanInputError
+    from fm_pipeline.planner.job_plan import job_critique
+
+    try:
+        return [f.to_dict() for f in job_critique(job)]
+    except PlanInputError as e:  # a layout the planner cannot model: nothing to argue
+        log.info("no critique of %s: %s", job.name, e)
+        return []
 
 
 def _request(record: JobRecord) -> JobRequest:

@@ -98,10 +98,13 @@ def default_global_batch(dp: int, pp: int, micro: int) -> int:
 
 
 def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
-                store_root: str | None = None, problems: list | None = None) -> JobSpec:
+                store_root: str | None = None, problems: list | None = None,
+                cluster: dict | None = None) -> JobSpec:
     """The JobSpec for `body`; FieldError names the body's fields (never the JobSpec's),
-    every problem at once: `problems` already found (the pool's) come first."""
+    every problem at once: `problems` already found (the pool's) come first. `cluster`:
+    the job-spec cluster section of the pool (tenants config), under the job's own keys."""
     problems = list(problems or [])
+    cluster = dict(cluster or {})
     if body.priority not in tenant.priorities:
         problems.append(("priority", (
             f"tenant {tenant.name} may use priorities {', '.join(tenant.priorities)}, "
@@ -110,7 +113,8 @@ def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
     if body.model not in model_names():
         problems.append(("model", f"unknown model size {body.model!r}; known sizes: "
                                   f"{', '.join(model_names())}"))
-    per_node = body.gpus_per_node or min(body.gpus, DEFAULT_GPUS_PER_NODE)
+    per_node = body.gpus_per_node or min(body.gpus,
+                                         int(cluster.get("gpus_per_node", DEFAULT_GPUS_PER_NODE)))
     if body.gpus % per_node:
         problems.append(("gpus", (
             f"{body.gpus} is not a whole number of nodes of {per_node} GPUs (gpus_per_node)"
@@ -149,7 +153,7 @@ def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
         "training": training,
         "data": manifest.data_spec,
         "checkpoint": {"every_steps": body.checkpoint_every_steps},
-        "cluster": {"gpus_per_node": per_node, "namespace": tenant.k8s_namespace,
+        "cluster": {**cluster, "gpus_per_node": per_node, "namespace": tenant.k8s_namespace,
                     "local_queue": local_queue_name(tenant.name)},
     }
     try:

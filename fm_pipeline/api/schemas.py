@@ -54,9 +54,22 @@ class ResumeBody(_Body):
     )
 
 
+class Finding(BaseModel):
+    field: str = Field(description="the job-spec field it is about")
+    message: str
+    suggested: int | float | str | None = None
+
+
 class JobAccepted(BaseModel):
     job_id: str
     status: JobStatusName
+
+
+class JobSubmitted(JobAccepted):
+    warnings: list[Finding] = Field(
+        default_factory=list, description="the planner's critique of what the job declares "
+        "(on a GPU pool; left out when empty): queued anyway, each with numbers and a "
+        "suggested value")
 
 
 class JobStatus(BaseModel):

@@ -132,6 +132,23 @@ class TenantsConfig(_Strict):
     tenants: list[TenantSpec] = Field(min_length=1)
     preemption: PreemptionSpec = PreemptionSpec()
     kueue: KueueSpec = KueueSpec()
+    cluster: dict[str, str | int | float] = Field(
+        default_factory=dict,
+        description="the job spec's cluster: section every API job gets (accelerator, "
+                    "gpus_per_node, storage_write_gbps, ...): what the pool is made of, so "
+                    "the API plans and critiques jobs for it; {}: this machine's CPUs")
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, v: dict) -> dict:
+        from fm_pipeline.config.spec import ClusterSpec
+
+        try:
+            ClusterSpec.model_validate(v)
+        except ValidationError as e:
+            raise ValueError("; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                       for err in e.errors(include_url=False))) from None
+        return v
 
     @field_validator("pool")
     @classmethod

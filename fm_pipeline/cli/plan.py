@@ -348,7 +348,7 @@ def _write_spec(o: dict, inp: dict, result) -> str:
                             global_batch_tokens=inp["global_batch_tokens"],
                             precision=inp["precision"],
                             checkpoint_every_steps=est.reliability.interval_steps,
-                            training_steps=est.cost.steps)}
+                            training_steps=est.cost.steps, estimate=est)}
     # The data mix is not the planner's: the embedded demo's sources stand in, named as such.
     spec["data"] = load_yaml(DEMO_JOB.read_text(), source=str(DEMO_JOB))["data"]
     parse_job(spec, source="the written plan")  # refuses (naming fields) before writing

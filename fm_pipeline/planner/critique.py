@@ -91,6 +91,21 @@ def _interval(job, inp: dict, est: Estimate):
     yield Finding("checkpoint.every_steps", why, best.interval_steps)
 
 
+def segment_steps_for(est: Estimate, *, every_steps: int, total_steps: int) -> int:
+    """The shortest segment whose relaunch (reschedule, rendezvous, restore) takes at most
+    SEGMENT_RELAUNCH_SHARE of the wall clock, ending on a checkpoint."""
+    relaunch, step_s = est.reliability.restart_s, est.metrics["step_time_s"]
+    steps = math.ceil(relaunch * (1 / SEGMENT_RELAUNCH_SHARE - 1) / step_s)
+    return max(1, min(total_steps, -(-steps // every_steps) * every_steps))
+
+
+def grace_s_for(est: Estimate) -> int:
+    """A grace period that holds the checkpoint a preemption writes, with margin."""
+    rel = est.reliability
+    return math.ceil((rel.checkpoint_blocking_s + rel.checkpoint_write_s) * GRACE_MARGIN
+                     + GRACE_SLACK_S)
+
+
 def _segments(job, est: Estimate):
     rel, step_s = est.reliability, est.metrics["step_time_s"]
     relaunch = rel.restart_s  # reschedule, rendezvous, restore: what each segment pays
@@ -98,9 +113,8 @@ def _segments(job, est: Estimate):
     share = relaunch / (segment_s + relaunch)
     if share <= SEGMENT_RELAUNCH_SHARE:
         return
-    steps = math.ceil(relaunch * (1 / SEGMENT_RELAUNCH_SHARE - 1) / step_s)
-    every = job.checkpoint.every_steps
-    steps = min(job.training.steps, -(-steps // every) * every)  # end segments on a save
+    steps = segment_steps_for(est, every_steps=job.checkpoint.every_steps,
+                              total_steps=job.training.steps)
     yield Finding(
         "training.segment_steps",
         f"segments of {job.training.segment_steps} steps ({_duration(segment_s)}) each pay a "
@@ -115,7 +129,7 @@ def _grace(job, est: Estimate):
     grace = job.training.preemption_grace_s
     if grace >= needed * GRACE_MARGIN:
         return
-    suggested = math.ceil(needed * GRACE_MARGIN + GRACE_SLACK_S)
+    suggested = grace_s_for(est)
     yield Finding(
         "training.preemption_grace_s",
         f"{grace:.0f} s (the pods' grace period) is shorter than the checkpoint a preemption "

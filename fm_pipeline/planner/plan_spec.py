@@ -13,6 +13,7 @@ dp_replicate dp/N; ddp -> dp_shard 1 x dp_replicate dp (replicated: DDP's traffi
 from __future__ import annotations
 
 from fm_pipeline.planner.cluster import ClusterConfig
+from fm_pipeline.planner.critique import grace_s_for, segment_steps_for
 from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.layout import Layout
 from fm_pipeline.planner.runnable import model_not_runnable, not_runnable
@@ -24,8 +25,10 @@ CUSTOM_BASE = "llama3-8b"
 
 def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
                   global_batch_tokens: int, precision: str, checkpoint_every_steps: int,
-                  training_steps: int | None = None) -> dict:
-    """The job spec sections for `layout`; PlanInputError names what the trainer cannot run."""
+                  training_steps: int | None = None, estimate=None) -> dict:
+    """The job spec sections for `layout`; PlanInputError names what the trainer cannot run.
+    With the layout's `estimate`, segment length and preemption grace period are derived
+    from it as the critique would have them (planner.critique)."""
     why = model_not_runnable(shape)
     if why:
         raise PlanInputError("model", why)
@@ -48,6 +51,11 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
     if training_steps:
         training["steps"] = training_steps
         training["warmup_steps"] = min(training_steps, max(1, training_steps // 100))
+    if estimate is not None and not cluster.accelerator.name.startswith("cpu"):
+        every = max(1, checkpoint_every_steps)
+        training["segment_steps"] = segment_steps_for(
+            estimate, every_steps=every, total_steps=training_steps or every)
+        training["preemption_grace_s"] = float(grace_s_for(estimate))
     return {
         "model": _model_section(shape),
         "parallelism": parallelism,

@@ -132,6 +132,9 @@ def test_the_cli_writes_the_plan_as_a_job_spec_that_estimates_the_same(tmp_path)
     assert by_job.exit_code == 0, by_job.output
     by_layout = runner.invoke(app, ["estimate", *model, "--layout", second["describe"], "--json"])
     assert by_layout.exit_code == 0, by_layout.output
+    # Interval, segment length and grace period come from the plan: nothing to critique.
+    assert json.loads(by_job.stdout)["critique"] == []
+    assert job.training.segment_steps > 20 and job.training.preemption_grace_s > 25
     for out in (json.loads(by_job.stdout), json.loads(by_layout.stdout)):
         assert out["mfu"] == pytest.approx(second["mfu"], rel=1e-9)
         assert out["precision"] == "bf16" and out["warnings"] == []

@@ -73,6 +73,12 @@ def main() -> None:
         "speedup_vs_baseline": round(baseline_s / search_s, 1),
         "best_layout": best.layout.describe(),
         "best_mfu": round(m["mfu"], 4),
+        # Ranked among layouts the trainer runs; the cost model's best beyond them, apart.
+        "space": "runnable",
+        "best_not_runnable": (result.not_runnable[0].layout.describe()
+                              if result.not_runnable else None),
+        "best_not_runnable_mfu": (round(result.metrics(result.not_runnable[0].index)["mfu"], 4)
+                                  if result.not_runnable else None),
     }))
 
 

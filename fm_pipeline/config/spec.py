@@ -368,6 +368,14 @@ def _cross_field_problems(job: JobSpec):
         yield "parallelism.tp", (
             f"tp {p.tp} needs untied embeddings (model tie_embeddings is true); set "
             "model.tie_embeddings: false or tp: 1")
+    # MoE layers train data-parallel (FSDP over the experts too) so far: the tensor-parallel
+    # plan has no stacked experts, and a pipeline would drop the load-balancing loss.
+    if m.n_experts and p.tp > 1:
+        yield "parallelism.tp", (f"tp {p.tp} with a Mixture of Experts ({job.model.size}) "
+                                 "is not supported yet; use tp: 1")
+    if m.n_experts and p.pp > 1:
+        yield "parallelism.pp", (f"pp {p.pp} with a Mixture of Experts ({job.model.size}) "
+                                 "is not supported yet; use pp: 1")
     # Compiled blocks under TP fail in backward on torch 2.13 (a DTensor redistribute gets a
     # plain tensor gradient): refused rather than discovered at the first step.
     if t.compile and p.tp > 1:

@@ -15,14 +15,21 @@ from fm_pipeline.model.config import ModelConfig
 @dataclass(frozen=True)
 class ParamCount:
     embedding: int
-    per_layer: int
+    per_layer: int  # a dense layer
     layers: int
     final_norm: int
     output: int
+    active_layers: int = 0  # what one token's forward uses (MoE: the top-k experts); 0: layers
 
     @property
     def total(self) -> int:
         return self.embedding + self.layers + self.final_norm + self.output
+
+    @property
+    def active(self) -> int:
+        """Parameters one token's forward uses: all of them in a dense model; in an MoE one
+        the router, the top-k routed experts and the shared ones of each MoE layer."""
+        return self.total - self.layers + (self.active_layers or self.layers)
 
     @property
     def non_embedding(self) -> int:
@@ -37,14 +44,19 @@ def count_params(cfg: ModelConfig) -> ParamCount:
     mlp = 3 * d * cfg.ffn_dim
     norms = 2 * d
     per_layer = attn + mlp + norms
+    expert = 3 * d * cfg.expert_ffn_dim
+    moe_base = attn + norms + d * cfg.n_experts + cfg.moe_shared_experts * expert  # + router
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+    dense_layers = cfg.n_layers - moe_layers
     embedding = cfg.vocab_size * d
     output = 0 if cfg.tie_embeddings else cfg.vocab_size * d
     return ParamCount(
         embedding=embedding,
         per_layer=per_layer,
-        layers=per_layer * cfg.n_layers,
+        layers=dense_layers * per_layer + moe_layers * (moe_base + cfg.n_experts * expert),
         final_norm=d,
         output=output,
+        active_layers=dense_layers * per_layer + moe_layers * (moe_base + cfg.moe_top_k * expert),
     )
 
 
@@ -56,7 +68,7 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Model FLOPs of one training token (forward + backward), the numerator of MFU."""
     params = count_params(cfg)
-    matmul_params = params.total - params.embedding
+    matmul_params = params.active - params.embedding  # MoE: the experts a token is routed to
     if cfg.tie_embeddings:
         # The tied matrix still does the output projection's matmul.
         matmul_params += params.embedding

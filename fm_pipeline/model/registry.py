@@ -20,6 +20,17 @@ _SIZES: dict[str, dict] = {
                   vocab_size=4096, max_seq_len=512),
     "20m": dict(n_layers=8, dim=384, n_heads=6, n_kv_heads=2, ffn_dim=1024,
                 vocab_size=8192, max_seq_len=1024),
+    # Mixture of Experts for CPU tests and the MoE demo: 8 experts, top 2.
+    "moe-debug": dict(n_layers=4, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=192,
+                      vocab_size=1024, max_seq_len=256, n_experts=8, moe_top_k=2,
+                      moe_ffn_dim=96),
+    "moe-tiny": dict(n_layers=4, dim=128, n_heads=4, n_kv_heads=2, ffn_dim=384,
+                     vocab_size=2048, max_seq_len=512, n_experts=8, moe_top_k=2,
+                     moe_ffn_dim=192, moe_shared_experts=1),
+    # Mixtral 8x7B (Mistral AI's published config): 46.7B parameters, 12.9B active.
+    "mixtral-8x7b": dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+                         vocab_size=32000, max_seq_len=32768, rope_theta=1e6, n_experts=8,
+                         moe_top_k=2),
     # Llama 3 / 3.1 / 3.2 shapes (Meta's published configs).
     "llama3-1b": dict(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192,
                       vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0,

@@ -1,4 +1,5 @@
-"""Llama-style decoder: RMSNorm, rotary position embeddings, SwiGLU, grouped-query attention.
+"""Llama-style decoder: RMSNorm, rotary position embeddings, SwiGLU, grouped-query attention;
+any layer's SwiGLU may be a Mixture of Experts (model/moe.py, chosen by the config).
 
     from fm_pipeline.model import Transformer, get_model_config
     model = Transformer(get_model_config("debug"))
@@ -21,6 +22,7 @@ from torch import nn
 
 from fm_pipeline.model.config import ModelConfig
 from fm_pipeline.model.init import WriteFn, copy_full, init_parameters
+from fm_pipeline.model.moe import MoEFeedForward
 
 
 class RMSNorm(nn.Module):
@@ -98,7 +100,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        self.feed_forward = MoEFeedForward(cfg) if cfg.is_moe_layer(layer_id) else FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), rope)
@@ -134,6 +136,29 @@ class Transformer(nn.Module):
             return self.output(h)
         return F.linear(h, self.tok_embeddings.weight)
 
+    def moe_layers(self) -> list[MoEFeedForward]:
+        """This part's MoE feed-forwards (empty for a dense model)."""
+        return [layer.feed_forward for layer in self.layers.values()
+                if isinstance(layer.feed_forward, MoEFeedForward)]
+
+    def take_router_stats(self) -> tuple[list[int], int] | None:
+        """Token-slots per expert and dropped slots, summed over this part's MoE layers and
+        the forwards since the last call (which resets them); None for a dense model."""
+        layers = self.moe_layers()
+        if not layers:
+            return None
+        load = [sum(per_layer) for per_layer in zip(*(m.load_total for m in layers), strict=True)]
+        dropped = sum(m.dropped_total for m in layers)
+        for m in layers:
+            m.load_total, m.dropped_total = [0] * len(m.load_total), 0
+        return load, dropped
+
+    def moe_aux_loss(self) -> torch.Tensor | None:
+        """The load-balancing loss of the last forward, weighted by moe_aux_loss_coef: what
+        training adds to the next-token loss; None for a dense model."""
+        losses = [m.aux_loss for m in self.moe_layers() if m.aux_loss is not None]
+        return torch.stack(losses).sum() if losses else None
+
     @torch.no_grad()
     def init_weights(self, *, seed: int, write: WriteFn = copy_full) -> None:
         """Deterministic initialisation: parameter `name` gets the same values whatever the
@@ -156,7 +181,7 @@ class Transformer(nn.Module):
             return self.cfg.dim ** -0.5 if self.cfg.tie_embeddings else 1.0
         if name.startswith("output"):
             return self.cfg.dim ** -0.5
-        if name.endswith(("wo.weight", "w2.weight")):
+        if name.endswith(("wo.weight", "w2.weight", "feed_forward.w2")):  # (experts: stacked)
             # Residual projections shrink with depth (as in torchtitan's Llama init).
             layer = int(name.split(".")[1])
             return 0.02 / math.sqrt(2 * (layer + 1))

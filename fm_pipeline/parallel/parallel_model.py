@@ -93,7 +93,10 @@ class ParallelModel:
         for mb_inputs, mb_targets in zip(micro_inputs, micro_targets, strict=True):
             with self._compute_context():
                 loss = cross_entropy_loss(model(mb_inputs), mb_targets) / len(micro_inputs)
-                (loss * grad_scale if grad_scale != 1.0 else loss).backward()
+                # MoE load balancing trains beside the next-token loss (which is reported).
+                aux = model.moe_aux_loss()
+                objective = loss if aux is None else loss + aux / len(micro_inputs)
+                (objective * grad_scale if grad_scale != 1.0 else objective).backward()
             total += _plain(loss)
         return total
 

@@ -212,6 +212,9 @@ def named_shape(name: str, *, seq_len: int | None = None) -> ModelShape:
 
 def shape_from_model_config(cfg, *, seq_len: int, name: str = "custom") -> ModelShape:
     """The planner's view of a `fm_pipeline.model.ModelConfig` trained at `seq_len`."""
+    if getattr(cfg, "n_experts", 0):
+        raise PlanInputError("model", f"{name} is a Mixture of Experts ({cfg.n_experts} "
+                             "experts): the planner models dense decoders only so far")
     return ModelShape(
         layers=cfg.n_layers,
         hidden=cfg.dim,

@@ -435,7 +435,7 @@ def _train(trainer: Trainer, manager: CheckpointManager, watcher: PreemptionWatc
                     tokens_dropped=result.tokens_dropped,
                     mfu=step_mfu, data_wait_s=round(result.data_wait_s, 6),
                     checkpoint_block_s=round(block, 6), peak_memory_gib=result.peak_memory_gib,
-                    process_cpu_s=round(result.process_cpu_s, 6)))
+                    process_cpu_s=round(result.process_cpu_s, 6), **(result.router or {})))
     except BaseException:
         try:  # let an in-flight save finish (or fail) before the process goes
             manager.close()

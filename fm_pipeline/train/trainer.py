@@ -56,6 +56,7 @@ class StepResult:
     work_fraction: float = 1.0  # rows this rank computed / rows of its batch (drop)
     rows_s: float = 0.0  # forward/backward alone: the part that scales with the rows
     tokens_dropped: int = 0  # tokens of this step's global batch no rank computed (drop)
+    router: dict | None = None  # MoE: expert load imbalance, dropped token-slots (all ranks)
 
 
 def drop_capable(dims: ParallelDims) -> bool:
@@ -132,12 +133,15 @@ class Trainer:
         t2 = time.perf_counter()
         ask = (self.next_row_plan or [0] * self.plan_slots) if self.rank == 0 else \
             [0] * self.plan_slots
+        router = self.pm.parts[0].take_router_stats()  # MoE: summed with the same sync
+        moe = [*router[0], router[1]] if router else []
         packed = torch.tensor(
             [0.0 if loss is None else float(loss), 0.0 if loss is None else 1.0,
-             1.0 if stop_requested else 0.0, *map(float, ask)],
+             1.0 if stop_requested else 0.0, *map(float, ask), *map(float, moe)],
             dtype=torch.float64, device=self.device)
         dist.all_reduce(packed)
-        loss_sum, n_loss, stops, *plan = packed.tolist()
+        loss_sum, n_loss, stops, *rest = packed.tolist()
+        plan, moe = rest[:len(ask)], rest[len(ask):]
         t3 = time.perf_counter()
         grad_norm = global_grad_norm(self.params, pp_group=self.pp_group)
         clip_grads_(self.params, max_norm=self.job.training.grad_clip, total_norm=grad_norm)
@@ -164,7 +168,8 @@ class Trainer:
                              if self.device.type == "cuda" else None),
             process_cpu_s=time.process_time() - cpu0, work_fraction=rows / full,
             rows_s=t2 - t1,
-            tokens_dropped=self.job.tokens_per_step - tokens)
+            tokens_dropped=self.job.tokens_per_step - tokens,
+            router=_router_summary(moe[:-1], moe[-1]) if moe else None)
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -204,3 +209,11 @@ class Trainer:
 
     def close(self) -> None:
         self.loader.close()
+
+
+def _router_summary(load: list[float], dropped: float) -> dict:
+    """How evenly the step's token-slots spread over the experts (max / mean load: 1 is
+    perfect balance) and how many were dropped at capacity, over all ranks and layers."""
+    mean = sum(load) / len(load)
+    return {"moe_max_load": round(max(load) / mean, 4) if mean else None,
+            "moe_dropped_slots": int(dropped), "moe_slots": int(sum(load))}

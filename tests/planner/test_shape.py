@@ -53,7 +53,19 @@ def test_megatron_table_1_sizes_give_the_published_parameter_counts(name):
     assert named_shape(name).params().total / 1e9 == pytest.approx(published, abs=0.06)
 
 
-@pytest.mark.parametrize("name", model_names())
+DENSE = [n for n in model_names() if not get_model_config(n).n_experts]
+
+
+def test_moe_sizes_are_refused_by_name_not_misplanned():
+    moe = [n for n in model_names() if n not in DENSE]
+    assert moe
+    for name in moe:
+        with pytest.raises(PlanInputError, match="Mixture of Experts") as e:
+            named_shape(name)
+        assert e.value.field == "model"
+
+
+@pytest.mark.parametrize("name", DENSE)
 def test_llama_shapes_count_exactly_what_the_trainer_builds(name):
     cfg = get_model_config(name)
     shape = named_shape(name, seq_len=cfg.max_seq_len)

@@ -36,7 +36,10 @@ LAYOUTS = {
                     "parallelism.pp_schedule": "GPipe"},
     "pp4-bf16": {"parallelism.pp": 4, "parallelism.dp_shard": 1,
                  "parallelism.mixed_precision": "bf16"},
+    # A Mixture of Experts (8 experts, top 2) under FSDP, its balancing loss trained beside.
+    "moe-fsdp4": {"model.size": "moe-debug", "parallelism.dp_shard": 4},
 }
+SAME_MODEL = [name for name, overrides in LAYOUTS.items() if "model.size" not in overrides]
 
 
 EXACT = "exact"  # the fsdp4 spec again, stopped after step 3, resumed by test_resume

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.train.conftest import LAYOUTS
+from tests.train.conftest import LAYOUTS, SAME_MODEL
 
 
 @pytest.mark.slow
@@ -28,7 +28,7 @@ def test_layout_trains_and_loss_falls(layouts_run, layout):
 def test_all_layouts_start_from_the_same_model(layouts_run):
     """Initialisation does not depend on sharding: the first loss and gradient norm agree
     across layouts (bf16 ones to bf16 precision)."""
-    first = {name: layouts_run.metrics(name)[0] for name in LAYOUTS}
+    first = {name: layouts_run.metrics(name)[0] for name in SAME_MODEL}
     reference = first["fsdp4"]
     for name, step in first.items():
         bf16 = LAYOUTS[name].get("parallelism.mixed_precision") == "bf16"
@@ -49,3 +49,16 @@ def test_rank_timings_cover_every_rank_with_its_pipeline_stage(layouts_run):
     for r in at_4:
         assert r["steps"] == 2 and r["compute_s"] > 0 and r["collective_wait_s"] >= 0
         assert r["step_time_s"] >= r["compute_s"]
+
+
+@pytest.mark.slow
+def test_the_moe_layout_reports_its_routing_every_step(layouts_run):
+    from fm_pipeline.model import get_model_config
+
+    cfg = get_model_config("moe-debug")
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+    for s in layouts_run.metrics("moe-fsdp4"):
+        # Every token of the global batch took top-k slots in every MoE layer, all ranks.
+        assert s["moe_slots"] == s["tokens"] * cfg.moe_top_k * moe_layers
+        assert s["moe_dropped_slots"] == 0 and 1.0 <= s["moe_max_load"] < cfg.n_experts
+    assert "moe_slots" not in layouts_run.metrics("fsdp4")[0]

@@ -1,0 +1,114 @@
+"""The Mixture-of-Experts feed-forward: routing as a per-token reference computes it, exact
+parameter counts (Mixtral's published 46.7B / 12.9B), the balancing loss, capacity drops,
+and a tiny MoE model that learns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fm_pipeline.config import JobSpecError, parse_job
+from fm_pipeline.defaults import DEMO_JOB
+from fm_pipeline.model import Transformer, count_params, flops_per_token, get_model_config
+from fm_pipeline.model.moe import MoEFeedForward
+
+
+def _moe(**overrides) -> MoEFeedForward:
+    torch.manual_seed(0)
+    ffn = MoEFeedForward(get_model_config("moe-debug", **overrides))
+    for p in ffn.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    return ffn
+
+
+def reference(ffn: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
+    """Token by token: softmax, top-k, renormalised weights, each chosen expert's SwiGLU."""
+    cfg, out = ffn.cfg, []
+    for t in x.reshape(-1, x.shape[-1]):
+        probs = F.softmax(ffn.router(t).float(), -1)
+        top = probs.topk(cfg.moe_top_k)
+        y = torch.zeros_like(t)
+        for w, e in zip(top.values / top.values.sum(), top.indices.tolist(), strict=True):
+            y += w * (F.silu(ffn.w1[e] @ t) * (ffn.w3[e] @ t)) @ ffn.w2[e].T
+        out.append(y + (ffn.shared(t) if ffn.shared is not None else 0))
+    return torch.stack(out).reshape(x.shape)
+
+
+@pytest.mark.parametrize("shared", [0, 1])
+def test_the_dispatched_forward_equals_the_per_token_reference(shared):
+    ffn = _moe(moe_shared_experts=shared)
+    x = torch.randn(2, 7, 64)
+    torch.testing.assert_close(ffn(x), reference(ffn, x), rtol=1e-5, atol=1e-5)
+    assert sum(ffn.stats["tokens_per_expert"]) == 2 * 7 * 2 and ffn.stats["dropped_tokens"] == 0
+
+
+def test_counts_are_exact_and_flops_use_the_active_experts_only():
+    mixtral = count_params(get_model_config("mixtral-8x7b"))
+    assert round(mixtral.total / 1e9, 1) == 46.7 and round(mixtral.active / 1e9, 1) == 12.9
+    cfg = get_model_config("moe-tiny")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    assert sum(p.numel() for p in model.parameters()) == count_params(cfg).total
+    dense = get_model_config("moe-tiny", n_experts=0)
+    # 2 of 8 routed experts (192 wide) + a shared one: 3 x 192 = 576 > the dense 384.
+    assert flops_per_token(cfg, 128) > flops_per_token(dense, 128)
+    assert count_params(cfg).active < count_params(cfg).total
+
+
+def test_the_balancing_loss_is_its_coefficient_when_routing_is_uniform():
+    ffn = _moe()
+    torch.nn.init.zeros_(ffn.router.weight)  # every expert equally likely
+    ffn(torch.randn(4, 16, 64))
+    assert ffn.aux_loss.item() == pytest.approx(ffn.cfg.moe_aux_loss_coef, rel=1e-5)
+    skewed = _moe()
+    with torch.no_grad():
+        skewed.router.weight[0] += 5.0 * torch.ones(64)
+    skewed(torch.ones(4, 16, 64))  # everything prefers expert 0
+    assert skewed.aux_loss.item() > 2 * skewed.cfg.moe_aux_loss_coef
+
+
+def test_capacity_drops_the_overflow_and_counts_it():
+    ffn = _moe(moe_capacity_factor=1.0)
+    with torch.no_grad():
+        ffn.router.weight.zero_()
+        ffn.router.weight[0] += 1.0
+        ffn.router.weight[1] += 0.5
+    x = torch.ones(1, 32, 64)  # all 32 tokens pick experts 0 and 1: 64 slots, capacity 8
+    out = ffn(x)
+    assert ffn.stats["dropped_tokens"] == 64 - 2 * 8
+    assert torch.count_nonzero(out.abs().sum(-1)) == 8  # only the first 8 tokens got output
+
+
+def test_a_tiny_moe_model_learns_and_its_aux_loss_has_gradients():
+    torch.manual_seed(0)
+    cfg = get_model_config("moe-debug")
+    model = Transformer(cfg)
+    model.init_weights(seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    tokens = torch.randint(0, 64, (8, 33))  # a small vocabulary: learnable in a few steps
+    losses = []
+    for _ in range(30):
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        opt.zero_grad()
+        (loss + model.moe_aux_loss()).backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+    router = model.layers["0"].feed_forward.router.weight
+    assert router.grad is not None and router.grad.abs().sum() > 0
+
+
+def test_a_spec_asks_for_moe_only_where_it_trains():
+    import yaml
+
+    spec = yaml.safe_load(DEMO_JOB.read_text())
+    spec["model"] = {"size": "moe-tiny", "vocab_size": 2048}
+    assert parse_job(spec).model_cfg.n_experts == 8
+    spec["parallelism"] = {"nproc_per_node": 4, "tp": 2, "dp_shard": 2}
+    with pytest.raises(JobSpecError) as e:
+        parse_job(spec)
+    assert "parallelism.tp" in dict(e.value.problems)
+    with pytest.raises(ValueError, match="moe_top_k"):
+        get_model_config("moe-debug", moe_top_k=9)

@@ -349,6 +349,7 @@ class ControlPlane:
             "inplace_restarts": sum(e["kind"] == "inplace_restart"
                                     for e in progress.job_events(record.job_id)),
             "runs": len(runs),
+            "router": _router(metrics),
         }
 
     def _checkpoint_location(self, job_id: str, wanted: str) -> str | None:
@@ -394,6 +395,15 @@ def critique_of(job) -> list[dict]:
     except PlanInputError as e:  # a layout the planner cannot model: nothing to argue
         log.info("no critique of %s: %s", job.name, e)
         return []
+
+
+def _router(metrics: dict) -> dict | None:
+    """The latest step's MoE routing (fm_pipeline.train.trainer's moe_* keys), if any."""
+    if "moe_slots" not in metrics:
+        return None
+    return {"max_load": _number(metrics.get("moe_max_load")),
+            "dropped_slots": int(metrics.get("moe_dropped_slots") or 0),
+            "slots": int(metrics["moe_slots"])}
 
 
 def _request(record: JobRecord) -> JobRequest:

@@ -72,6 +72,15 @@ class JobSubmitted(JobAccepted):
         "suggested value")
 
 
+class RouterStats(BaseModel):
+    """A Mixture-of-Experts job's routing at its latest step, over all ranks and layers."""
+
+    max_load: float | None = Field(description="busiest expert's token-slots / the mean "
+                                               "(1: balanced)")
+    dropped_slots: int = Field(description="token-slots dropped at expert capacity")
+    slots: int = Field(description="token-slots routed")
+
+
 class JobStatus(BaseModel):
     job_id: str
     tenant: str
@@ -97,6 +106,7 @@ class JobStatus(BaseModel):
         "workers restarted inside a segment by torchrun (each restored from the fast tier "
         "when it could, else the durable one; the events say which)"))
     runs: int
+    router: RouterStats | None = Field(default=None, description="MoE jobs only")
 
 
 class JobList(BaseModel):

@@ -36,7 +36,9 @@ def write_checkpoint(job: str, *, step: int, tokens: int = 0, eval_loss: dict | 
     return path
 
 
-def write_step_metrics(job: str, *, steps, step_time_s: float, mfu: float) -> None:
+def write_step_metrics(job: str, *, steps, step_time_s: float, mfu: float,
+                       **extra) -> None:
+    """`extra`: more keys of each step record (an MoE job's moe_max_load, ...)."""
     path = runs_dir(job) / "metrics.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
@@ -44,5 +46,5 @@ def write_step_metrics(job: str, *, steps, step_time_s: float, mfu: float) -> No
             f.write(json.dumps({
                 "kind": "step", "job": job, "segment": "s1", "time": 1.0 * step, "step": step,
                 "loss": 2.5, "step_time_s": step_time_s, "tokens": 512,
-                "tokens_per_s": 512 / step_time_s, "mfu": mfu,
+                "tokens_per_s": 512 / step_time_s, "mfu": mfu, **extra,
             }) + "\n")

@@ -75,3 +75,22 @@ def test_resume_without_a_body_restarts_a_failed_job_from_the_latest_checkpoint(
                                            headers=prod).json()["events"]]
     assert kinds == ["submitted", "admitted", "run_started", "run_failed", "resume_requested",
                      "admitted", "run_started"]
+
+
+def test_an_moe_jobs_status_carries_its_routing_and_a_dense_ones_none(client, tokens, seed_body):
+    from tests.api.progress_files import write_step_metrics
+
+    prod = auth(tokens["prod"])
+    dense = client.post("/v1/training/jobs", json=seed_body, headers=prod).json()["job_id"]
+    write_step_metrics(dense, steps=range(1, 3), step_time_s=1.0, mfu=0.3)
+    assert client.get(f"/v1/training/jobs/{dense}", headers=prod).json()["router"] is None
+    moe = client.post("/v1/training/jobs", json={**seed_body, "model": "moe-tiny"},
+                      headers=prod)
+    assert moe.status_code == 422 and "with a Mixture of Experts" in moe.text  # tp 4, pp 2
+    body = {**seed_body, "model": "moe-tiny", "gpus": 8, "gpus_per_node": 8,
+            "parallelism": {"tp": 1, "pp": 1, "dp": 8}}
+    job = client.post("/v1/training/jobs", json=body, headers=prod).json()["job_id"]
+    write_step_metrics(job, steps=range(1, 3), step_time_s=1.0, mfu=0.3, moe_max_load=1.25,
+                       moe_dropped_slots=3, moe_slots=4096)
+    status = client.get(f"/v1/training/jobs/{job}", headers=prod).json()
+    assert status["router"] == {"max_load": 1.25, "dropped_slots": 3, "slots": 4096}

@@ -160,6 +160,17 @@ class SourceSpec(_Strict):
     glob: str | None = None
 
 
+class NearDedupSpec(_Strict):
+    """MinHash + LSH near-duplicate removal (fm_pipeline/data/near_dedup.py, docs/data.md)."""
+
+    ngram: int = Field(default=5, gt=0, description="words per shingle")
+    bands: int = Field(default=32, gt=0)
+    rows: int = Field(default=4, gt=0, description="signature entries per band")
+    threshold: float = Field(default=0.7, gt=0, le=1,
+                             description="estimated Jaccard similarity that makes a duplicate")
+    seed: int = 1
+
+
 class DataSpec(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
     min_chars: int = Field(default=64, ge=0)
@@ -167,6 +178,9 @@ class DataSpec(_Strict):
     shard_tokens: int = Field(default=1 << 20, gt=0)
     heldout_fraction: float = Field(default=0.02, ge=0, lt=0.5)
     seed: int = 1234
+    near_dedup: NearDedupSpec | None = Field(
+        default=None, description="drop documents this similar to a kept one; null: exact "
+                                  "duplicates only")
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSpec":

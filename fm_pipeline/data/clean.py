@@ -3,8 +3,9 @@
 Each document is decoded as strict UTF-8 (a byte-order mark is dropped), newlines are
 unified, control characters other than tab and newline removed, and the text NFC-normalised.
 Then, in this order, it is dropped as `empty`, `too_short` (< min_chars), `too_long`
-(> max_chars) or `duplicate` (same normalised text as an earlier document of any source of
-the mix). Readers' problems (`not_utf8`, `malformed_json`, `missing_field`, `syntax_error`,
+(> max_chars), `duplicate` (same normalised text as an earlier document of any source of
+the mix) or, with `data.near_dedup`, `near_duplicate` (MinHash + LSH: about as similar as
+a kept document, fm_pipeline/data/near_dedup.py). Readers' problems (`not_utf8`, `malformed_json`, `missing_field`, `syntax_error`,
 `unreadable`) are drop reasons too, and so is text that cannot be encoded (`invalid_unicode`:
 a JSON record with a lone surrogate); the first document of each reason is named
 (`file:line` for JSONL) in the receipt, and no single record ever aborts the mix. A kept
@@ -22,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fm_pipeline.data.manifest import DocumentCounts
+from fm_pipeline.data.near_dedup import NearDuplicates
 from fm_pipeline.data.sources import RawDocument
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -75,10 +77,12 @@ def normalize_text(content: bytes | str) -> str | None:
 class Cleaner:
     """Cleans the sources of one mix in order; dedup spans all of them."""
 
-    def __init__(self, *, min_chars: int, max_chars: int, heldout_fraction: float):
+    def __init__(self, *, min_chars: int, max_chars: int, heldout_fraction: float,
+                 near_dedup=None):
         self.min_chars, self.max_chars = min_chars, max_chars
         self.heldout_fraction = heldout_fraction
         self._seen: set[bytes] = set()
+        self._near = NearDuplicates(near_dedup) if near_dedup is not None else None
 
     def clean_source(self, name: str, documents: Iterable[RawDocument], on_document=None) -> SourceCleaning:
         out = SourceCleaning(name)
@@ -100,6 +104,9 @@ class Cleaner:
                 out.drop("duplicate", doc.doc_id)
                 continue
             self._seen.add(digest)
+            if self._near is not None and self._near.is_duplicate(text):
+                out.drop("near_duplicate", doc.doc_id)
+                continue
             out.documents.append(CleanDocument(doc.doc_id, text, self._split(digest)))
         self._ensure_heldout(out)
         return out

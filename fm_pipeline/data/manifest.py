@@ -28,9 +28,12 @@ EOS_TOKEN = "<|endoftext|>"
 
 def mix_key(job) -> str:
     """Content hash (16 hex chars) of the data spec + vocab_size + seq_len of a JobSpec."""
+    data = job.data.model_dump(mode="json")
+    if data.get("near_dedup") is None:  # off: the key every mix had before the option
+        data.pop("near_dedup", None)
     spec = {
         "format": MIX_FORMAT,
-        "data": job.data.model_dump(mode="json"),
+        "data": data,
         "vocab_size": job.model_cfg.vocab_size,
         "seq_len": job.training.seq_len,
     }

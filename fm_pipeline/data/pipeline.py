@@ -88,7 +88,7 @@ def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO
         return done
     spec = job.data
     cleaner = Cleaner(min_chars=spec.min_chars, max_chars=spec.max_chars,
-                      heldout_fraction=spec.heldout_fraction)
+                      heldout_fraction=spec.heldout_fraction, near_dedup=spec.near_dedup)
     counts, fingerprints, examples = {}, {}, {}
     for source in spec.sources:
         task = f"clean {source.name}"

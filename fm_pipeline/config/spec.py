@@ -171,6 +171,14 @@ class NearDedupSpec(_Strict):
     seed: int = 1
 
 
+class QualitySpec(_Strict):
+    """Gopher and C4 heuristic filters (fm_pipeline/data/quality.py); never on code sources."""
+
+    gopher: bool = True
+    c4: bool = True
+    skip_sources: list[str] = Field(default_factory=list, description="sources left unfiltered")
+
+
 class DataSpec(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
     min_chars: int = Field(default=64, ge=0)
@@ -181,6 +189,8 @@ class DataSpec(_Strict):
     near_dedup: NearDedupSpec | None = Field(
         default=None, description="drop documents this similar to a kept one; null: exact "
                                   "duplicates only")
+    quality: QualitySpec | None = Field(default=None, description="null: no quality filters")
+    mask_pii: bool = Field(default=False, description="replace e-mail and IPv4 addresses")
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSpec":
@@ -194,6 +204,9 @@ class DataSpec(_Strict):
             raise ValueError(f"source weights must sum to 1, got {total:.6g} ({detail})")
         if self.min_chars >= self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) must be < max_chars ({self.max_chars})")
+        unknown = sorted(set(self.quality.skip_sources) - set(names)) if self.quality else []
+        if unknown:
+            raise ValueError(f"quality.skip_sources names no source: {', '.join(unknown)}")
         return self
 
 

@@ -1,16 +1,19 @@
-"""Cleaning: UTF-8 decoding, normalisation, length filters, exact dedup, held-out split.
+"""Cleaning: UTF-8 decoding, normalisation, length and quality filters, exact and near
+dedup, held-out split.
 
 Each document is decoded as strict UTF-8 (a byte-order mark is dropped), newlines are
-unified, control characters other than tab and newline removed, and the text NFC-normalised.
-Then, in this order, it is dropped as `empty`, `too_short` (< min_chars), `too_long`
-(> max_chars), `duplicate` (same normalised text as an earlier document of any source of
-the mix) or, with `data.near_dedup`, `near_duplicate` (MinHash + LSH: about as similar as
-a kept document, fm_pipeline/data/near_dedup.py). Readers' problems (`not_utf8`, `malformed_json`, `missing_field`, `syntax_error`,
-`unreadable`) are drop reasons too, and so is text that cannot be encoded (`invalid_unicode`:
-a JSON record with a lone surrogate); the first document of each reason is named
-(`file:line` for JSONL) in the receipt, and no single record ever aborts the mix. A kept
-document goes to the held-out split when a hash of its text falls below `heldout_fraction`,
-so the split does not depend on document order.
+unified, control characters other than tab and newline removed, the text NFC-normalised,
+and with `data.mask_pii` e-mail and IPv4 addresses masked. Then, in this order, it is
+dropped as `empty`, `too_short` (< min_chars), `too_long` (> max_chars), a quality filter's
+name with `data.quality` (`gopher_stop_words`, `c4_curly_brace`, ...: data/quality.py; never
+for code sources), `duplicate` (same normalised text as an earlier document of any source of
+the mix) or, with `data.near_dedup`, `near_duplicate` (MinHash + LSH: about as similar as a
+kept document, data/near_dedup.py). Readers' problems (`not_utf8`, `malformed_json`,
+`missing_field`, `syntax_error`, `unreadable`) are drop reasons too, and so is text that
+cannot be encoded (`invalid_unicode`: a JSON record with a lone surrogate); the first
+document of each reason is named (`file:line` for JSONL) in the receipt, and no single
+record ever aborts the mix. A kept document goes to the held-out split when a hash of its
+text falls below `heldout_fraction`, so the split does not depend on document order.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 
 from fm_pipeline.data.manifest import DocumentCounts
 from fm_pipeline.data.near_dedup import NearDuplicates
+from fm_pipeline.data.quality import mask_pii, quality_problem
 from fm_pipeline.data.sources import RawDocument
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -78,13 +82,18 @@ class Cleaner:
     """Cleans the sources of one mix in order; dedup spans all of them."""
 
     def __init__(self, *, min_chars: int, max_chars: int, heldout_fraction: float,
-                 near_dedup=None):
+                 near_dedup=None, quality=None, mask_pii: bool = False):
         self.min_chars, self.max_chars = min_chars, max_chars
         self.heldout_fraction = heldout_fraction
         self._seen: set[bytes] = set()
         self._near = NearDuplicates(near_dedup) if near_dedup is not None else None
+        self.quality, self.mask_pii = quality, mask_pii
 
-    def clean_source(self, name: str, documents: Iterable[RawDocument], on_document=None) -> SourceCleaning:
+    def clean_source(self, name: str, documents: Iterable[RawDocument], on_document=None, *,
+                     code: bool = False) -> SourceCleaning:
+        """`code`: the source holds code, which the quality filters never judge."""
+        quality = self.quality if self.quality and not code and \
+            name not in self.quality.skip_sources else None
         out = SourceCleaning(name)
         for doc in documents:
             out.read += 1
@@ -94,8 +103,12 @@ class Cleaner:
                 out.drop(doc.problem or "unreadable", doc.doc_id)
                 continue
             text = normalize_text(doc.content)
+            if text is not None and self.mask_pii:
+                text = mask_pii(text)
             reason = self._reject(text) if text is not None else (
                 "not_utf8" if isinstance(doc.content, bytes) else "invalid_unicode")
+            if reason is None and quality is not None:
+                reason = quality_problem(text, quality)
             if reason:
                 out.drop(reason, doc.doc_id)
                 continue

@@ -26,11 +26,16 @@ MIX_FORMAT = "fm-mix/1"
 EOS_TOKEN = "<|endoftext|>"
 
 
+# Data options added after mixes were published, with the value that means "off".
+_LATER_OPTIONS = {"near_dedup": None, "quality": None, "mask_pii": False}
+
+
 def mix_key(job) -> str:
     """Content hash (16 hex chars) of the data spec + vocab_size + seq_len of a JobSpec."""
     data = job.data.model_dump(mode="json")
-    if data.get("near_dedup") is None:  # off: the key every mix had before the option
-        data.pop("near_dedup", None)
+    for option, off in _LATER_OPTIONS.items():  # off: the key mixes had before the option
+        if data.get(option, off) == off:
+            data.pop(option, None)
     spec = {
         "format": MIX_FORMAT,
         "data": data,

@@ -88,7 +88,8 @@ def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO
         return done
     spec = job.data
     cleaner = Cleaner(min_chars=spec.min_chars, max_chars=spec.max_chars,
-                      heldout_fraction=spec.heldout_fraction, near_dedup=spec.near_dedup)
+                      heldout_fraction=spec.heldout_fraction, near_dedup=spec.near_dedup,
+                      quality=spec.quality, mask_pii=spec.mask_pii)
     counts, fingerprints, examples = {}, {}, {}
     for source in spec.sources:
         task = f"clean {source.name}"
@@ -96,7 +97,8 @@ def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO
         fingerprints[source.name] = fingerprint(files)
         progress.start(task, total=None, unit="docs")
         cleaned = cleaner.clean_source(
-            source.name, iter_documents(source, files), on_document=lambda: progress.advance(task)
+            source.name, iter_documents(source, files), on_document=lambda: progress.advance(task),
+            code=source.format == "python-code",
         )
         c = cleaned.counts()
         if not c.kept:

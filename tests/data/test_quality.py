@@ -1,0 +1,80 @@
+"""Gopher and C4 quality filters, each by its name with a document it must drop and one it
+must keep; PII masking; code sources never filtered; the mix key unchanged when off."""
+
+from __future__ import annotations
+
+import pytest
+
+from fm_pipeline.config.spec import QualitySpec
+from fm_pipeline.data.clean import Cleaner
+from fm_pipeline.data.quality import mask_pii, quality_problem
+from fm_pipeline.data.sources import RawDocument
+
+PROSE = (
+    "The committee met on Tuesday to review the plan. It was agreed that the budget would be "
+    "raised, and that the work of the new team would start in spring. Members asked to have "
+    "the figures checked with the auditors before the vote. The chair said the decision "
+    "should be made with care, and the minutes of the meeting were approved by all present. "
+    "A second session will be held next month to settle the remaining points of the agenda."
+)
+SPEC = QualitySpec()
+
+
+def test_good_prose_passes_every_filter():
+    assert quality_problem(PROSE, SPEC) is None
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("the and of " * 5, "gopher_word_count"),
+    (" ".join(["supercalifragilisticexpialidocious"] * 60) + " the and",
+     "gopher_mean_word_length"),
+    (PROSE + " #tag" * 20, "gopher_symbol_ratio"),
+    ("\n".join(f"- reviewing the quarterly figures and budgets with colleagues {i}"
+               for i in range(60)), "gopher_bullet_lines"),
+    ("\n".join(f"and then the story of the long winding road {i} went on and on..."
+               for i in range(60)), "gopher_ellipsis_lines"),
+    (PROSE + " " + " ".join(["1234 5678 90"] * 40), "gopher_alphabetic_words"),
+    (" ".join(f"word{i} alpha beta gamma" for i in range(30)), "gopher_stop_words"),
+    ("\n".join([PROSE[:80]] * 12 + [PROSE]), "gopher_duplicate_lines"),
+    (PROSE + " quarterly budget review" * 60, "gopher_top_2gram"),
+    (PROSE + " Lorem ipsum dolor sit amet.", "c4_lorem_ipsum"),
+    (PROSE + " function f() { return 1; }", "c4_curly_brace"),
+    (PROSE.replace(".", ","), "c4_too_few_sentences"),
+])
+def test_each_filter_drops_what_it_names(text, reason):
+    assert quality_problem(text, SPEC) == reason
+
+
+def test_pii_is_masked():
+    assert mask_pii("write to ada.lovelace@example.org from 10.0.0.255 now") == \
+        "write to <EMAIL> from <IP> now"
+    assert mask_pii("version 1.2.3 and 999.1.1.1") == "version 1.2.3 and 999.1.1.1"
+
+
+def test_the_cleaner_names_what_it_dropped_and_never_judges_code():
+    docs = [RawDocument("a:0", PROSE), RawDocument("a:1", PROSE + " x { y }"),
+            RawDocument("a:2", "too short a text but long enough for min_chars, sure")]
+    cleaner = Cleaner(min_chars=10, max_chars=10**6, heldout_fraction=0.0, quality=SPEC,
+                      mask_pii=True)
+    out = cleaner.clean_source("prose", iter(docs))
+    assert out.dropped == {"c4_curly_brace": 1, "gopher_word_count": 1}
+    assert out.examples == {"c4_curly_brace": "a:1", "gopher_word_count": "a:2"}
+    code = Cleaner(min_chars=10, max_chars=10**6, heldout_fraction=0.0, quality=SPEC)
+    kept = code.clean_source("code", iter([RawDocument("c:0", "def f():\n    return {1: 2}")]),
+                             code=True)
+    assert kept.counts().kept == 1
+    skipped = Cleaner(min_chars=10, max_chars=10**6, heldout_fraction=0.0,
+                      quality=QualitySpec(skip_sources=["raw"]))
+    assert skipped.clean_source("raw", iter(docs[1:])).counts().kept == 2
+
+
+def test_skip_sources_must_name_sources_and_the_mix_key_holds_when_off():
+    from fm_pipeline.config import JobSpecError
+    from fm_pipeline.data.manifest import mix_key
+    from fm_pipeline.data.testing import small_job
+
+    with pytest.raises(JobSpecError, match="skip_sources names no source: nope"):
+        small_job(**{"data.quality": {"skip_sources": ["nope"]}})
+    plain = small_job()
+    assert mix_key(small_job(**{"data.mask_pii": False})) == mix_key(plain)
+    assert mix_key(small_job(**{"data.quality": {}})) != mix_key(plain)

@@ -39,7 +39,9 @@ class LogProgress(ProgressSink):
 @asset(group_name=GROUP, kinds={"python"})
 def clean_documents(context: AssetExecutionContext, job_spec: JobSpecResource,
                     store: ObjectStoreResource) -> MaterializeResult:
-    """Sources read, UTF-8 normalised (NFC), length-filtered and exactly deduplicated."""
+    """Sources read, UTF-8 normalised (NFC), length-filtered and exactly deduplicated; with
+    the spec's options also PII-masked, quality-filtered and near-deduplicated (each drop
+    reason counted per source in `dropped_by_reason`)."""
     job = job_spec.load()
     receipt = pipeline.clean_stage(job, store.open(), progress=LogProgress(context))
     return MaterializeResult(metadata={

@@ -37,8 +37,10 @@ def _checks(asset, names: list[str], run: Callable, *, description: str, blockin
 
 
 clean_documents_checks = _checks(
-    clean_documents, ["dedup_ratio"], validate.clean_checks, blocking=False,
-    description="Reports exact-duplicate ratio per source (warns above 0.5).",
+    clean_documents, ["dedup_ratio", "filter_drop_rates"], validate.clean_checks,
+    blocking=False,
+    description="Reports exact- and near-duplicate ratios and quality-filter drop rates per "
+                "source (warns above 0.5 duplicates or 0.9 filtered).",
 )
 tokenizer_checks = _checks(
     tokenizer, ["tokenizer_fits_model_vocab"], validate.tokenizer_checks,

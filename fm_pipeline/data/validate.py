@@ -5,6 +5,8 @@ validates it with GX expectations, and returns a CheckOutcome; the Dagster layer
 them into blocking asset checks and `fm data prepare` prints them.
 
     dedup_ratio                    clean corpus: duplicates/read per source (warns above 0.5)
+    filter_drop_rates              clean corpus: near-duplicates/read (<= 0.5) and documents
+                                   dropped by the quality filters/read (<= 0.9) per source
     tokenizer_fits_model_vocab     tokenizer ids < the model's vocab_size
     token_ids_below_vocab          every token id in every shard < vocab_size
     no_empty_shards                every shard holds tokens, and every source has shards
@@ -31,6 +33,8 @@ from fm_pipeline.data.shards import decode_shard, verify_shard_bytes
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
 
 MAX_DEDUP_RATIO = 0.5
+MAX_QUALITY_DROP_RATE = 0.9  # a filter set that drops more is misconfigured for the source
+QUALITY_PREFIXES = ("gopher_", "c4_")
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,32 @@ def check_clean_corpus(receipt: CleanReceipt) -> list[CheckOutcome]:
         f"exact duplicates dropped / documents read: {ratios} (mix {receipt.dedup_ratio():.4f}); "
         f"above {MAX_DEDUP_RATIO} suggests a source listed twice",
         severity="warn", metadata={"dedup_ratio": round(receipt.dedup_ratio(), 6), **facts},
-    )]
+    ), _check_filter_rates(receipt)]
+
+
+def _check_filter_rates(receipt: CleanReceipt) -> CheckOutcome:
+    import pandas as pd
+
+    def share(c, keep) -> float:
+        return sum(n for r, n in c.dropped.items() if keep(r)) / c.read if c.read else 0.0
+
+    rows = [{"source": name,
+             "near_dedup_ratio": share(c, lambda r: r == "near_duplicate"),
+             "quality_drop_rate": share(c, lambda r: r.startswith(QUALITY_PREFIXES))}
+            for name, c in receipt.sources.items()]
+    ok, facts = _validate(
+        pd.DataFrame(rows),
+        _gxe().ExpectColumnValuesToBeBetween(column="near_dedup_ratio", min_value=0.0,
+                                             max_value=MAX_DEDUP_RATIO),
+        _gxe().ExpectColumnValuesToBeBetween(column="quality_drop_rate", min_value=0.0,
+                                             max_value=MAX_QUALITY_DROP_RATE))
+    rates = {r["source"]: (round(r["near_dedup_ratio"], 4), round(r["quality_drop_rate"], 4))
+             for r in rows}
+    return CheckOutcome(
+        "filter_drop_rates", ok,
+        f"(near-duplicates, quality-filtered) / documents read per source: {rates}; above "
+        f"{MAX_DEDUP_RATIO} near-duplicates or {MAX_QUALITY_DROP_RATE} filtered suggests "
+        "parameters wrong for the source", severity="warn", metadata=facts)
 
 
 def check_tokenizer(entry: TokenizerEntry, *, vocab_size: int) -> list[CheckOutcome]:
@@ -255,7 +284,9 @@ def clean_checks(job, store: ObjectStore) -> list[CheckOutcome]:
     from fm_pipeline.data.manifest import clean_receipt_key, mix_key
 
     receipt = read_receipt(store, clean_receipt_key(mix_key(job)), CleanReceipt)
-    return check_clean_corpus(receipt) if receipt else [_missing("dedup_ratio", "clean corpus")]
+    if receipt is None:
+        return [_missing(name, "clean corpus") for name in ("dedup_ratio", "filter_drop_rates")]
+    return check_clean_corpus(receipt)
 
 
 def tokenizer_checks(job, store: ObjectStore) -> list[CheckOutcome]:

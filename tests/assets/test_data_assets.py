@@ -55,7 +55,7 @@ def test_materialization_publishes_the_mix_with_metadata_and_checks(job_yaml, tm
     result = run_data_assets(job_yaml, tmp_path / "store")
     assert result.success
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert len(evaluations) == 6 and all(e.passed for e in evaluations.values())
+    assert len(evaluations) == 7 and all(e.passed for e in evaluations.values())
     ref = result.output_for_node("data_mix")
     assert isinstance(ref, MixRef) and ref.key == mix_key(small_job())
     assert ref.open().samples(0, 2).shape == (2, 33)

@@ -25,7 +25,7 @@ def test_prepare_prints_summary_and_checks(tmp_path):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "code" in out and "prose" in out and "prose dropped: empty 1" in out
-    assert "checks: 6/6 passed" in out
+    assert "checks: 7/7 passed" in out
     again = runner.invoke(app, ["sample", "--job", str(job), "--store", str(tmp_path / "store"), "-n", "1"])
     assert again.exit_code == 0 and "sample 0" in again.output
 

@@ -78,3 +78,24 @@ def test_skip_sources_must_name_sources_and_the_mix_key_holds_when_off():
     plain = small_job()
     assert mix_key(small_job(**{"data.mask_pii": False})) == mix_key(plain)
     assert mix_key(small_job(**{"data.quality": {}})) != mix_key(plain)
+
+
+def test_drop_rates_outside_their_band_warn_naming_the_source():
+    from fm_pipeline.data.corpus import CleanReceipt
+    from fm_pipeline.data.manifest import DocumentCounts
+    from fm_pipeline.data.validate import check_clean_corpus
+
+    def counts(**dropped):
+        return DocumentCounts(read=100, kept=100 - sum(dropped.values()), heldout=0,
+                              chars_kept=1000, dropped=dropped)
+
+    def outcome(**sources):
+        receipt = CleanReceipt(mix_key="0" * 16, sources=sources, fingerprints={},
+                               examples={})
+        return {o.name: o for o in check_clean_corpus(receipt)}["filter_drop_rates"]
+
+    fine = outcome(web=counts(near_duplicate=10, gopher_stop_words=20))
+    assert fine.passed and fine.severity == "warn"
+    harsh = outcome(web=counts(gopher_stop_words=50, c4_curly_brace=45), code=counts())
+    assert not harsh.passed and "'web': (0.0, 0.95)" in harsh.description
+    assert not outcome(web=counts(near_duplicate=60)).passed

@@ -20,7 +20,8 @@ def by_name(outcomes):
 
 def test_every_check_passes_on_a_good_mix(small_mix):
     outcomes = by_name(validate_published(small_mix.store, small_mix.manifest))
-    assert set(outcomes) == {"dedup_ratio", "tokenizer_fits_model_vocab", "token_ids_below_vocab",
+    assert set(outcomes) == {"dedup_ratio", "filter_drop_rates", "tokenizer_fits_model_vocab",
+                             "token_ids_below_vocab",
                              "no_empty_shards", "weights_sum_to_one", "source_counts_match_manifest"}
     assert all(o.passed for o in outcomes.values()), [o for o in outcomes.values() if not o.passed]
     assert outcomes["dedup_ratio"].metadata["dedup_ratio"] == 0.0

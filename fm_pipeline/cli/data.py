@@ -50,6 +50,8 @@ def prepare(
     endpoint_url: str | None = ENDPOINT,
     force: bool = typer.Option(False, "--force", help="rebuild even if the mix is published"),
     checks: bool = typer.Option(True, "--checks/--no-checks", help="run the data-quality checks"),
+    plot: Path | None = typer.Option(None, "--plot",
+                                     help="write a PNG of what cleaning kept and dropped"),
 ) -> None:
     """Prepare the job's data mix (idempotent) and print its summary."""
     from fm_pipeline.data.pipeline import prepare_mix
@@ -61,6 +63,11 @@ def prepare(
         manifest = prepare_mix(spec, target, force=force, progress=progress)
     outcomes = validate_published(target, manifest) if checks else None
     print_summary(manifest, target, outcomes)
+    if plot is not None:
+        from fm_pipeline.data.plots import plot_cleaning
+
+        counts = {s.name: s.documents for s in manifest.sources}
+        console.print(f"wrote {plot_cleaning(counts, plot)}", highlight=False)
     if outcomes and any(not o.passed and o.severity == "error" for o in outcomes):
         raise typer.Exit(1)
 

@@ -179,7 +179,8 @@ def bare_loop(job_path: Path) -> None:
         logits = model(batch[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
                                                  batch[:, 1:].flatten())
-        loss.backward()
+        aux = model.moe_aux_loss()  # an MoE model trains its balancing loss, as the trainer
+        (loss if aux is None else loss + aux).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
         sched.step()

@@ -387,14 +387,9 @@ def critique_of(job) -> list[dict]:
     measure this machine (a matmul probe) inside the control plane."""
     if job.cluster.accelerator.lower() == "cpu":
         return []
-    from fm_pipeline.planner.errors import PlanInputError
     from fm_pipeline.planner.job_plan import job_critique
 
-    try:
-        return [f.to_dict() for f in job_critique(job)]
-    except PlanInputError as e:  # a layout the planner cannot model: nothing to argue
-        log.info("no critique of %s: %s", job.name, e)
-        return []
+    return [f.to_dict() for f in job_critique(job)]
 
 
 def _router(metrics: dict) -> dict | None:

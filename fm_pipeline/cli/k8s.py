@@ -80,7 +80,9 @@ def render(
     rendered = render_segment(SegmentLaunch(spec, end_step=step), target)
     for path in rendered.write(out):
         console.print(f"wrote {path}", highlight=False)
-    for finding in _critique(spec):
+    from fm_pipeline.planner.job_plan import job_critique
+
+    for finding in job_critique(spec):
         console.print(f"[yellow]warning:[/] {finding.field}: {finding.message} (suggested: "
                       f"{finding.suggested})", highlight=False)
     console.print(
@@ -91,13 +93,3 @@ def render(
     )
 
 
-
-def _critique(spec) -> list:
-    """The planner's findings on what the spec declares (none for a layout it cannot model)."""
-    from fm_pipeline.planner.errors import PlanInputError
-    from fm_pipeline.planner.job_plan import job_critique
-
-    try:
-        return job_critique(spec)
-    except PlanInputError:
-        return []

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fm_pipeline.planner.cluster import cluster_from_spec
 from fm_pipeline.planner.critique import Finding, critique
+from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.estimate import estimate
 from fm_pipeline.planner.layout import Layout
 from fm_pipeline.planner.placement import rank_table
@@ -64,9 +65,13 @@ def estimate_job(inp: dict):
 
 
 def job_critique(job) -> list[Finding]:
-    """What the spec declares that its plan argues against, every finding at once."""
-    inp = job_inputs(job)
-    return critique(job, inp, estimate_job(inp))
+    """What the spec declares that its plan argues against, every finding at once; none for
+    a layout the planner cannot model (nothing to argue with)."""
+    try:
+        inp = job_inputs(job)
+        return critique(job, inp, estimate_job(inp))
+    except PlanInputError:
+        return []
 
 
 def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:

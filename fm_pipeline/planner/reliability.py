@@ -53,12 +53,6 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2 * cost_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - cost_s
 
 
-def job_mtbf_s(*, nodes: int, node_failure_rate_per_day: float) -> float:
-    if node_failure_rate_per_day <= 0:
-        return math.inf
-    return 86400.0 / (nodes * node_failure_rate_per_day)
-
-
 @dataclass(frozen=True)
 class Reliability:
     checkpoint_gb: float

@@ -8,7 +8,7 @@ import pytest
 
 from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.cost import training_cost
-from fm_pipeline.planner.reliability import daly_interval, job_mtbf_s, reliability, young_interval
+from fm_pipeline.planner.reliability import daly_interval, reliability, young_interval
 
 
 def test_young_interval_is_sqrt_2_delta_m():
@@ -27,10 +27,17 @@ def test_daly_matches_his_higher_order_formula_and_tends_to_young():
     )  # checkpointing costs more than 2 MTBFs: save once per M
 
 
-def test_job_mtbf_shrinks_with_node_count():
-    assert job_mtbf_s(nodes=1, node_failure_rate_per_day=1.0) == 86400
-    assert job_mtbf_s(nodes=2048, node_failure_rate_per_day=0.01) == pytest.approx(86400 / 20.48)
-    assert math.isinf(job_mtbf_s(nodes=8, node_failure_rate_per_day=0))
+def test_job_failures_grow_with_the_job_flat_or_per_component():
+    flat = make_cluster("h100", node_failure_rate_per_day=0.01)
+    assert flat.failures_per_day(8) == pytest.approx(0.01)
+    assert flat.failures_per_day(2048 * 8) == pytest.approx(20.48)
+    assert make_cluster("h100", node_failure_rate_per_day=0).failures_per_day(64) == 0
+    llama3 = make_cluster("h100")  # Table 5: 419 in 54 days at 16,384 GPUs, 1/day of it per job
+    assert llama3.failures_per_day(16384) == pytest.approx(419 / 54)
+    assert 1.0 < llama3.failures_per_day(8) < 1.1  # software bugs do not shrink with the job
+    zero = reliability(params=8e9, gpus=64, step_time_s=1.0,
+                       cluster=make_cluster("h100", node_failure_rate_per_day=0))
+    assert math.isinf(zero.job_mtbf_h)
 
 
 def test_llama3_failure_rate_gives_hours_of_mtbf_and_over_90_percent_goodput():

@@ -71,6 +71,7 @@ class ParallelismInfo(_Strict):
     pp_virtual_stages: int = Field(gt=0)
     mixed_precision: str
     mesh: MeshInfo | None = None
+    ep: int = Field(default=1, gt=0)  # experts sharded over ep of the dp_shard ranks
 
 
 class ModelInfo(_Strict):

@@ -86,7 +86,7 @@ def parallelism_info(job, *, world_size: int, mesh=None) -> ParallelismInfo:
         world_size=world_size, nnodes=p.nnodes, nproc_per_node=p.nproc_per_node,
         dp_replicate=p.dp_replicate, dp_shard=p.resolved_dp_shard, tp=p.tp, pp=p.pp,
         pp_schedule=p.pp_schedule, pp_virtual_stages=p.pp_virtual_stages,
-        mixed_precision=p.mixed_precision, mesh=mesh_info,
+        mixed_precision=p.mixed_precision, mesh=mesh_info, ep=p.ep,
     )
 
 

@@ -31,7 +31,7 @@ from fm_pipeline.catalog.validate import (
     validate,
 )
 
-_RESET = {"nnodes": 1, "dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1,
+_RESET = {"nnodes": 1, "dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "ep": 1,
           "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_microbatches": None}
 
 
@@ -75,7 +75,8 @@ def describe_topology(p: dict) -> str:
     p = dict(p)
     if p.get("dp_shard") == -1:  # a spec's "whatever the other degrees leave"
         p["dp_shard"] = world // (p.get("dp_replicate", 1) * p.get("pp", 1) * p.get("tp", 1))
-    degrees = [f"{k} {p[k]}" for k in ("dp_replicate", "dp_shard", "pp", "tp") if p.get(k, 1) > 1]
+    degrees = [f"{k} {p[k]}" for k in ("dp_replicate", "dp_shard", "pp", "tp", "ep")
+               if p.get(k, 1) > 1]
     return f"world {world} ({' x '.join(degrees) or 'single process'})"
 
 
@@ -100,7 +101,7 @@ def same_topology(a, b) -> bool:
     def signature(p):
         return (p.nnodes * p.nproc_per_node, p.dp_replicate,
                 getattr(p, "resolved_dp_shard", p.dp_shard), p.tp, p.pp,
-                p.pp_virtual_stages)
+                p.pp_virtual_stages, getattr(p, "ep", 1))
     return signature(a) == signature(b)
 
 

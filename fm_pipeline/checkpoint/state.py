@@ -164,4 +164,22 @@ class LRSchedulerState(Stateful):
 
     def load_state_dict(self, state_dict: dict) -> None:
         for s in self.schedulers:
-            s.load_state_dict({**s.state_dict(), **state_dict})
+            s.load_state_dict({**s.state_dict(), **_per_group(state_dict, s)})
+
+
+def _per_group(state_dict: dict, scheduler) -> dict:
+    """The scheduler state with its per-group lists (`base_lrs`, `_last_lr`) fitted to this
+    optimizer's groups: another layout groups parameters differently (one group per device
+    mesh: expert parallelism adds one). Every group follows the same schedule, so a list of
+    one value stretches; differing values cannot be mapped and are refused."""
+    groups = len(scheduler.optimizer.param_groups)
+    fitted = dict(state_dict)
+    for key in ("base_lrs", "_last_lr"):
+        values = state_dict.get(key)
+        if not isinstance(values, list) or len(values) == groups:
+            continue
+        if len({float(v) for v in values}) != 1:
+            raise ValueError(f"checkpoint lr scheduler {key} has {len(values)} different "
+                             f"values, this optimizer {groups} parameter groups")
+        fitted[key] = [values[0]] * groups
+    return fitted

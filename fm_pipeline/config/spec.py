@@ -43,6 +43,16 @@ class ModelSpec(_Strict):
     max_seq_len: int | None = Field(default=None, gt=0)
     rope_theta: float | None = Field(default=None, gt=0)
     tie_embeddings: bool | None = None
+    # Mixture of Experts (fm_pipeline/model/config.py says what each does)
+    n_experts: int | None = Field(default=None, ge=0)
+    moe_top_k: int | None = Field(default=None, gt=0)
+    moe_ffn_dim: int | None = Field(default=None, gt=0)
+    moe_shared_experts: int | None = Field(default=None, ge=0)
+    moe_every: int | None = Field(default=None, gt=0)
+    moe_first_dense: int | None = Field(default=None, ge=0)
+    moe_capacity_factor: float | None = Field(default=None, ge=0)
+    moe_aux_loss_coef: float | None = Field(default=None, ge=0)
+    moe_bias_update_rate: float | None = Field(default=None, ge=0)
 
     @field_validator("size")
     @classmethod
@@ -65,6 +75,8 @@ class ParallelismSpec(_Strict):
     dp_shard: int = Field(default=-1, description="-1: whatever the other degrees leave")
     tp: int = Field(default=1, gt=0)
     pp: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0, description="expert parallel: MoE experts sharded over ep "
+                                                 "of the dp_shard ranks (must divide it)")
     pp_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe"] = "1F1B"
     pp_microbatches: int | None = Field(
         default=None, gt=0, description="default: global_batch_size / dp / micro_batch_size"
@@ -112,6 +124,10 @@ class ParallelismSpec(_Strict):
                 f"x pp {self.pp} = {product} must equal world size {self.world_size} "
                 f"(nnodes {self.nnodes} x nproc_per_node {self.nproc_per_node})"
             )
+        if self.resolved_dp_shard % self.ep:
+            raise ValueError(
+                f"ep {self.ep} must divide dp_shard {self.resolved_dp_shard}: the expert-parallel "
+                "ranks are data-parallel ranks (ep is carved out of dp_shard)")
         if self.pp == 1 and (self.pp_schedule == "Interleaved1F1B" or self.pp_virtual_stages > 1):
             raise ValueError("pp_schedule Interleaved1F1B / pp_virtual_stages > 1 need pp > 1")
         if self.pp_schedule == "Interleaved1F1B" and self.pp_virtual_stages < 2:
@@ -397,6 +413,12 @@ def _cross_field_problems(job: JobSpec):
             "model.tie_embeddings: false or tp: 1")
     # MoE layers train data-parallel (FSDP over the experts too) so far: the tensor-parallel
     # plan has no stacked experts, and a pipeline would drop the load-balancing loss.
+    if p.ep > 1 and not m.n_experts:
+        yield "parallelism.ep", (f"ep {p.ep} needs a Mixture of Experts model; "
+                                 f"{job.model.size} is dense (n_experts 0)")
+    elif m.n_experts % p.ep:
+        yield "parallelism.ep", (f"model n_experts ({m.n_experts}) must be divisible by "
+                                 f"parallelism.ep ({p.ep})")
     if m.n_experts and p.tp > 1:
         yield "parallelism.tp", (f"tp {p.tp} with a Mixture of Experts ({job.model.size}) "
                                  "is not supported yet; use tp: 1")

@@ -11,7 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # Mixture-of-Experts fields; a dense model leaves them at their defaults and its hash is
 # what it was before they existed (checkpoints stay resumable).
 MOE_FIELDS = ("n_experts", "moe_top_k", "moe_ffn_dim", "moe_shared_experts", "moe_every",
-              "moe_first_dense", "moe_capacity_factor", "moe_aux_loss_coef")
+              "moe_first_dense", "moe_capacity_factor", "moe_aux_loss_coef",
+              "moe_bias_update_rate")
+# Fields added after MoE checkpoints existed: left at these defaults they stay out of the
+# hash too.
+LATER_DEFAULTS = {"moe_bias_update_rate": 0.0}
 
 
 class ModelConfig(BaseModel):
@@ -39,6 +43,9 @@ class ModelConfig(BaseModel):
     moe_first_dense: int = Field(default=0, ge=0, description="leading dense layers")
     moe_capacity_factor: float = Field(default=0.0, ge=0, description="0: no token dropped")
     moe_aux_loss_coef: float = Field(default=0.01, ge=0)
+    moe_bias_update_rate: float = Field(
+        default=0.0, ge=0, description="DeepSeek-V3's auxiliary-loss-free balancing: each "
+        "step, every expert's routing bias moves by this much towards the mean load; 0: off")
 
     @model_validator(mode="after")
     def _check_shape(self) -> "ModelConfig":
@@ -75,5 +82,8 @@ class ModelConfig(BaseModel):
     def config_hash(self) -> str:
         """Stable short hash: two checkpoints with the same hash hold the same architecture."""
         fields = self.model_dump(exclude=set(MOE_FIELDS) if not self.n_experts else None)
+        for name, default in LATER_DEFAULTS.items():
+            if fields.get(name) == default:
+                del fields[name]
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

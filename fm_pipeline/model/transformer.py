@@ -141,17 +141,24 @@ class Transformer(nn.Module):
         return [layer.feed_forward for layer in self.layers.values()
                 if isinstance(layer.feed_forward, MoEFeedForward)]
 
-    def take_router_stats(self) -> tuple[list[int], int] | None:
-        """Token-slots per expert and dropped slots, summed over this part's MoE layers and
-        the forwards since the last call (which resets them); None for a dense model."""
+    def take_router_stats(self) -> tuple[list[list[int]], int] | None:
+        """Token-slots per expert of each of this part's MoE layers, and the dropped slots of
+        all, summed over the forwards since the last call (which resets them); None for a
+        dense model."""
         layers = self.moe_layers()
         if not layers:
             return None
-        load = [sum(per_layer) for per_layer in zip(*(m.load_total for m in layers), strict=True)]
+        loads = [list(m.load_total) for m in layers]
         dropped = sum(m.dropped_total for m in layers)
         for m in layers:
             m.load_total, m.dropped_total = [0] * len(m.load_total), 0
-        return load, dropped
+        return loads, dropped
+
+    def update_router_bias(self, loads: list[list[float]]) -> None:
+        """Auxiliary-loss-free balancing: each MoE layer's bias from its load of the step
+        (as take_router_stats returned it, summed over ranks); no-op where it is off."""
+        for m, load in zip(self.moe_layers(), loads, strict=True):
+            m.update_bias(load)
 
     def moe_aux_loss(self) -> torch.Tensor | None:
         """The load-balancing loss of the last forward, weighted by moe_aux_loss_coef: what
@@ -170,6 +177,9 @@ class Transformer(nn.Module):
         The rotary cache is recomputed too (after `to_empty` it holds garbage).
         """
         self.rope.copy_(rope_cache(self.cfg).to(self.rope.device))
+        for m in self.moe_layers():  # (after to_empty the bias holds garbage too)
+            if m.expert_bias is not None:
+                m.expert_bias.zero_()
         init_parameters(self, seed=seed, std_for=self._init_std, write=write)
 
     def _init_std(self, name: str) -> float | None:
@@ -181,7 +191,7 @@ class Transformer(nn.Module):
             return self.cfg.dim ** -0.5 if self.cfg.tie_embeddings else 1.0
         if name.startswith("output"):
             return self.cfg.dim ** -0.5
-        if name.endswith(("wo.weight", "w2.weight", "feed_forward.w2")):  # (experts: stacked)
+        if name.endswith(("wo.weight", "w2.weight", "experts.w2")):  # (experts: stacked)
             # Residual projections shrink with depth (as in torchtitan's Llama init).
             layer = int(name.split(".")[1])
             return 0.02 / math.sqrt(2 * (layer + 1))

@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from fm_pipeline.model import Transformer
+from fm_pipeline.model.moe import expert_modules
 
 
 def mixed_precision_policy(mixed_precision: str) -> MixedPrecisionPolicy:
@@ -26,13 +27,20 @@ def apply_fsdp(
     *,
     mixed_precision: str,
     reshard_after_forward: bool,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
     """Shard `model` in place. Pipeline stages pass reshard_after_forward=False: re-gathering
-    the weights for every microbatch's backward would multiply the all-gathers."""
+    the weights for every microbatch's backward would multiply the all-gathers. With expert
+    parallelism each MoE layer's experts are their own unit on `expert_mesh`."""
     policy = mixed_precision_policy(mixed_precision)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         # The last block's weights are needed again at once by backward: keep them.
+        reshard = reshard_after_forward and i < len(blocks) - 1
+        # (found by type: activation checkpointing or compile may have wrapped the block)
+        for experts in (expert_modules(block) if expert_mesh is not None else []):
+            fully_shard(experts, mesh=expert_mesh, mp_policy=policy,
+                        reshard_after_forward=reshard)
         fully_shard(block, mesh=dp_mesh, mp_policy=policy,
-                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+                    reshard_after_forward=reshard)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)

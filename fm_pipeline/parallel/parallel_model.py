@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from fm_pipeline.model import Transformer
+from fm_pipeline.model.moe import expert_modules
 from fm_pipeline.parallel.parallel_dims import ParallelDims
 
 
@@ -98,15 +99,33 @@ class ParallelModel:
                 objective = loss if aux is None else loss + aux / len(micro_inputs)
                 (objective * grad_scale if grad_scale != 1.0 else objective).backward()
             total += _plain(loss)
+        self._average_expert_grads()
         return total
+
+    @torch.no_grad()
+    def _average_expert_grads(self) -> None:
+        """An expert-parallel expert's gradient sums what every rank of its ep group sent
+        it, and FSDP averages it over the other dp_shard / ep groups only: divide by ep so
+        it is the mean over all data-parallel ranks, like every other gradient."""
+        if self.dims.ep == 1:
+            return
+        for part in self.parts:
+            for experts in expert_modules(part):
+                for p in experts.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(self.dims.ep)
 
     @torch.no_grad()
     def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Evaluation loss of one batch (no gradients); None on ranks without the last stage."""
         if self.schedule is not None:
-            return self._pipeline_step(inputs, targets, train=False)
-        with self._compute_context():
-            return _plain(cross_entropy_loss(self.parts[0](inputs), targets))
+            loss = self._pipeline_step(inputs, targets, train=False)
+        else:
+            with self._compute_context():
+                loss = _plain(cross_entropy_loss(self.parts[0](inputs), targets))
+        for part in self.parts:  # an evaluation's routing is not the next training step's
+            part.take_router_stats()
+        return loss
 
     def _pipeline_step(self, inputs, targets, *, train: bool) -> torch.Tensor | None:
         args = (inputs,) if self.has_first_stage else ()

@@ -8,7 +8,7 @@ outside in a fixed order, then materialisation and deterministic initialisation.
     pm = build_parallel_model(job, mesh=mesh, dims=dims, device=device)
     loss = pm.forward_backward(inputs, targets)      # grads accumulated for one step
 
-Order per model part: tensor/sequence parallel -> activation checkpointing -> compile (per
+Order per model part: tensor/sequence or expert parallel -> activation checkpointing -> compile (per
 block, `training.compile`) -> FSDP2 (torchtitan's order: FSDP must wrap what TP produced,
 and checkpointing must sit inside FSDP so recomputation re-gathers nothing; compile sees the
 TP-sharded block and leaves FSDP's hooks eager). Pipeline parallelism decides first which
@@ -26,6 +26,7 @@ from fm_pipeline.config import JobSpec
 from fm_pipeline.model import Transformer
 from fm_pipeline.parallel.activation_checkpoint import apply_activation_checkpoint
 from fm_pipeline.parallel.compile import apply_compile, check_compile_toolchain
+from fm_pipeline.parallel.expert_parallel import apply_expert_parallel
 from fm_pipeline.parallel.fsdp import apply_fsdp
 from fm_pipeline.parallel.parallel_dims import ParallelDims
 from fm_pipeline.parallel.parallel_model import ParallelModel, cross_entropy_loss
@@ -40,6 +41,16 @@ def dp_mesh(mesh: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
     return mesh["dp_shard"]
 
 
+def expert_dp_mesh(mesh: DeviceMesh, dims: ParallelDims) -> DeviceMesh | None:
+    """The mesh FSDP shards expert-parallel experts over (what dp_shard leaves beside ep, and
+    dp_replicate); None without expert parallelism (the experts shard like the rest)."""
+    if dims.ep == 1:
+        return None
+    if dims.dp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard_mod_ep"]
+    return mesh["dp_shard_mod_ep"]
+
+
 def parallelize_part(
     part: Transformer,
     *,
@@ -49,15 +60,18 @@ def parallelize_part(
     mixed_precision: str,
     compile: bool = False,
 ) -> None:
-    """TP -> AC -> compile -> FSDP2 on one model part, in place."""
+    """TP / EP -> AC -> compile -> FSDP2 on one model part, in place."""
     if dims.tp > 1:
         apply_tensor_parallel(part, mesh["tp"])
+    if dims.ep > 1:
+        apply_expert_parallel(part, mesh["ep"])
     apply_activation_checkpoint(part, activation_checkpoint)
     if compile:
         apply_compile(part)
     if dims.fsdp_enabled:
         apply_fsdp(part, dp_mesh(mesh, dims), mixed_precision=mixed_precision,
-                   reshard_after_forward=dims.pp == 1)
+                   reshard_after_forward=dims.pp == 1,
+                   expert_mesh=expert_dp_mesh(mesh, dims))
 
 
 def write_local_part(param: nn.Parameter, full: torch.Tensor) -> None:

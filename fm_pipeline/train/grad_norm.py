@@ -66,5 +66,10 @@ def global_grad_norm(params: list[nn.Parameter], *, pp_group=None) -> torch.Tens
 
 @torch.no_grad()
 def clip_grads_(params: list[nn.Parameter], *, max_norm: float, total_norm: torch.Tensor) -> None:
-    """Scale gradients so that their global norm is at most `max_norm`."""
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm.float(), foreach=True)
+    """Scale gradients so that their global norm is at most `max_norm` (one batched call per
+    device mesh: DTensor ops cannot mix meshes, and expert parallelism adds one)."""
+    by_mesh: dict = defaultdict(list)
+    for p in params:
+        by_mesh[getattr(p, "device_mesh", None)].append(p)
+    for group in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total_norm.float(), foreach=True)

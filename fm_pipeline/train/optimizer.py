@@ -2,7 +2,8 @@
 
 One optimizer per model part (pipeline virtual stages each have their own), stepped
 together; the checkpoint stores them flattened by parameter name, so any split reloads.
-Weight decay applies to matrices (linear and embedding weights), not to norm gains.
+Weight decay applies to matrices (linear and embedding weights), not to norm gains; a group
+per device mesh too (foreach and fused kernels run on one mesh's tensors at a time).
 The implementation follows the device: fused (one kernel for all parameters) on CUDA,
 foreach (batched tensor ops) elsewhere. Both keep the same state (`step`, `exp_avg`,
 `exp_avg_sq` per parameter), so checkpoints move between them (OptimizerState keeps the
@@ -34,12 +35,19 @@ def adamw_implementation(device: torch.device) -> dict[str, bool]:
     return {"fused": True} if device.type == "cuda" else {"foreach": True}
 
 
+def mesh_key(p: torch.Tensor):
+    """Which device mesh a (DTensor) parameter lives on (meshes compare by their ranks and
+    names); batched tensor ops cannot mix them (expert-parallel experts live on another mesh
+    than the rest)."""
+    return getattr(p, "device_mesh", None)
+
+
 def build_optimizer(part: nn.Module, training: TrainingSpec) -> torch.optim.AdamW:
-    decay = [p for p in part.parameters() if p.ndim >= 2]
-    no_decay = [p for p in part.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": training.weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+    by_key: dict[tuple, list[nn.Parameter]] = {}
+    for p in part.parameters():
+        by_key.setdefault((p.ndim < 2, mesh_key(p)), []).append(p)
+    groups = [{"params": params, "weight_decay": 0.0 if no_decay else training.weight_decay}
+              for (no_decay, _), params in by_key.items()]
     device = next(part.parameters()).device  # a sharded (DTensor) parameter's local device
     return torch.optim.AdamW(groups, lr=training.lr, betas=(training.beta1, training.beta2),
                              eps=1e-8, **adamw_implementation(device))

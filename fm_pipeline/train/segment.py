@@ -38,7 +38,7 @@ from fm_pipeline.storage import open_store
 from fm_pipeline.train.metrics import host_name, mfu, peak_flops_per_device
 from fm_pipeline.train.preemption import PreemptionWatcher, preempt_file
 from fm_pipeline.train.reporter import SegmentReporter
-from fm_pipeline.train.state import topology_key
+from fm_pipeline.train.state import layout_key
 from fm_pipeline.train.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,7 @@ def segment_target(job: JobSpec, start_step: int, end_step: int | None) -> int:
 
 def _manifest_topology(manifest) -> str:
     p = manifest.parallelism
-    return topology_key(world_size=p.world_size, degrees=dict(
-        dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, pp=p.pp, tp=p.tp,
-        pp_virtual_stages=p.pp_virtual_stages))
+    return layout_key(p, world_size=p.world_size, dp_shard=p.dp_shard)
 
 
 def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | None):
@@ -327,7 +325,8 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
     summary: dict[str, Any] = {
         "start_step": start, "target_step": target, "world_size": world,
         "attempt": setup.attempt,  # torchrun's in-job restarts before this one
-        "parallelism": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"), dims.shape)),
+        "parallelism": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"), dims.shape),
+                            **({"ep": dims.ep} if dims.ep > 1 else {})),
         "restored_from": restored.source if restored else None,
         "resharded": bool(restored) and not isinstance(restored, FastRestore) and (
             _manifest_topology(restored.manifest) != trainer.state.topology),

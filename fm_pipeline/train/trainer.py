@@ -37,7 +37,7 @@ from fm_pipeline.train.faults import (
 )
 from fm_pipeline.train.grad_norm import clip_grads_, global_grad_norm
 from fm_pipeline.train.optimizer import build_lr_scheduler, build_optimizer
-from fm_pipeline.train.state import TrainState, topology_key
+from fm_pipeline.train.state import TrainState, layout_key
 
 
 @dataclass
@@ -67,9 +67,7 @@ def drop_capable(dims: ParallelDims) -> bool:
 
 def job_topology(job: JobSpec, world_size: int) -> str:
     p = job.parallelism
-    return topology_key(world_size=world_size, degrees=dict(
-        dp_replicate=p.dp_replicate, dp_shard=p.resolved_dp_shard, pp=p.pp, tp=p.tp,
-        pp_virtual_stages=p.pp_virtual_stages))
+    return layout_key(p, world_size=world_size, dp_shard=p.resolved_dp_shard)
 
 
 class Trainer:
@@ -134,7 +132,7 @@ class Trainer:
         ask = (self.next_row_plan or [0] * self.plan_slots) if self.rank == 0 else \
             [0] * self.plan_slots
         router = self.pm.parts[0].take_router_stats()  # MoE: summed with the same sync
-        moe = [*router[0], router[1]] if router else []
+        moe = [*(n for layer in router[0] for n in layer), router[1]] if router else []
         packed = torch.tensor(
             [0.0 if loss is None else float(loss), 0.0 if loss is None else 1.0,
              1.0 if stop_requested else 0.0, *map(float, ask), *map(float, moe)],
@@ -142,6 +140,11 @@ class Trainer:
         dist.all_reduce(packed)
         loss_sum, n_loss, stops, *rest = packed.tolist()
         plan, moe = rest[:len(ask)], rest[len(ask):]
+        loads = None
+        if moe:  # per MoE layer, over every rank: the balancing bias moves the same everywhere
+            width = len(router[0][0])
+            loads = [moe[i:i + width] for i in range(0, len(moe) - 1, width)]
+            self.pm.parts[0].update_router_bias(loads)
         t3 = time.perf_counter()
         grad_norm = global_grad_norm(self.params, pp_group=self.pp_group)
         clip_grads_(self.params, max_norm=self.job.training.grad_clip, total_norm=grad_norm)
@@ -169,7 +172,7 @@ class Trainer:
             process_cpu_s=time.process_time() - cpu0, work_fraction=rows / full,
             rows_s=t2 - t1,
             tokens_dropped=self.job.tokens_per_step - tokens,
-            router=_router_summary(moe[:-1], moe[-1]) if moe else None)
+            router=_router_summary([sum(e) for e in zip(*loads)], moe[-1]) if moe else None)
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":

@@ -30,7 +30,7 @@ def reference(ffn: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
         top = probs.topk(cfg.moe_top_k)
         y = torch.zeros_like(t)
         for w, e in zip(top.values / top.values.sum(), top.indices.tolist(), strict=True):
-            y += w * (F.silu(ffn.w1[e] @ t) * (ffn.w3[e] @ t)) @ ffn.w2[e].T
+            y += w * (F.silu(ffn.experts.w1[e] @ t) * (ffn.experts.w3[e] @ t)) @ ffn.experts.w2[e].T
         out.append(y + (ffn.shared(t) if ffn.shared is not None else 0))
     return torch.stack(out).reshape(x.shape)
 
@@ -112,3 +112,46 @@ def test_a_spec_asks_for_moe_only_where_it_trains():
     assert "parallelism.tp" in dict(e.value.problems)
     with pytest.raises(ValueError, match="moe_top_k"):
         get_model_config("moe-debug", moe_top_k=9)
+
+
+def test_the_loss_free_bias_balances_a_skewed_router_without_gradients():
+    """DeepSeek-V3's update: overloaded experts' biases fall, underloaded ones rise, until
+    the top-k choice spreads; the weights still come from the unbiased scores."""
+    ffn = _moe(moe_bias_update_rate=0.01)
+    with torch.no_grad():
+        ffn.router.weight[:2] += 0.2  # experts 0 and 1 win most tokens
+    x = torch.randn(4, 16, 64) + 0.2
+
+    def max_load() -> float:
+        load = torch.tensor(ffn.stats["tokens_per_expert"], dtype=torch.float)
+        return (load.max() / load.mean()).item()
+
+    ffn(x)
+    before = max_load()
+    for _ in range(60):
+        ffn(x)
+        ffn.update_bias(ffn.stats["tokens_per_expert"])
+    ffn(x)
+    assert before > 2.5 and max_load() < 1.6, (before, max_load())
+    assert ffn.expert_bias[:2].max() < 0 < ffn.expert_bias[2:].max()
+    # The bias chose the experts; the output weighs them by the router's own scores.
+    torch.testing.assert_close(ffn(x), reference_with_bias(ffn, x), rtol=1e-5, atol=1e-5)
+    # Off by default, out of the state dict and of the model's hash.
+    assert _moe().expert_bias is None and "expert_bias" not in _moe().state_dict()
+    cfg = get_model_config("moe-debug")
+    assert cfg.config_hash() == get_model_config("moe-debug", moe_bias_update_rate=0.0).config_hash()
+    assert cfg.config_hash() != get_model_config("moe-debug", moe_bias_update_rate=1e-3).config_hash()
+
+
+def reference_with_bias(ffn: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
+    cfg, out = ffn.cfg, []
+    for t in x.reshape(-1, x.shape[-1]):
+        probs = F.softmax(ffn.router(t).float(), -1)
+        chosen = (probs + ffn.expert_bias).topk(cfg.moe_top_k).indices
+        weights = probs[chosen] / probs[chosen].sum()
+        y = torch.zeros_like(t)
+        for w, e in zip(weights, chosen.tolist(), strict=True):
+            ex = ffn.experts
+            y += w * (F.silu(ex.w1[e] @ t) * (ex.w3[e] @ t)) @ ex.w2[e].T
+        out.append(y)
+    return torch.stack(out).reshape(x.shape)

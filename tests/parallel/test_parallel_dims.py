@@ -40,6 +40,12 @@ def test_a_world_that_does_not_match_the_degrees_names_every_degree():
      ["n_layers (4)", "pp x pp_virtual_stages", "2 x 4 = 8"]),
     ({"parallelism.tp": 2, "training.compile": True}, "training.compile",
      ["parallelism.tp 2", "training.compile: false"]),
+    # Expert parallelism: experts split evenly, ep within dp_shard, and a model with experts.
+    ({"model.size": "moe-debug", "parallelism.ep": 3, "parallelism.nproc_per_node": 3},
+     "parallelism.ep", ["n_experts (8)", "parallelism.ep (3)"]),
+    ({"model.size": "moe-debug", "parallelism.ep": 4}, "parallelism",
+     ["ep 4", "dp_shard 2"]),
+    ({"parallelism.ep": 2}, "parallelism.ep", ["ep 2", "Mixture of Experts", "dense"]),
 ])
 def test_impossible_layouts_are_refused_before_launch(overrides, field, words):
     with pytest.raises(JobSpecError) as e:
@@ -49,3 +55,13 @@ def test_impossible_layouts_are_refused_before_launch(overrides, field, words):
     message = " ".join(m for _, m in e.value.problems)
     for word in words:
         assert word in message, (word, message)
+
+
+def test_expert_parallel_mesh_keeps_every_rank_where_it_was():
+    """ep is carved out of dp_shard: same coordinates, same data-parallel rank per rank."""
+    plain = ParallelDims(dp_replicate=2, dp_shard=4, pp=1, tp=2, world_size=16)
+    ep = ParallelDims(dp_replicate=2, dp_shard=4, pp=1, tp=2, world_size=16, ep=2)
+    assert [ep.dp_rank(r) for r in range(16)] == [plain.dp_rank(r) for r in range(16)]
+    assert "ep 2 within dp_shard" in ep.describe()
+    with pytest.raises(ValueError, match="ep 3 must divide dp_shard 4"):
+        ParallelDims(dp_replicate=1, dp_shard=4, pp=1, tp=1, world_size=4, ep=3)

@@ -2,7 +2,8 @@
 the layouts launch: every parallelism layout the spec accepts at 4 ranks, trained in one
 torchrun start-up. Its fsdp4 job (checkpoints every 2 steps) is the reference run that the
 resume and resharding tests continue from; the same launch also trains the first 3 steps
-of "exact" (the fsdp4 spec under another name), which test_resume finishes in new processes."""
+of "exact" (the fsdp4 spec under another name), which test_resume finishes in new processes,
+and of "exact-moe" (moe-ep2's), which test_moe_resume finishes."""
 
 from __future__ import annotations
 
@@ -38,11 +39,23 @@ LAYOUTS = {
                  "parallelism.mixed_precision": "bf16"},
     # A Mixture of Experts (8 experts, top 2) under FSDP, its balancing loss trained beside.
     "moe-fsdp4": {"model.size": "moe-debug", "parallelism.dp_shard": 4},
+    # Expert parallel: the 8 experts over 2 ranks, FSDP-sharded over the other 2 (ep 2 x
+    # dp_shard 2); and over all 4 ranks, with selective activation checkpointing.
+    # (moe-ep2 checkpoints every 2 steps: the MoE resume tests continue from it.)
+    "moe-ep2": {"model.size": "moe-debug", "parallelism.dp_shard": 4, "parallelism.ep": 2,
+                "checkpoint.every_steps": 2},
+    "moe-ep4": {"model.size": "moe-debug", "parallelism.dp_shard": 4, "parallelism.ep": 4,
+                "parallelism.activation_checkpoint": "selective"},
+    # Balanced by DeepSeek-V3's routing bias instead of the auxiliary loss (checkpoint at 8).
+    "moe-bias": {"model.size": "moe-debug", "model.moe_aux_loss_coef": 0.0,
+                 "model.moe_bias_update_rate": 0.01, "parallelism.dp_shard": 4,
+                 "parallelism.ep": 2, "checkpoint.every_steps": 8},
 }
 SAME_MODEL = [name for name, overrides in LAYOUTS.items() if "model.size" not in overrides]
 
 
 EXACT = "exact"  # the fsdp4 spec again, stopped after step 3, resumed by test_resume
+EXACT_MOE = "exact-moe"  # moe-ep2 again, stopped after step 3, resumed by test_moe_resume
 
 
 @dataclass
@@ -76,6 +89,7 @@ def layouts_run(workspace) -> Workspace:
     segments = [str(write_job(workspace.jobs, name, nproc=4, **overrides))
                 for name, overrides in LAYOUTS.items()]
     exact = write_job(workspace.jobs, EXACT, nproc=4, **LAYOUTS["fsdp4"])
-    out = run_segments(workspace.home, [*segments, f"{exact}@3"], nproc=4)
+    exact_moe = write_job(workspace.jobs, EXACT_MOE, nproc=4, **LAYOUTS["moe-ep2"])
+    out = run_segments(workspace.home, [*segments, f"{exact}@3", f"{exact_moe}@3"], nproc=4)
     assert out.returncode == 0, failure(out)
     return workspace

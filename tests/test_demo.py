@@ -57,3 +57,25 @@ def test_demo_runs_the_whole_pipeline_through_the_daemon_and_reports_it(fm_home)
     assert "passed: world 2 (dp_shard 2) -> world 1" in text
     figure = fm_home / "runs" / "demo-1" / "training.png"
     assert figure.stat().st_size > 10_000 and str(figure) in text.replace("\n", "")
+
+
+def test_the_moe_demo_trains_expert_parallel_through_the_same_pipeline(fm_home):
+    """configs/demo-moe.yaml: moe-tiny with its experts over 2 ranks (ep 2), the injected
+    failure resumed by the sensor, drills restoring the expert-parallel checkpoints on one
+    process, and the router's load in the report."""
+    env = {**os.environ, "FM_HOME": str(fm_home), "DAGSTER_HOME": str(fm_home / "dagster"),
+           "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-m", "fm_pipeline.cli.main", "demo", "--job", "configs/demo-moe.yaml",
+         "--backoff-s", "0.5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert not _processes_of(fm_home), _processes_of(fm_home)
+    assert re.search(r"20->40 +next_segment +failed at step 35", text)
+    assert re.search(r"30->40 +resume_after_failure +completed", text)
+    assert "demo-moe-1: step 40/40 in 3 segment launches (1 resumed)" in text
+    assert "passed: world 2 (dp_shard 2 x ep 2) -> world 1" in text
+    load = re.search(r"router at step 40: the busiest expert took (\d+\.\d+)x the mean load", text)
+    assert load and 1.0 <= float(load.group(1)) < 8, text[-2000:]
+    segment = (fm_home / "runs" / "demo-moe-1" / "segments.jsonl").read_text()
+    assert '"ep": 2' in segment

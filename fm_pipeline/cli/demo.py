@@ -175,6 +175,22 @@ def _num(value, fmt: str = "{:.4f}") -> str:
     return fmt.format(value) if isinstance(value, (int, float)) else "-"
 
 
+def _router_line(job_name: str) -> str | None:
+    """An MoE job's routing at its last step (metrics.jsonl); None for a dense job."""
+    from fm_pipeline.config.paths import runs_dir
+    from fm_pipeline.rundir.records import read_records
+
+    path = runs_dir(job_name) / "metrics.jsonl"
+    steps = [r for r in read_records(path, "step") if "moe_max_load" in r] \
+        if path.exists() else []
+    if not steps:
+        return None
+    last = steps[-1]
+    return (f"router at step {last['step']}: the busiest expert took "
+            f"{_num(last['moe_max_load'], '{:.2f}')}x the mean load (1 = balanced), "
+            f"{last['moe_dropped_slots']:,} of {last['moe_slots']:,} token-slots dropped")
+
+
 def print_report(report, job, *, baseline, runs: int, wall_s: float,
                  figure: Path | str | None = None) -> None:
     segments = Table(title=f"training job {report.job}: segments (one Dagster run each)",
@@ -210,6 +226,8 @@ def print_report(report, job, *, baseline, runs: int, wall_s: float,
     console.print(segments)
     for line in events:
         console.print(line, highlight=False)
+    if (router := _router_line(report.job)) is not None:
+        console.print(router, highlight=False)
 
     checkpoints = Table(title="checkpoints: held-out loss / perplexity per domain, restore drill",
                         title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))

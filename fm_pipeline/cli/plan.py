@@ -62,7 +62,8 @@ def _shape(o: dict):
         shape = named_shape(o["model"], seq_len=o["seq_len"])
         overrides = {
             k: o[k]
-            for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp")
+            for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp",
+                      "expert_imbalance")
             if o[k] is not None
         }
         return dataclasses.replace(shape, **overrides) if overrides else shape
@@ -179,6 +180,9 @@ SHARED_OPTIONS: dict[str, object] = {
     "job": Job, "model": Model, "layers": Int, "hidden": Int, "heads": Int, "kv_heads": Int,
     "ffn": Int, "vocab": Int, "seq_len": Int,
     "mlp": Annotated[str | None, typer.Option(help="swiglu (Llama) or gelu (GPT)")],
+    "expert_imbalance": Annotated[float | None, typer.Option(
+        help="MoE: busiest ep rank's routed tokens / the mean (default 1.1, assumed; the "
+             "trainer's router stats measure it)")],
     "global_batch_tokens": Int, "training_tokens": Float, "gpus": Int, "gpu_type": Str,
     "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(help="bf16|fp32")],
     **{flag: Float if flag.endswith(("gbps", "subscription", "hour", "per_day")) else Int
@@ -263,6 +267,7 @@ def estimate(o: dict):
     tp=Annotated[int | None, typer.Option(help="pin tp")],
     pp=Annotated[int | None, typer.Option(help="pin pp")],
     cp=Annotated[int | None, typer.Option(help="pin cp")],
+    ep=Annotated[int | None, typer.Option(help="pin ep (Mixture of Experts)")],
     recompute=Annotated[str | None, typer.Option(help="pin: none|selective|half|full")],
     sharding=Annotated[str | None, typer.Option(help="pin: ddp|zero1|zero2|fsdp")],
     top=(Annotated[int, typer.Option(help="plans to show")], 5),
@@ -281,7 +286,7 @@ def search(o: dict):
     inp = _inputs(o)
     fixed = {
         k: o[k]
-        for k in ("tp", "pp", "cp", "micro_batch", "recompute", "sharding")
+        for k in ("tp", "pp", "cp", "ep", "micro_batch", "recompute", "sharding")
         if o[k] is not None
     }
     result = run_search(

@@ -31,6 +31,15 @@ _SIZES: dict[str, dict] = {
     "mixtral-8x7b": dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336,
                          vocab_size=32000, max_seq_len=32768, rope_theta=1e6, n_experts=8,
                          moe_top_k=2),
+    # DeepSeek-V3's shape (its technical report, Table and Appendix): 61 layers, the first 3
+    # dense (ffn 18432), 58 MoE layers of 256 routed experts (width 2048, top 8) + 1 shared.
+    # Multi-head latent attention is not built here: grouped-query attention with 64 kv
+    # heads stands in for it (154M weights a layer against MLA's 187M), so the model has
+    # 669B parameters, 35.5B active (published: 671B, 37B, without the MTP module).
+    "deepseek-v3-like": dict(n_layers=61, dim=7168, n_heads=128, n_kv_heads=64,
+                             ffn_dim=18432, vocab_size=129280, max_seq_len=4096,
+                             rope_theta=10000.0, n_experts=256, moe_top_k=8,
+                             moe_ffn_dim=2048, moe_shared_experts=1, moe_first_dense=3),
     # Llama 3 / 3.1 / 3.2 shapes (Meta's published configs).
     "llama3-1b": dict(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192,
                       vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0,

@@ -12,6 +12,10 @@ the ring's latency, one hop per rank (n-1 hops; inter-node hops cost more). All-
 twice the bytes; its latency is the better of two rings and NCCL's tree (2 log2(nodes)
 inter-node hops), which is what keeps all-reduce usable on thousands of nodes while
 ring-based all-gather / reduce-scatter over thousands of ranks pays milliseconds per call.
+All-to-all (expert parallelism's token dispatch and combine) of `bytes` per rank: each rank
+keeps 1/n and sends the rest; what stays in the node moves over NVLink, what leaves it over
+the rank's NIC, concurrently, so the slower of the two sets the time; NCCL posts all n - 1
+sends at once, so the latency is one far hop plus a per-peer cost.
 Everything is vectorized over numpy arrays of group sizes and strides.
 """
 
@@ -112,3 +116,15 @@ def all_reduce_time(bytes_full, size, link: Link, *, calls=1) -> np.ndarray:
 
 def p2p_time(nbytes, link: Link, *, active) -> np.ndarray:
     return np.where(active, np.asarray(nbytes) / link.p2p_bw + link.p2p_alpha_s, 0.0)
+
+
+def all_to_all_time(nbytes, size, link: Link, *, per_node, intra_gbps: float) -> np.ndarray:
+    """One all-to-all moving `nbytes` out of each of `size` ranks, `per_node` of them in a
+    node (the rest are reached through the NIC at link.p2p_bw)."""
+    size = np.asarray(size, dtype=np.float64)
+    per_node = np.minimum(np.asarray(per_node, dtype=np.float64), size)
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    inside = (per_node - 1) / size * nbytes / (intra_gbps * GB * LINK_EFFICIENCY)
+    outside = (size - per_node) / size * nbytes / link.p2p_bw
+    t = np.maximum(inside, outside) + link.p2p_alpha_s + (size - 1) * ALPHA_INTRA_S
+    return np.where(size > 1, t, 0.0)

@@ -15,6 +15,11 @@ attention skips the masked half of causal scores and recomputes them in backward
 (2.5 x forward), unfused attention computes the full square (backward 2 x forward).
 Element-wise work (norms, activations, residuals, dropout, softmax) is memory-bound:
 ELEMENTWISE_PASSES x the layer's activation bytes through HBM forward, twice that backward.
+
+An MoE layer (per-layer times are the mean over dense and MoE layers) runs its router and
+shared experts on the rank's tokens (tp-split like the dense MLP), and its local experts as
+experts / ep grouped GEMMs: each gets top_k x tokens x ep / experts rows, times the busiest
+rank's imbalance, so small experts or few tokens per expert lose GEMM efficiency.
 """
 
 from __future__ import annotations
@@ -70,6 +75,20 @@ class LayerTimes:
     head_bwd: np.ndarray
 
 
+def _moe_gemms(shape: ModelShape, c: Candidates, gemms, tokens) -> list:
+    """Router, shared experts and local routed experts of the MoE layers, weighted by their
+    share of the layers. `tokens`: this rank's (the sequence-parallel share)."""
+    share, h, ef = shape.moe_fraction, shape.hidden, shape.expert_ffn
+    out = [gemms(((shape.experts, h),), rows=tokens, share=share)]  # router logits
+    if shape.shared_experts:
+        width = shape.shared_experts * ef / c.tp
+        out.append(gemms(((2 * width, h), (h, width)), share=share))
+    local = shape.experts / c.ep
+    rows = tokens * shape.top_k * shape.expert_imbalance / local
+    out.append(gemms(((2 * ef, h), (h, ef)), rows=rows, batch=local, share=share))
+    return out
+
+
 def layer_times(
     shape: ModelShape, acc: Accelerator, c: Candidates, *, precision: str = "bf16"
 ) -> LayerTimes:
@@ -82,10 +101,21 @@ def layer_times(
     h, kv, f = shape.hidden, shape.kv_dim, shape.ffn
     up_width = 2 * f if shape.mlp == "swiglu" else f  # gate and up fused
 
-    fwd = dgrad = wgrad = 0.0
-    for N, K in (((h + 2 * kv) / t, h), (h, h / t), (up_width / t, h), (h, f / t)):
-        a, b, w = _fwd_bwd(acc, peak, M, N, K, dtype_bytes)
-        fwd, dgrad, wgrad = fwd + a, dgrad + b, wgrad + w
+    def gemms(shapes, rows=M, batch=1, share=1.0):
+        times = [0.0, 0.0, 0.0]
+        for N, K in shapes:
+            for j, (m_, n_, k_) in enumerate(((rows, N, K), (rows, K, N), (K, N, rows))):
+                times[j] = times[j] + share * gemm_time(acc, peak, m_, n_, k_, batch=batch,
+                                                        dtype_bytes=dtype_bytes)
+        return times
+
+    attn_gemms = gemms((((h + 2 * kv) / t, h), (h, h / t)))
+    dense_share = 1 - shape.moe_fraction if shape.experts else 1.0
+    mlp_gemms = gemms(((up_width / t, h), (h, f / t)), share=dense_share)
+    parts = [attn_gemms, mlp_gemms]
+    if shape.experts:
+        parts += _moe_gemms(shape, c, gemms, M / t)
+    fwd, dgrad, wgrad = (sum(p[j] for p in parts) for j in range(3))
 
     # Attention scores: per (sequence, head) a (s_local x s) @ (s x head_dim) pair.
     heads_local = shape.heads / t

@@ -61,7 +61,7 @@ class Estimate:
             "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp,
                        "micro_batch": lay.micro_batch, "virtual_stages": lay.virtual_stages,
                        "schedule": lay.pipeline_schedule, "recompute": lay.recompute,
-                       "sharding": lay.sharding, "dp_shard": lay.shard_group},
+                       "sharding": lay.sharding, "dp_shard": lay.shard_group, "ep": lay.ep},
             "time_s": self.metrics["time_s"],
             "memory_gib": self.metrics["memory_gib"],
             "groups_reach": self.metrics["groups_reach"],

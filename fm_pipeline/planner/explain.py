@@ -83,6 +83,8 @@ def reasons_for(
             f"{v} virtual stages per rank shrink the bubble to (p-1)/(v m)"
             + (f"; {plain.replace('alternative', 'non-interleaved plan')}" if plain else "")
         )
+    if shape.experts:
+        out.append(_ep_reason(shape, c, ev, i, versus))
     recompute = RECOMPUTE[int(c.recompute[i])]
     if recompute == "none":
         out.append("no activation recomputation: activations fit")
@@ -110,3 +112,24 @@ def reasons_for(
     m = int(ev.microbatches[i])
     out.append(f"dp={int(c.dp[i])} with {m} micro-batch{'es' if m != 1 else ''} of {mb} per step")
     return out
+
+
+def _ep_reason(shape: ModelShape, c: Candidates, ev: Evaluation, i: int, versus) -> str:
+    """Expert parallelism trades expert memory and FSDP traffic (fewer experts per GPU to
+    gather) against the all-to-all (wider, and across nodes past one node's GPUs)."""
+    ep = int(c.ep[i])
+    local = shape.experts // ep
+    where = LEVEL_NAMES[int(ev.ep_level[i])]
+    a2a = ev.ep_comm_s[i] / ev.step_time_s[i]
+    head = (f"ep={ep}: {local} of {shape.experts} experts per GPU, the all-to-all inside the "
+            f"{where} ({a2a:.0%} of the step)") if ep > 1 else (
+            f"ep=1: every GPU holds all {shape.experts} experts (sharded by FSDP), no all-to-all")
+    smaller, larger = versus(c.ep < ep), versus(c.ep > ep)
+    parts = [head]
+    if smaller:
+        parts.append(smaller.replace("alternative", "plan with smaller ep"))
+    elif ep > 1:
+        parts.append("nothing with smaller ep fits")
+    if larger:
+        parts.append(larger.replace("alternative", "plan with larger ep"))
+    return "; ".join(parts)

@@ -38,7 +38,7 @@ def job_inputs(job) -> dict:
         virtual_stages=p.pp_virtual_stages, recompute=p.activation_checkpoint,
         sharding="fsdp" if p.resolved_dp_shard > 1 else "ddp",
         dp_shard=p.resolved_dp_shard if 1 < p.resolved_dp_shard < p.dp else 0,
-        schedule=p.pp_schedule,
+        schedule=p.pp_schedule, ep=p.ep,
     )
     return {
         "shape": shape, "cluster": cluster, "layout": layout,

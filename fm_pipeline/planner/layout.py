@@ -2,13 +2,18 @@
 a struct of arrays of many layouts, which the cost model evaluates in one vectorized pass.
 
     Layout(tp=8, pp=16, dp=128, micro_batch=1, virtual_stages=4, recompute="full")
+    Layout(dp=256, ep=32, sharding="fsdp")  # MoE: experts split over 32 data-parallel ranks
 
 Rules every layout obeys (checked one by one with the offending flag named, or as a mask
 over thousands of candidates in `valid_mask`): the degrees multiply to the GPU count; tp
 divides heads, kv_heads and ffn; tp x cp divides seq_len (sequence parallelism splits the
 sequence over tp, context parallelism over cp); the global batch splits evenly into dp x
 micro_batch; a pipeline has at least pp micro-batches (a multiple of pp when interleaved);
-every pipeline chunk has at least one layer.
+every pipeline chunk has at least one layer. Expert parallelism (ep) is carved out of data
+parallelism, as in torchtitan and Megatron-Core: ep consecutive data-parallel ranks split an
+MoE layer's experts (ep divides experts and the shard group, so it needs sharding) and
+exchange tokens all-to-all;
+experts are FSDP/ZeRO-sharded over the shard group / ep ranks that hold the same experts.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Layout:
     sharding: str = "zero1"
     dp_shard: int = 0  # ranks an optimizer/FSDP shard group spans; 0: all of dp
     schedule: str = ""  # "": Interleaved1F1B when virtual_stages > 1, else 1F1B
+    ep: int = 1  # expert-parallel degree, within dp
 
     @property
     def gpus(self) -> int:
@@ -58,6 +64,8 @@ class Layout:
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}"]
         if self.cp > 1:
             parts.append(f"cp={self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
         parts.append(f"mb={self.micro_batch}")
         if self.virtual_stages > 1:
             parts.append(f"v={self.virtual_stages}")
@@ -69,7 +77,7 @@ class Layout:
         return " ".join(parts)
 
 
-_DESCRIBED = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "mb": "micro_batch",
+_DESCRIBED = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep", "mb": "micro_batch",
               "v": "virtual_stages"}
 
 
@@ -98,13 +106,29 @@ def parse_layout(text: str) -> Layout:
     return Layout(**fields)
 
 
+def _check_ep(shape: ModelShape, layout: Layout) -> None:
+    if layout.ep == 1:
+        return
+    if not shape.experts:
+        raise PlanInputError("ep", f"ep {layout.ep} needs a Mixture of Experts model; "
+                             f"{shape.name} is dense")
+    if shape.experts % layout.ep:
+        raise PlanInputError("ep", f"experts ({shape.experts}) must be divisible by ep "
+                             f"({layout.ep})")
+    if layout.sharding == "ddp" or layout.shard_group % layout.ep:
+        raise PlanInputError("ep", f"ep ({layout.ep}) must divide the shard group "
+                             f"({layout.shard_group if layout.sharding != 'ddp' else 'none: ddp'}"
+                             "): expert parallelism is carved out of the sharded data-parallel "
+                             "ranks, the rest of the group shards each expert")
+
+
 def microbatches(*, global_batch_tokens: int, seq_len: int, dp: int, micro_batch: int) -> int:
     return global_batch_tokens // seq_len // (dp * micro_batch)
 
 
 def check_layout(shape: ModelShape, layout: Layout, *, gpus: int, global_batch_tokens: int) -> int:
     """Raise PlanInputError naming the flag at fault; return the micro-batches per step."""
-    for name in ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages"):
         value = getattr(layout, name)
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise PlanInputError(name, f"must be a whole number >= 1, got {value!r}")
@@ -148,6 +172,7 @@ def check_layout(shape: ModelShape, layout: Layout, *, gpus: int, global_batch_t
         raise PlanInputError("virtual_stages", "interleaving (virtual_stages > 1) needs pp > 1")
     if layout.dp_shard and (layout.dp_shard < 1 or layout.dp % layout.dp_shard):
         raise PlanInputError("dp_shard", f"must divide dp ({layout.dp}), got {layout.dp_shard}")
+    _check_ep(shape, layout)
     if global_batch_tokens % shape.seq_len:
         raise PlanInputError(
             "global_batch_tokens",
@@ -190,6 +215,7 @@ class Candidates:
     sharding: np.ndarray
     dp_shard: np.ndarray  # resolved: 1 for ddp, the shard group size otherwise
     schedule: np.ndarray
+    ep: np.ndarray
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -210,6 +236,7 @@ class Candidates:
             sharding=col(lambda x: SHARDING.index(x.sharding)),
             dp_shard=col(lambda x: x.shard_group),
             schedule=col(lambda x: SCHEDULES.index(x.pipeline_schedule)),
+            ep=col(lambda x: x.ep),
         )
 
     def take(self, index) -> Candidates:
@@ -230,6 +257,7 @@ class Candidates:
             sharding=sharding,
             dp_shard=0 if sharding == "ddp" or shard == dp else shard,
             schedule=SCHEDULES[int(self.schedule[i])],
+            ep=int(self.ep[i]),
         )
 
 
@@ -245,4 +273,9 @@ def valid_mask(shape: ModelShape, c: Candidates, *, global_batch_tokens: int) ->
     ok &= (c.pp == 1) | (m >= c.pp)
     interleaved = c.schedule == SCHEDULES.index("Interleaved1F1B")
     ok &= ~interleaved | (m % c.pp == 0)
+    if shape.experts:
+        ddp = c.sharding == SHARDING.index("ddp")
+        ok &= (shape.experts % c.ep == 0) & (c.dp_shard % c.ep == 0) & (~ddp | (c.ep == 1))
+    else:
+        ok &= c.ep == 1
     return ok

@@ -25,6 +25,13 @@ gathered layers FSDP keeps in flight. FSDP under a pipeline runs as the trainer 
 (torch.distributed.pipelining with reshard_after_forward=False): a stage's weights are
 gathered at its first micro-batch and kept, its gradients accumulate unsharded in fp32 until
 the last backward reduce-scatters them, so only the 12 optimizer bytes stay sharded.
+
+Mixture of Experts: per-layer terms are the mean over dense and MoE layers. A rank holds
+experts / ep of each MoE layer's routed experts, whole (not split by tp: expert tensor
+parallelism 1, Megatron-Core's default), their state sharded over the shard group / ep
+ranks that hold the same experts. An MoE layer keeps, per token, its shared experts'
+SwiGLU activations and, for each of its top-k copies (times the busiest rank's imbalance),
+the dispatched input, the expert's SwiGLU activations and its output before the combine.
 """
 
 from __future__ import annotations
@@ -74,6 +81,10 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int) -> 
     norms = 2 * 2 * h
     attn = 2 * h + 2 * h + 2 * kv + 2 * kv + 2 * h  # QKV input, Q, K, V, projection input
     mlp = 2 * h + (8 * f if shape.mlp == "swiglu" else 4 * f)
+    if shape.experts:
+        routed = shape.top_k * shape.expert_imbalance * (2 * h + 8 * shape.expert_ffn + 2 * h)
+        moe = 2 * h + 8 * shape.shared_experts * shape.expert_ffn + routed
+        mlp = (1 - shape.moe_fraction) * mlp + shape.moe_fraction * moe
     masks = 2 * h if shape.dropout else 0  # one byte each, after attention and after the MLP
     linear = sb * ((norms + attn + mlp) * unit + masks) / c.tp
     if shape.flash_attention:
@@ -95,8 +106,9 @@ class MemoryArrays:
     working: np.ndarray  # FSDP's gathered layers, the layer being recomputed
     total_gib: np.ndarray  # with fragmentation margin and runtime reserve
     capacity_gib: float
-    stage_params: np.ndarray  # parameters on the fuller stage's GPU
+    stage_params: np.ndarray  # parameters on the fuller stage's GPU (experts included)
     layers_per_rank: np.ndarray
+    stage_expert_params: np.ndarray  # the routed experts among them (split by ep)
 
     @property
     def fits(self) -> np.ndarray:
@@ -117,24 +129,33 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
     p = shape.params()
     layer_params = (p.per_layer - p.per_layer_norms) / c.tp + p.per_layer_norms
     layers = stage_layers(shape, c)
+    expert_layer = p.routed / shape.layers / c.ep  # this rank's experts, mean per layer
+    experts = layers * expert_layer
+    moe_layer_experts = p.routed / max(shape.moe_layers, 1) / c.ep  # one MoE layer's, gathered
     embedding = p.embedding / c.tp + p.positions
     head = np.where(shape.tie_embeddings & (c.pp == 1), 0.0, p.embedding / c.tp) + p.final_norm
     single = c.pp == 1
-    first_params = layers * layer_params + embedding + np.where(single, head, 0.0)
-    last_params = layers * layer_params + head
+    first_params = layers * (layer_params + expert_layer) + embedding + np.where(single, head, 0.0)
+    last_params = layers * (layer_params + expert_layer) + head
 
     shard = (c.dp_shard * c.cp).astype(np.float64)
+    expert_shard = shard / c.ep  # ranks holding the same experts
     # FSDP inside a pipeline keeps weights gathered and gradients unsharded all step.
     fsdp_resharding = (c.sharding == FSDP) & single
 
-    def state_bytes(params):
+    def sharded(params, over):
         w = params * state.weights
         g = params * state.grads
         o = params * state.optimizer
-        g = np.where((c.sharding == ZERO2) | fsdp_resharding, g / shard, g)
-        o = np.where(c.sharding == DDP, o, o / shard)
-        w = np.where(fsdp_resharding, w / shard, w)
+        g = np.where((c.sharding == ZERO2) | fsdp_resharding, g / over, g)
+        o = np.where(c.sharding == DDP, o, o / over)
+        w = np.where(fsdp_resharding, w / over, w)
         return w, g, o
+
+    def state_bytes(params):
+        dense = sharded(params - experts, shard)
+        routed = sharded(experts, expert_shard)
+        return tuple(a + b for a, b in zip(dense, routed, strict=True))
 
     acts = layer_activations(shape, c, dtype_bytes=dtype_bytes)
     everything = acts.linear + acts.core
@@ -147,7 +168,8 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
         [c.recompute == SELECTIVE, c.recompute >= HALF], [acts.core, everything], default=0.0
     )
     fsdp_working = np.where(
-        fsdp_resharding, 2 * layer_params * (state.weights + state.grads), 0.0
+        fsdp_resharding, 2 * (layer_params + moe_layer_experts) * (state.weights + state.grads),
+        0.0
     )
 
     m = global_batch_tokens // shape.seq_len // (c.dp * c.micro_batch)
@@ -182,4 +204,5 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
         capacity_gib=capacity_gib,
         stage_params=np.where(use_first, first_params, last_params),
         layers_per_rank=layers,
+        stage_expert_params=experts,
     )

@@ -45,6 +45,7 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
         "dp_replicate": layout.dp // shard, "dp_shard": shard, "tp": layout.tp, "pp": layout.pp,
         "pp_schedule": layout.pipeline_schedule, "pp_virtual_stages": layout.virtual_stages,
         "activation_checkpoint": layout.recompute, "mixed_precision": precision,
+        **({"ep": layout.ep} if layout.ep > 1 else {}),
     }
     training = {"seq_len": shape.seq_len, "global_batch_size": sequences,
                 "micro_batch_size": layout.micro_batch}
@@ -73,7 +74,12 @@ def _model_section(shape: ModelShape) -> dict:
     wanted = {"n_layers": shape.layers, "dim": shape.hidden, "n_heads": shape.heads,
               "n_kv_heads": shape.kv_heads, "ffn_dim": shape.ffn, "vocab_size": shape.vocab,
               "tie_embeddings": shape.tie_embeddings,
-              "max_seq_len": max(base.max_seq_len, shape.seq_len)}
+              "max_seq_len": max(base.max_seq_len, shape.seq_len),
+              "n_experts": shape.experts}
+    if shape.experts and size != shape.name:  # a custom MoE: its MoE layers after the dense
+        wanted.update(moe_top_k=shape.top_k, moe_ffn_dim=shape.expert_ffn,
+                      moe_shared_experts=shape.shared_experts,
+                      moe_first_dense=shape.dense_layers, moe_every=1)
     return {"size": size, **{k: v for k, v in wanted.items() if getattr(base, k) != v}}
 
 

@@ -31,6 +31,7 @@ def plan_metrics(ev: Evaluation, i: int) -> dict:
             "compute": float(ev.compute_s[i]), "bubble": float(ev.bubble_s[i]),
             "tp_comm": float(ev.tp_comm_s[i]), "cp_comm": float(ev.cp_comm_s[i]),
             "pp_comm": float(ev.pp_comm_s[i]), "dp_comm": float(ev.dp_comm_s[i]),
+            "ep_comm": float(ev.ep_comm_s[i]),
             "optimizer": float(ev.optimizer_s[i]),
         },
         "memory_gib": {
@@ -42,5 +43,6 @@ def plan_metrics(ev: Evaluation, i: int) -> dict:
         "groups_reach": {
             "tp": LEVEL_NAMES[int(ev.tp_level[i])], "cp": LEVEL_NAMES[int(ev.cp_level[i])],
             "pp": LEVEL_NAMES[int(ev.pp_level[i])], "dp": LEVEL_NAMES[int(ev.dp_level[i])],
+            "ep": LEVEL_NAMES[int(ev.ep_level[i])],
         },
     }

@@ -11,7 +11,9 @@ replicates, which moves what DDP moves. It has tensor parallelism with sequence 
 the 1F1B, Interleaved1F1B and GPipe schedules with layers split evenly over the pipeline
 chunks, and activation checkpointing none|selective|full. ZeRO-1/2, context parallelism and
 recomputing half the layers exist in the cost model only; tied embeddings cannot be split
-by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py).
+by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py). Mixture-of-Experts
+models train with FSDP2 and expert parallelism (ep within the shard group), without tp or pp
+so far.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def not_runnable(shape: ModelShape, layout: Layout) -> list[str]:
                    f"{chunks} chunks, as the trainer's pipeline splits them")
     if shape.tie_embeddings and (layout.tp > 1 or layout.pp > 1):
         why.append("tied embeddings cannot be split by tp or pp (untie them to use either)")
+    if shape.experts and (layout.tp > 1 or layout.pp > 1):
+        why.append(f"tp {layout.tp} x pp {layout.pp} with Mixture of Experts: the trainer's "
+                   "MoE layers run with FSDP and ep, not yet with tp or pp")
     return why
 
 
@@ -66,6 +71,6 @@ def runnable_mask(shape: ModelShape, c: Candidates) -> np.ndarray:
     ok &= (c.sharding != SHARDING.index("fsdp")) | (c.dp > 1)
     ok &= np.isin(c.recompute, [RECOMPUTE.index(r) for r in RUNNABLE_RECOMPUTE])
     ok &= shape.layers % (c.pp * c.virtual_stages) == 0
-    if shape.tie_embeddings:
+    if shape.tie_embeddings or shape.experts:
         ok &= (c.tp == 1) & (c.pp == 1)
     return ok

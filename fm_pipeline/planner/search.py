@@ -9,7 +9,8 @@ ranked by predicted throughput.
 Degrees: tp divides heads, kv_heads and ffn (at most 64); cp is a power of two up to 32 that
 divides the sequence with tp; pp divides what is left of the GPUs and is at most the layer
 count; dp takes the rest. Sharded optimizers / FSDP shard over all of dp or, hybrid-sharded
-(HSDP), over groups of 8 or 64 data-parallel ranks replicated across the rest. Pinning any
+(HSDP), over groups of 8 or 64 data-parallel ranks replicated across the rest. An MoE model
+adds ep, a power of two dividing its experts (at most 256) and the shard group. Pinning any
 field (`fixed={"tp": 8}`) restricts the search to it.
 
 Plans are ranked among the layouts the trainer can run (fm_pipeline.planner.runnable); the
@@ -46,7 +47,9 @@ VIRTUAL_STAGES = (1, 2, 4, 8)
 MAX_TP = 64
 MAX_CP = 32
 HSDP_SHARD_GROUPS = (8, 64)  # besides sharding over all of dp: shard in 8 or 64, replicate across
-SEARCH_FIELDS = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "recompute", "sharding")
+MAX_EP = 256
+SEARCH_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages", "recompute",
+                 "sharding")
 
 
 @dataclass
@@ -80,6 +83,12 @@ class SearchResult:
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
+
+
+def _ep_degrees(shape: ModelShape) -> list[int]:
+    if not shape.experts:
+        return [1]
+    return [2**i for i in range(int(math.log2(MAX_EP)) + 1) if shape.experts % 2**i == 0]
 
 
 def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: int,
@@ -130,6 +139,7 @@ def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: i
                 recompute,
                 sharding,
                 shard_groups,
+                options("ep", _ep_degrees(shape)),
             )
         ),
         dtype=np.int64,
@@ -149,6 +159,7 @@ def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: i
         sharding=s,
         dp_shard=np.where(ddp, 1, np.where(group == 0, dp, group)),
         schedule=np.where(v > 1, SCHEDULES.index("Interleaved1F1B"), SCHEDULES.index("1F1B")),
+        ep=grid[:, 6],
     ).take(keep)
     return c.take(valid_mask(shape, c, global_batch_tokens=global_batch_tokens))
 
@@ -223,8 +234,8 @@ def _distinct_degrees(c: Candidates, ranked: np.ndarray, n: int) -> list[int]:
     """The first n of `ranked` with distinct degrees (one sharding variant of each)."""
     seen, out = set(), []
     for i in ranked[: 50 * n]:
-        key = (c.tp[i], c.pp[i], c.dp[i], c.cp[i], c.micro_batch[i], c.virtual_stages[i],
-               c.recompute[i])
+        key = (c.tp[i], c.pp[i], c.dp[i], c.cp[i], c.ep[i], c.micro_batch[i],
+               c.virtual_stages[i], c.recompute[i])
         if key not in seen:
             seen.add(key)
             out.append(int(i))

@@ -36,10 +36,19 @@ class ParamBreakdown:
     layers: int
     final_norm: int
     output: int  # 0 when tied to the embedding
+    routed: int = 0  # routed experts' weights over all MoE layers (not in per_layer / layers)
+    routed_active: int = 0  # the top-k of them one token uses
 
     @property
     def total(self) -> int:
-        return self.embedding + self.positions + self.layers + self.final_norm + self.output
+        return (self.embedding + self.positions + self.layers + self.final_norm + self.output
+                + self.routed)
+
+    @property
+    def active(self) -> int:
+        """What one token's forward uses: everything in a dense model; the router, the
+        top-k routed experts and the shared ones in an MoE layer."""
+        return self.total - self.routed + self.routed_active
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,17 @@ class ModelShape:
     dropout: bool = False
     flash_attention: bool = True
     name: str = "custom"
+    # Mixture of Experts (0 experts: dense). `moe_layers` of the `layers` have a router,
+    # `experts` routed experts of width `expert_ffn` (a token uses `top_k`) and
+    # `shared_experts` always-on ones; the other layers keep the dense `ffn` MLP.
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0
+    moe_layers: int = 0
+    # Busiest expert-parallel rank's routed tokens / the mean (1: perfectly balanced). An
+    # assumption unless measured: the trainer's router stats give the per-expert loads.
+    expert_imbalance: float = 1.1
 
     def __post_init__(self) -> None:
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
@@ -74,6 +94,17 @@ class ModelShape:
             )
         if self.mlp not in MLP_KINDS:
             raise PlanInputError("mlp", f"must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
+        if self.experts:
+            for field in ("top_k", "expert_ffn", "moe_layers"):
+                require_positive(field, getattr(self, field), integer=True)
+            if self.top_k > self.experts or self.moe_layers > self.layers:
+                raise PlanInputError("top_k" if self.top_k > self.experts else "moe_layers",
+                                     f"top_k ({self.top_k}) must not exceed experts "
+                                     f"({self.experts}), nor moe_layers ({self.moe_layers}) "
+                                     f"layers ({self.layers})")
+            if self.expert_imbalance < 1:
+                raise PlanInputError("expert_imbalance", "busiest rank / mean load is >= 1, "
+                                     f"got {self.expert_imbalance}")
         if self.norm not in NORM_KINDS:
             raise PlanInputError(
                 "norm", f"must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}"
@@ -91,11 +122,39 @@ class ModelShape:
     def mlp_matrices(self) -> int:
         return 3 if self.mlp == "swiglu" else 2
 
-    def layer_matmul_weights(self) -> int:
-        """Weights of one layer that take part in matmuls (Q, K, V, O and the MLP)."""
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def moe_fraction(self) -> float:
+        """Share of the layers that are MoE layers (per-layer costs are averaged over it)."""
+        return self.moe_layers / self.layers
+
+    @property
+    def expert_weights(self) -> int:
+        """One expert's matmul weights (SwiGLU: gate, up, down)."""
+        return self.mlp_matrices * self.hidden * self.expert_ffn
+
+    def _attention_weights(self) -> int:
         h = self.hidden
-        attn = 2 * h * h + 2 * h * self.kv_dim
-        return attn + self.mlp_matrices * h * self.ffn
+        return 2 * h * h + 2 * h * self.kv_dim
+
+    def _moe_layer_base(self) -> int:
+        """An MoE layer's matmul weights outside the routed experts: attention, the router,
+        the shared experts."""
+        return (self._attention_weights() + self.hidden * self.experts
+                + self.shared_experts * self.expert_weights)
+
+    def layer_matmul_weights(self) -> float:
+        """Matmul weights one token goes through in a layer (Q, K, V, O and the MLP; in an
+        MoE model the mean over its layers, counting the router, the top-k routed experts
+        and the shared ones)."""
+        dense = self._attention_weights() + self.mlp_matrices * self.hidden * self.ffn
+        if not self.experts:
+            return dense
+        moe = self._moe_layer_base() + self.top_k * self.expert_weights
+        return (self.dense_layers * dense + self.moe_layers * moe) / self.layers
 
     def params(self) -> ParamBreakdown:
         h = self.hidden
@@ -104,15 +163,24 @@ class ModelShape:
             (2 * h + 2 * self.kv_dim + (self.mlp_matrices - 1) * self.ffn + h) if self.bias else 0
         )
         per_layer_norms = 2 * norm_size
-        per_layer = self.layer_matmul_weights() + biases + per_layer_norms
+        dense = self._attention_weights() + self.mlp_matrices * h * self.ffn
+        dense_layer = dense + biases + per_layer_norms
+        # per_layer: what every layer holds besides routed experts (their mean in an MoE
+        # model); routed experts are counted apart because expert parallelism splits them.
+        layers = self.dense_layers * dense_layer
+        if self.experts:
+            layers += self.moe_layers * (self._moe_layer_base() + per_layer_norms)
+        routed = self.moe_layers * self.experts * self.expert_weights
         return ParamBreakdown(
             embedding=self.vocab * h,
             positions=self.seq_len * h if self.learned_positions else 0,
-            per_layer=per_layer,
+            per_layer=layers // self.layers,
             per_layer_norms=per_layer_norms,
-            layers=per_layer * self.layers,
+            layers=layers,
             final_norm=norm_size,
             output=0 if self.tie_embeddings else self.vocab * h,
+            routed=routed,
+            routed_active=self.moe_layers * self.top_k * self.expert_weights,
         )
 
     def attention_flops_per_token(self) -> int:
@@ -122,17 +190,22 @@ class ModelShape:
     def model_flops_per_token(self) -> int:
         """Training FLOPs of one token, the MFU numerator (same convention as the trainer)."""
         p = self.params()
-        matmul_params = p.total - p.embedding - p.positions
+        matmul_params = p.active - p.embedding - p.positions  # MoE: the experts it is routed to
         if self.tie_embeddings:
             matmul_params += p.embedding  # the tied matrix still does the output projection
         return 6 * matmul_params + self.attention_flops_per_token()
 
     def describe(self) -> str:
-        p = self.params().total
+        p = self.params()
+        moe = ""
+        if self.experts:
+            moe = (f" ({p.active / 1e9:.1f}B active), {self.moe_layers} MoE layers of "
+                   f"{self.experts} experts x {self.expert_ffn} top-{self.top_k}"
+                   + (f" + {self.shared_experts} shared" if self.shared_experts else ""))
         return (
-            f"{self.name}: {p / 1e9:.1f}B params, {self.layers} layers, hidden {self.hidden}, "
-            f"{self.heads} heads ({self.kv_heads} kv), ffn {self.ffn} {self.mlp}, "
-            f"vocab {self.vocab}, seq {self.seq_len}"
+            f"{self.name}: {p.total / 1e9:.1f}B params{moe}, {self.layers} layers, hidden "
+            f"{self.hidden}, {self.heads} heads ({self.kv_heads} kv), ffn {self.ffn} "
+            f"{self.mlp}, vocab {self.vocab}, seq {self.seq_len}"
         )
 
 
@@ -212,9 +285,11 @@ def named_shape(name: str, *, seq_len: int | None = None) -> ModelShape:
 
 def shape_from_model_config(cfg, *, seq_len: int, name: str = "custom") -> ModelShape:
     """The planner's view of a `fm_pipeline.model.ModelConfig` trained at `seq_len`."""
-    if getattr(cfg, "n_experts", 0):
-        raise PlanInputError("model", f"{name} is a Mixture of Experts ({cfg.n_experts} "
-                             "experts): the planner models dense decoders only so far")
+    moe = {}
+    if cfg.n_experts:
+        moe = dict(experts=cfg.n_experts, top_k=cfg.moe_top_k, expert_ffn=cfg.expert_ffn_dim,
+                   shared_experts=cfg.moe_shared_experts,
+                   moe_layers=sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers)))
     return ModelShape(
         layers=cfg.n_layers,
         hidden=cfg.dim,
@@ -225,4 +300,5 @@ def shape_from_model_config(cfg, *, seq_len: int, name: str = "custom") -> Model
         seq_len=seq_len,
         tie_embeddings=cfg.tie_embeddings,
         name=name,
+        **moe,
     )

@@ -23,6 +23,12 @@ skips gradient sync until the last backward) it gathers once and reduce-scatters
 step, like ZeRO-1. With overlap (modern Megatron,
 torchtitan) only what exceeds the backward (or forward) compute it hides behind is exposed,
 and never less than the last layer's bucket.
+
+Expert parallelism: per MoE layer and micro-batch, the rank's top-k token copies are
+dispatched and combined all-to-all over the ep group forward, and again backward (and once
+more per recomputed forward); exposed, as in torchtitan and Megatron-Core without their
+optional overlap. Expert gradients and weights move over the shard group / ep ranks that
+hold the same experts, as the trainer's expert FSDP mesh does.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy as np
 from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.collectives import (
     all_reduce_time,
+    all_to_all_time,
     group_link,
     p2p_time,
     ring_pass_time,
@@ -69,6 +76,7 @@ class Evaluation:
     cp_comm_s: np.ndarray
     pp_comm_s: np.ndarray
     dp_comm_s: np.ndarray
+    ep_comm_s: np.ndarray
     bubble_s: np.ndarray
     optimizer_s: np.ndarray
     mfu: np.ndarray
@@ -78,10 +86,11 @@ class Evaluation:
     cp_level: np.ndarray
     pp_level: np.ndarray
     dp_level: np.ndarray
+    ep_level: np.ndarray
 
     @property
     def exposed_comm_s(self) -> np.ndarray:
-        return self.tp_comm_s + self.cp_comm_s + self.pp_comm_s + self.dp_comm_s
+        return self.tp_comm_s + self.cp_comm_s + self.pp_comm_s + self.dp_comm_s + self.ep_comm_s
 
     @property
     def fits(self) -> np.ndarray:
@@ -137,7 +146,18 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     p2p = p2p_time(act_bytes / c.tp, pp_link, active=c.pp > 1)
     pp_mb = 2 * v * p2p
 
-    t_micro = compute_mb + tp_mb + cp_mb + pp_mb
+    # Expert parallel: ep consecutive data-parallel ranks (stride tp x cp x pp).
+    ep_stride = c.tp * c.cp * c.pp
+    ep_link = group_link(cluster, c.ep, ep_stride)
+    ep_mb = np.zeros(len(c))
+    if shape.experts:
+        routed_bytes = tokens / c.tp * shape.top_k * shape.expert_imbalance * shape.hidden
+        per_node = np.clip(cluster.gpus_per_node // ep_stride, 1, c.ep)
+        a2a = all_to_all_time(routed_bytes * dtype_bytes, c.ep, ep_link, per_node=per_node,
+                              intra_gbps=cluster.intra_node_gbps)
+        ep_mb = shape.moe_fraction * layers * a2a * (4 + 2 * redone)
+
+    t_micro = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
     bubble_slots = np.where(c.schedule == GPIPE, pp - 1, (pp - 1) / v)
     pipeline_s = (m + bubble_slots) * t_micro
 
@@ -152,13 +172,27 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     replicas = c.dp // c.dp_shard
     replica_link = group_link(cluster, replicas, c.tp * c.cp * c.pp * c.dp_shard)
     params = mem.stage_params
-    grads = params * GRAD_REDUCE_BYTES
-    weights = params * dtype_bytes
+    experts = mem.stage_expert_params
     # One collective per layer (FSDP units, gradient buckets): latency is paid per layer.
-    rs_grads = ring_pass_time(grads, shard_size, shard_link, calls=layers)
-    ag_weights = ring_pass_time(weights, shard_size, shard_link, calls=layers)
-    across_replicas = all_reduce_time(grads / shard_size, replicas, replica_link, calls=layers)
-    ddp_all_reduce = all_reduce_time(grads, shard_size, shard_link, calls=layers) + across_replicas
+    # Dense weights over the shard group; an MoE model's routed experts over the shard
+    # group / ep ranks that hold the same ones (stride ep further out).
+    dense, expert = params - experts, experts
+    expert_shard = np.maximum(shard_size // c.ep, 1)
+    expert_link = group_link(cluster, expert_shard, c.tp * c.cp * c.pp * c.ep,
+                             span=c.tp * c.cp * c.pp * c.dp_shard,
+                             per_node=np.maximum(per_node_cp * per_node_dp // c.ep, 1))
+    rs_grads = (ring_pass_time(dense * GRAD_REDUCE_BYTES, shard_size, shard_link, calls=layers)
+                + ring_pass_time(expert * GRAD_REDUCE_BYTES, expert_shard, expert_link,
+                                 calls=layers))
+    ag_weights = (ring_pass_time(dense * dtype_bytes, shard_size, shard_link, calls=layers)
+                  + ring_pass_time(expert * dtype_bytes, expert_shard, expert_link,
+                                   calls=layers))
+    shard_grads = (dense / shard_size + expert / expert_shard) * GRAD_REDUCE_BYTES
+    across_replicas = all_reduce_time(shard_grads, replicas, replica_link, calls=layers)
+    ddp_all_reduce = (
+        all_reduce_time(dense * GRAD_REDUCE_BYTES, shard_size, shard_link, calls=layers)
+        + all_reduce_time(expert * GRAD_REDUCE_BYTES, expert_shard, expert_link, calls=layers)
+        + across_replicas)
     fwd_hidden = _hides(ag_weights, fwd_window, layers)
     grad_once = _hides(rs_grads, bwd_window, layers) + across_replicas
     if dp_overlap:
@@ -182,7 +216,8 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     dp_s = np.where((c.sharding == FSDP) & (c.pp > 1), once, dp_s)
     dp_s = np.where(c.dp * c.cp > 1, dp_s, 0.0)  # one replica of the weights: nothing to reduce
 
-    optimizer_params = np.where(c.sharding == DDP, params, params / shard_size)
+    optimizer_params = np.where(c.sharding == DDP, params,
+                                dense / shard_size + expert / expert_shard)
     hbm = acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / hbm
 
@@ -199,9 +234,11 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     return Evaluation(
         memory=mem, microbatches=m, step_time_s=step,
         compute_s=m * compute_mb, tp_comm_s=m * tp_mb, cp_comm_s=m * cp_mb, pp_comm_s=m * pp_mb,
-        dp_comm_s=dp_s, bubble_s=bubble_slots * t_micro, optimizer_s=optimizer_s,
+        dp_comm_s=dp_s, ep_comm_s=m * ep_mb, bubble_s=bubble_slots * t_micro,
+        optimizer_s=optimizer_s,
         mfu=model_flops / (step * gpus * peak), hfu=hardware_flops / (step * gpus * peak),
         tokens_per_s=tokens_per_step / step,
         tp_level=tp_link.level, cp_level=cp_link.level, pp_level=pp_link.level,
         dp_level=np.maximum(shard_link.level, np.where(replicas > 1, replica_link.level, 0)),
+        ep_level=ep_link.level,
     )

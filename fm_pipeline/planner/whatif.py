@@ -49,6 +49,7 @@ class Scenario:
             "context-parallel comm": t["cp_comm"] / step,
             "pipeline comm": t["pp_comm"] / step,
             "data-parallel comm": t["dp_comm"] / step,
+            "expert-parallel all-to-all": t["ep_comm"] / step,
             "checkpoint pauses": rel.checkpoint_overhead,
             "failures and restarts": rel.failure_overhead,
         }

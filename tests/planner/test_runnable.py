@@ -25,7 +25,8 @@ from fm_pipeline.planner.shape import named_shape
 
 H100 = make_cluster("h100")
 CASES = [("llama3-8b", 8192, 8, 64 * 8192), ("llama3-70b", 8192, 512, 4 * 2**20),
-         ("dense-1t", 8192, 16384, 16 * 2**20), ("llama3-1b", 4096, 64, 2**20)]
+         ("dense-1t", 8192, 16384, 16 * 2**20), ("llama3-1b", 4096, 64, 2**20),
+         ("mixtral-8x7b", 4096, 64, 4 * 2**20), ("deepseek-v3-like", 4096, 2048, 16384 * 4096)]
 
 
 def _spec(shape, layout, batch) -> dict:
@@ -74,7 +75,8 @@ def test_faster_layouts_the_trainer_cannot_run_are_listed_apart_with_the_reason(
     assert "split evenly" in reasons or "context parallelism" in reasons or "ZeRO" in reasons
 
 
-@pytest.mark.parametrize("model,gpus", [("llama3-1b", 64), ("llama3-405b", 1024)])
+@pytest.mark.parametrize("model,gpus", [("llama3-1b", 64), ("llama3-405b", 1024),
+                                        ("mixtral-8x7b", 64)])
 def test_the_vectorized_mask_agrees_with_the_reasons(model, gpus):
     shape = named_shape(model, seq_len=8192)
     c = enumerate_candidates(shape, gpus=gpus, global_batch_tokens=4 * 2**20)

@@ -1,0 +1,127 @@
+"""Mixture of Experts in the planner: expert memory split by ep, the all-to-all's cost by
+where the ep group reaches, expert GEMMs that lose efficiency as experts shrink, ep in the
+search and its explanation, and the refusals that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fm_pipeline.planner.cluster import make_cluster
+from fm_pipeline.planner.collectives import LEVEL_NAMES
+from fm_pipeline.planner.errors import PlanInputError
+from fm_pipeline.planner.layout import Candidates, Layout, check_layout, parse_layout
+from fm_pipeline.planner.search import search
+from fm_pipeline.planner.shape import named_shape
+from fm_pipeline.planner.step import evaluate
+
+H100 = make_cluster("h100")
+MIXTRAL = named_shape("mixtral-8x7b", seq_len=4096)
+DEEPSEEK = named_shape("deepseek-v3-like", seq_len=4096)
+
+
+def _eval(shape, layouts, batch):
+    return evaluate(shape, H100, Candidates.from_layouts(layouts), global_batch_tokens=batch)
+
+
+def test_expert_state_on_a_gpu_shrinks_with_ep_where_it_is_not_sharded_anyway():
+    batch = 64 * 4096
+    lay = [Layout(dp=64, ep=ep, sharding="zero1", recompute="full") for ep in (1, 2, 8)]
+    ev = _eval(MIXTRAL, lay, batch)
+    held = ev.memory.weights + ev.memory.grads  # ZeRO-1 keeps both whole
+    experts = MIXTRAL.params().routed
+    # Going from ep 1 to ep 8 drops 7/8 of the experts' 2 + 4 bytes per parameter.
+    assert held[0] - held[2] == pytest.approx(experts * (1 - 1 / 8) * 6, rel=1e-6)
+    assert held[0] > held[1] > held[2]
+    # Under FSDP the state is sharded over all dp either way; what ep shrinks is the layer
+    # FSDP gathers (its local experts only).
+    fsdp = _eval(MIXTRAL, [dataclasses.replace(x, sharding="fsdp") for x in lay], batch)
+    assert fsdp.memory.optimizer[0] == pytest.approx(fsdp.memory.optimizer[2])
+    assert fsdp.memory.working[0] > fsdp.memory.working[1] > fsdp.memory.working[2]
+
+
+def test_the_all_to_all_is_free_at_ep_1_and_costs_more_once_it_leaves_the_node():
+    batch = 2048 * 4096
+    ev = _eval(DEEPSEEK, [Layout(dp=2048, ep=ep, sharding="fsdp", recompute="full")
+                          for ep in (1, 8, 16)], batch)
+    assert ev.ep_comm_s[0] == 0
+    assert [LEVEL_NAMES[int(x)] for x in ev.ep_level[1:]] == ["node", "rack"]
+    # Twice the group, the same bytes per rank: over the NIC (50 GB/s) instead of NVLink.
+    assert ev.ep_comm_s[2] > 3 * ev.ep_comm_s[1]
+
+
+def test_an_imbalanced_router_slows_the_step_through_the_busiest_rank():
+    batch = 64 * 4096
+    lay = [Layout(dp=64, ep=8, sharding="fsdp", recompute="full")]
+    even = _eval(dataclasses.replace(MIXTRAL, expert_imbalance=1.0), lay, batch)
+    skewed = _eval(dataclasses.replace(MIXTRAL, expert_imbalance=1.5), lay, batch)
+    assert skewed.step_time_s[0] > even.step_time_s[0]
+    # The bytes scale by 1.5; the all-to-all's fixed latency does not.
+    assert 1.4 * even.ep_comm_s[0] < skewed.ep_comm_s[0] < 1.5 * even.ep_comm_s[0]
+    assert skewed.mfu[0] < even.mfu[0]  # same model FLOPs, longer step
+
+
+def test_many_small_experts_run_below_the_rate_of_one_dense_mlp_of_the_same_flops():
+    """Expert GEMMs get top_k x tokens x ep / experts rows each: fewer rows, lower rate."""
+    batch = 8 * 4096
+    few = dataclasses.replace(MIXTRAL, experts=8, top_k=2, expert_ffn=14336)
+    many = dataclasses.replace(MIXTRAL, experts=64, top_k=16, expert_ffn=14336 // 8)
+    # The same FLOPs but for the wider router (64 logits a token instead of 8).
+    assert few.model_flops_per_token() == pytest.approx(many.model_flops_per_token(), rel=1e-3)
+    lay = [Layout(dp=8, sharding="fsdp", recompute="none")]
+    assert _eval(many, lay, batch).compute_s[0] > _eval(few, lay, batch).compute_s[0]
+
+
+def test_search_picks_ep_and_says_why():
+    result = search(DEEPSEEK, H100, gpus=2048, global_batch_tokens=16384 * 4096, top=3)
+    best = result.plans[0]
+    assert best.layout.ep > 1 and best.layout.tp == best.layout.pp == 1  # the trainer's space
+    why = " ".join(best.reasons)
+    assert f"ep={best.layout.ep}: {256 // best.layout.ep} of 256 experts per GPU" in why
+    assert "of the step" in why and "ep" in parse_layout(best.layout.describe()).describe()
+    # Outside the trainer's space the cost model may prefer pipelines: shown apart.
+    assert all("Mixture of Experts" in " ".join(p.reasons) or p.reasons
+               for p in result.not_runnable)
+
+
+def test_a_dense_search_never_tries_ep():
+    result = search(named_shape("llama3-8b", seq_len=4096), H100, gpus=64,
+                    global_batch_tokens=256 * 4096, top=1)
+    assert set(result.candidates.ep.tolist()) == {1}
+
+
+@pytest.mark.parametrize("layout,shape,message", [
+    (Layout(dp=64, ep=3, sharding="fsdp"), MIXTRAL, r"experts \(8\) must be divisible by ep"),
+    (Layout(dp=64, ep=8, sharding="ddp"), MIXTRAL, "shard group"),
+    (Layout(dp=64, ep=16, sharding="fsdp", dp_shard=8), DEEPSEEK, r"ep \(16\) must divide"),
+    (Layout(dp=64, ep=2, sharding="fsdp"), named_shape("llama3-8b", seq_len=4096),
+     "needs a Mixture of Experts"),
+])
+def test_bad_ep_is_refused_naming_the_field(layout, shape, message):
+    with pytest.raises(PlanInputError, match=message) as e:
+        check_layout(shape, layout, gpus=64, global_batch_tokens=64 * 4096)
+    assert e.value.field == "ep"
+
+
+def test_the_cli_pins_ep_and_takes_a_measured_imbalance():
+    import json
+
+    from typer.testing import CliRunner
+
+    from fm_pipeline.cli.plan import app
+
+    common = ["--model", "mixtral-8x7b", "--gpus", "64", "--gpu-type", "h100", "--seq-len",
+              "4096", "--global-batch-tokens", str(2**22), "--json"]
+    out = CliRunner().invoke(app, ["search", *common, "--ep", "8", "--top", "2"])
+    assert out.exit_code == 0, out.output
+    plans = json.loads(out.output)["plans"]
+    assert plans and all(p["layout"]["ep"] == 8 and "ep=8" in p["describe"] for p in plans)
+    mfu = []
+    for imbalance in ("1.0", "1.5"):
+        out = CliRunner().invoke(app, ["estimate", *common, "--layout",
+                                       "dp=64 ep=8 mb=2 recompute=full fsdp",
+                                       "--expert-imbalance", imbalance])
+        assert out.exit_code == 0, out.output
+        mfu.append(json.loads(out.output)["mfu"])
+    assert mfu[1] < mfu[0]

@@ -12,7 +12,7 @@ ranks) live here so that nothing invalid is ever launched.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -195,6 +195,38 @@ class QualitySpec(_Strict):
     skip_sources: list[str] = Field(default_factory=list, description="sources left unfiltered")
 
 
+Band = Annotated[list[float], Field(min_length=2, max_length=2)]  # [low, high]
+
+
+class CheckBands(_Strict):
+    """[low, high] of each per-source share the data checks warn outside (Great
+    Expectations, docs/data.md). Left out at a source: the mix-wide band."""
+
+    dedup_ratio: Band | None = Field(default=None, description="exact duplicates / read")
+    near_dedup_ratio: Band | None = Field(default=None, description="near-duplicates / read")
+    quality_drop_rate: Band | None = Field(default=None,
+                                           description="quality-filtered / read")
+
+    @model_validator(mode="after")
+    def _bands(self) -> "CheckBands":
+        for name in ("dedup_ratio", "near_dedup_ratio", "quality_drop_rate"):
+            band = getattr(self, name)
+            if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
+                raise ValueError(f"{name} band {list(band)} must be [low, high] with "
+                                 "0 <= low <= high <= 1")
+        return self
+
+
+class DataChecksSpec(CheckBands):
+    """Mix-wide bands (defaults: a source listed twice, or filters wrong for it) and
+    per-source overrides, e.g. a scraped source expected to be 20-40% near-duplicates."""
+
+    dedup_ratio: Band | None = [0.0, 0.5]
+    near_dedup_ratio: Band | None = [0.0, 0.5]
+    quality_drop_rate: Band | None = [0.0, 0.9]
+    sources: dict[str, CheckBands] = Field(default_factory=dict)
+
+
 class DataSpec(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
     min_chars: int = Field(default=64, ge=0)
@@ -207,6 +239,8 @@ class DataSpec(_Strict):
                                   "duplicates only")
     quality: QualitySpec | None = Field(default=None, description="null: no quality filters")
     mask_pii: bool = Field(default=False, description="replace e-mail and IPv4 addresses")
+    checks: DataChecksSpec = Field(default_factory=DataChecksSpec,
+                                   description="bands the data checks warn outside")
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSpec":
@@ -223,6 +257,9 @@ class DataSpec(_Strict):
         unknown = sorted(set(self.quality.skip_sources) - set(names)) if self.quality else []
         if unknown:
             raise ValueError(f"quality.skip_sources names no source: {', '.join(unknown)}")
+        unknown = sorted(set(self.checks.sources) - set(names))
+        if unknown:
+            raise ValueError(f"checks.sources names no source: {', '.join(unknown)}")
         return self
 
 

@@ -34,6 +34,9 @@ from fm_pipeline.storage import ObjectNotFound, ObjectStore
 
 MAX_DEDUP_RATIO = 0.5
 MAX_QUALITY_DROP_RATE = 0.9  # a filter set that drops more is misconfigured for the source
+# Per-source share bands the warnings use unless the job spec's data.checks sets them.
+DEFAULT_BANDS = {"dedup_ratio": (0.0, MAX_DEDUP_RATIO), "near_dedup_ratio": (0.0, MAX_DEDUP_RATIO),
+                 "quality_drop_rate": (0.0, MAX_QUALITY_DROP_RATE)}
 QUALITY_PREFIXES = ("gopher_", "c4_")
 
 
@@ -46,26 +49,51 @@ class CheckOutcome:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def check_clean_corpus(receipt: CleanReceipt) -> list[CheckOutcome]:
+def band(checks, source: str, name: str) -> tuple[float, float]:
+    """The [low, high] a source's `name` share must lie in: its own override, else the
+    mix-wide band of the job spec's data.checks, else the defaults."""
+    own = getattr(checks.sources.get(source), name, None) if checks is not None else None
+    mix = getattr(checks, name, None) if checks is not None else None
+    low, high = own or mix or DEFAULT_BANDS[name]
+    return float(low), float(high)
+
+
+def _in_bands(rows: list[dict], names: Sequence[str], checks):
+    """Great Expectations over the per-source shares: a column per share saying whether it is
+    outside that source's band (the band may differ per source), expected all 0."""
     import pandas as pd
 
+    table = pd.DataFrame(rows)
+    outside = []
+    for name in names:
+        bands = [band(checks, r["source"], name) for r in rows]
+        table[f"{name}_outside_band"] = [
+            int(not lo <= r[name] <= hi) for r, (lo, hi) in zip(rows, bands, strict=True)]
+        outside += [f"{r['source']} {name} {r[name]:.4f} outside [{lo:g}, {hi:g}]"
+                    for r, (lo, hi) in zip(rows, bands, strict=True) if not lo <= r[name] <= hi]
+    gxe = _gxe()
+    ok, facts = _validate(table, *(
+        gxe.ExpectColumnValuesToBeBetween(column=f"{n}_outside_band", min_value=0, max_value=0)
+        for n in names))
+    return ok, facts, outside
+
+
+def check_clean_corpus(receipt: CleanReceipt, checks=None) -> list[CheckOutcome]:
+    """`checks`: the job spec's data.checks (bands per share and source); None: defaults."""
     rows = [{"source": name, "read": c.read, "kept": c.kept,
              "dedup_ratio": receipt.dedup_ratio(name)} for name, c in receipt.sources.items()]
-    table = pd.DataFrame(rows)
-    ok, facts = _validate(table, _gxe().ExpectColumnValuesToBeBetween(
-        column="dedup_ratio", min_value=0.0, max_value=MAX_DEDUP_RATIO))
+    ok, facts, outside = _in_bands(rows, ["dedup_ratio"], checks)
     ratios = {r["source"]: round(r["dedup_ratio"], 4) for r in rows}
     return [CheckOutcome(
         "dedup_ratio", ok,
-        f"exact duplicates dropped / documents read: {ratios} (mix {receipt.dedup_ratio():.4f}); "
-        f"above {MAX_DEDUP_RATIO} suggests a source listed twice",
+        f"exact duplicates dropped / documents read: {ratios} (mix {receipt.dedup_ratio():.4f})"
+        + (f"; {'; '.join(outside)}" if outside else "")
+        + f"; above {band(checks, '', 'dedup_ratio')[1]:g} suggests a source listed twice",
         severity="warn", metadata={"dedup_ratio": round(receipt.dedup_ratio(), 6), **facts},
-    ), _check_filter_rates(receipt)]
+    ), _check_filter_rates(receipt, checks)]
 
 
-def _check_filter_rates(receipt: CleanReceipt) -> CheckOutcome:
-    import pandas as pd
-
+def _check_filter_rates(receipt: CleanReceipt, checks=None) -> CheckOutcome:
     def share(c, keep) -> float:
         return sum(n for r, n in c.dropped.items() if keep(r)) / c.read if c.read else 0.0
 
@@ -73,19 +101,15 @@ def _check_filter_rates(receipt: CleanReceipt) -> CheckOutcome:
              "near_dedup_ratio": share(c, lambda r: r == "near_duplicate"),
              "quality_drop_rate": share(c, lambda r: r.startswith(QUALITY_PREFIXES))}
             for name, c in receipt.sources.items()]
-    ok, facts = _validate(
-        pd.DataFrame(rows),
-        _gxe().ExpectColumnValuesToBeBetween(column="near_dedup_ratio", min_value=0.0,
-                                             max_value=MAX_DEDUP_RATIO),
-        _gxe().ExpectColumnValuesToBeBetween(column="quality_drop_rate", min_value=0.0,
-                                             max_value=MAX_QUALITY_DROP_RATE))
+    ok, facts, outside = _in_bands(rows, ["near_dedup_ratio", "quality_drop_rate"], checks)
     rates = {r["source"]: (round(r["near_dedup_ratio"], 4), round(r["quality_drop_rate"], 4))
              for r in rows}
     return CheckOutcome(
         "filter_drop_rates", ok,
-        f"(near-duplicates, quality-filtered) / documents read per source: {rates}; above "
-        f"{MAX_DEDUP_RATIO} near-duplicates or {MAX_QUALITY_DROP_RATE} filtered suggests "
-        "parameters wrong for the source", severity="warn", metadata=facts)
+        f"(near-duplicates, quality-filtered) / documents read per source: {rates}"
+        + (f"; {'; '.join(outside)}" if outside else "")
+        + "; outside the band suggests parameters wrong for the source", severity="warn",
+        metadata=facts)
 
 
 def check_tokenizer(entry: TokenizerEntry, *, vocab_size: int) -> list[CheckOutcome]:
@@ -286,7 +310,7 @@ def clean_checks(job, store: ObjectStore) -> list[CheckOutcome]:
     receipt = read_receipt(store, clean_receipt_key(mix_key(job)), CleanReceipt)
     if receipt is None:
         return [_missing(name, "clean corpus") for name in ("dedup_ratio", "filter_drop_rates")]
-    return check_clean_corpus(receipt)
+    return check_clean_corpus(receipt, job.data.checks)
 
 
 def tokenizer_checks(job, store: ObjectStore) -> list[CheckOutcome]:

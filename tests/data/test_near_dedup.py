@@ -89,7 +89,7 @@ def test_a_spec_without_near_dedup_keeps_its_mix_key():
 
     from fm_pipeline.data.manifest import MIX_FORMAT
 
-    later = ("near_dedup", "quality", "mask_pii")  # options added after mixes were published
+    later = ("near_dedup", "quality", "mask_pii", "checks")  # added after mixes were published
     old = {"format": MIX_FORMAT, "data": {k: v for k, v in job.data.model_dump(mode="json")
                                            .items() if k not in later},
            "vocab_size": job.model_cfg.vocab_size, "seq_len": job.training.seq_len}

@@ -9,6 +9,7 @@ from fm_pipeline.config.spec import QualitySpec
 from fm_pipeline.data.clean import Cleaner
 from fm_pipeline.data.quality import mask_pii, quality_problem
 from fm_pipeline.data.sources import RawDocument
+from fm_pipeline.data.testing import small_job
 
 PROSE = (
     "The committee met on Tuesday to review the plan. It was agreed that the budget would be "
@@ -99,3 +100,50 @@ def test_drop_rates_outside_their_band_warn_naming_the_source():
     harsh = outcome(web=counts(gopher_stop_words=50, c4_curly_brace=45), code=counts())
     assert not harsh.passed and "'web': (0.0, 0.95)" in harsh.description
     assert not outcome(web=counts(near_duplicate=60)).passed
+
+
+def test_bands_come_from_the_job_spec_per_source_and_leave_the_mix_key_alone():
+    from fm_pipeline.config.spec import DataChecksSpec
+    from fm_pipeline.data.corpus import CleanReceipt
+    from fm_pipeline.data.manifest import DocumentCounts, mix_key
+    from fm_pipeline.data.validate import check_clean_corpus
+
+    def counts(**dropped):
+        return DocumentCounts(read=100, kept=100 - sum(dropped.values()), heldout=0,
+                              chars_kept=1000, dropped=dropped)
+
+    receipt = CleanReceipt(mix_key="0" * 16, fingerprints={}, examples={},
+                           sources={"web": counts(near_duplicate=30), "code": counts()})
+
+    def outcome(**checks):
+        found = {o.name: o for o in check_clean_corpus(receipt, DataChecksSpec(**checks))}
+        return found["filter_drop_rates"]
+
+    assert outcome().passed  # 0.3 near-duplicates is inside the default [0, 0.5]
+    tight = outcome(near_dedup_ratio=[0.0, 0.2])
+    assert not tight.passed
+    assert "web near_dedup_ratio 0.3000 outside [0, 0.2]" in tight.description
+    assert "code" not in tight.description.split("per source:")[1].split(";", 1)[1]
+    # A scraped source expected to hold 20-40% near-duplicates, and code expected to hold
+    # some: each against its own band.
+    own = outcome(near_dedup_ratio=[0.0, 0.2],
+                  sources={"web": {"near_dedup_ratio": [0.2, 0.4]},
+                           "code": {"near_dedup_ratio": [0.05, 0.5]}})
+    assert not own.passed and "code near_dedup_ratio 0.0000 outside [0.05, 0.5]" in \
+        own.description and "web near_dedup_ratio" not in own.description
+    plain = small_job()
+    banded = small_job(**{"data.checks": {"near_dedup_ratio": [0.1, 0.4]}})
+    assert banded.data.checks.near_dedup_ratio == [0.1, 0.4]
+    assert mix_key(banded) == mix_key(plain)  # the bands warn; the data is the same
+
+
+@pytest.mark.parametrize("checks,message", [
+    ({"dedup_ratio": [0.6, 0.2]}, r"dedup_ratio band \[0.6, 0.2\] must be \[low, high\]"),
+    ({"quality_drop_rate": [0.0, 1.5]}, "quality_drop_rate band"),
+    ({"sources": {"nowhere": {"dedup_ratio": [0, 0.1]}}}, "checks.sources names no source"),
+])
+def test_a_bad_band_is_refused_naming_it(checks, message):
+    from fm_pipeline.config import JobSpecError
+
+    with pytest.raises(JobSpecError, match=message):
+        small_job(**{"data.checks": checks})

@@ -47,8 +47,10 @@ tokenizer_checks = _checks(
     description="The tokenizer's ids fit the model's vocabulary.",
 )
 token_shards_checks = _checks(
-    token_shards, ["token_ids_below_vocab", "no_empty_shards"], validate.shard_checks,
-    description="Every token id < vocab_size; no shard is empty; every source has shards.",
+    token_shards, ["token_ids_below_vocab", "no_empty_shards", "shards_within_token_limit"],
+    validate.shard_checks,
+    description="Every token id < vocab_size; no shard is empty or above the token limit; every "
+                "source has shards.",
 )
 data_mix_checks = _checks(
     data_mix, ["weights_sum_to_one", "source_counts_match_manifest"], validate.mix_checks,

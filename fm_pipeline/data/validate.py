@@ -10,6 +10,7 @@ them into blocking asset checks and `fm data prepare` prints them.
     tokenizer_fits_model_vocab     tokenizer ids < the model's vocab_size
     token_ids_below_vocab          every token id in every shard < vocab_size
     no_empty_shards                every shard holds tokens, and every source has shards
+    shards_within_token_limit      no shard holds more tokens than the shard capacity
     weights_sum_to_one             spec weights sum to 1; the index draws each source at its weight
     source_counts_match_manifest   index entries, shard tokens, shard checksums and kept documents
                                    re-counted from the store equal the manifest's numbers
@@ -123,6 +124,7 @@ def check_tokenizer(entry: TokenizerEntry, *, vocab_size: int) -> list[CheckOutc
 
 def check_token_shards(store: ObjectStore, receipt: ShardsReceipt, *, vocab_size: int,
                        sources: Sequence[str]) -> list[CheckOutcome]:
+    """Token ids, empty shards and the token limit, on the shards as read back."""
     import pandas as pd
 
     rows = []
@@ -157,7 +159,22 @@ def check_token_shards(store: ObjectStore, receipt: ShardsReceipt, *, vocab_size
             + (f" ({empty[:5]})" if empty else "") + (f"; sources without shards: {missing}" if missing else ""),
             metadata={"shards": len(table), "empty_shards": len(empty), **empty_facts},
         ),
+        _check_token_limit(table, receipt.capacity),
     ]
+
+
+def _check_token_limit(table, capacity: int) -> CheckOutcome:
+    """A shard above the capacity (data.shard_tokens in whole sample windows) breaks the
+    memory bound of the readers that map one shard at a time."""
+    ok, facts = _validate(table, _gxe().ExpectColumnValuesToBeBetween(
+        column="tokens", min_value=0, max_value=capacity))
+    over = table[table.tokens > capacity]
+    return CheckOutcome(
+        "shards_within_token_limit", ok and not table.empty,
+        f"largest shard {int(table.tokens.max()) if len(table) else 0} tokens, limit {capacity}"
+        + (f"; over it: {[f'{k} ({t})' for k, t in zip(over.key, over.tokens)][:5]}"
+           if len(over) else ""),
+        metadata={"capacity": capacity, "over_limit": len(over), **facts})
 
 
 def check_data_mix(store: ObjectStore, manifest: MixManifest) -> list[CheckOutcome]:
@@ -330,7 +347,8 @@ def shard_checks(job, store: ObjectStore) -> list[CheckOutcome]:
 
     receipt = read_receipt(store, shards_receipt_key(mix_key(job)), ShardsReceipt)
     if receipt is None:
-        return [_missing("token_ids_below_vocab", "shards"), _missing("no_empty_shards", "shards")]
+        return [_missing(name, "shards") for name in
+                ("token_ids_below_vocab", "no_empty_shards", "shards_within_token_limit")]
     return check_token_shards(store, receipt, vocab_size=job.model_cfg.vocab_size,
                               sources=[s.name for s in job.data.sources])
 

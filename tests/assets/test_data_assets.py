@@ -47,7 +47,8 @@ def test_definitions_load_with_the_data_job():
     assert {"clean_documents", "tokenizer", "token_shards", "data_mix"} <= set(job.graph.node_names())
     graph = defs.resolve_asset_graph()
     checks = {k.name for k in graph.asset_check_keys}
-    assert {"token_ids_below_vocab", "no_empty_shards", "weights_sum_to_one",
+    assert {"token_ids_below_vocab", "no_empty_shards", "shards_within_token_limit",
+            "weights_sum_to_one",
             "source_counts_match_manifest", "dedup_ratio"} <= checks
 
 
@@ -55,7 +56,7 @@ def test_materialization_publishes_the_mix_with_metadata_and_checks(job_yaml, tm
     result = run_data_assets(job_yaml, tmp_path / "store")
     assert result.success
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert len(evaluations) == 7 and all(e.passed for e in evaluations.values())
+    assert len(evaluations) == 8 and all(e.passed for e in evaluations.values())
     ref = result.output_for_node("data_mix")
     assert isinstance(ref, MixRef) and ref.key == mix_key(small_job())
     assert ref.open().samples(0, 2).shape == (2, 33)

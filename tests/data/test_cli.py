@@ -26,7 +26,7 @@ def test_prepare_prints_summary_and_checks(tmp_path):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "code" in out and "prose" in out and "prose dropped: empty 1" in out
-    assert "checks: 7/7 passed" in out
+    assert "checks: 8/8 passed" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
     again = runner.invoke(app, ["sample", "--job", str(job), "--store", str(tmp_path / "store"), "-n", "1"])
     assert again.exit_code == 0 and "sample 0" in again.output

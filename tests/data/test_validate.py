@@ -21,7 +21,7 @@ def by_name(outcomes):
 def test_every_check_passes_on_a_good_mix(small_mix):
     outcomes = by_name(validate_published(small_mix.store, small_mix.manifest))
     assert set(outcomes) == {"dedup_ratio", "filter_drop_rates", "tokenizer_fits_model_vocab",
-                             "token_ids_below_vocab",
+                             "token_ids_below_vocab", "shards_within_token_limit",
                              "no_empty_shards", "weights_sum_to_one", "source_counts_match_manifest"}
     assert all(o.passed for o in outcomes.values()), [o for o in outcomes.values() if not o.passed]
     assert outcomes["dedup_ratio"].metadata["dedup_ratio"] == 0.0
@@ -54,6 +54,23 @@ def test_empty_shards_fail(small_mix, tmp_path):
     receipt = _plant_shard(mix, np.zeros(0, dtype=np.uint16))
     out = by_name(check_token_shards(mix.store, receipt, vocab_size=mix.vocab_size, sources=mix.source_names))
     assert not out["no_empty_shards"].passed and "1 empty" in out["no_empty_shards"].description
+
+
+def test_a_shard_above_the_token_limit_fails_and_is_named(small_mix, tmp_path):
+    capacity = read_receipt(small_mix.store, shards_receipt_key(small_mix.key),
+                            ShardsReceipt).capacity
+
+    def limit_check(where, tokens):
+        mix = copy_mix(small_mix, tmp_path / where)
+        receipt = _plant_shard(mix, np.ones(tokens, dtype=np.uint16))
+        return by_name(check_token_shards(mix.store, receipt, vocab_size=mix.vocab_size,
+                                          sources=mix.source_names))["shards_within_token_limit"]
+
+    assert limit_check("full", capacity).passed
+    over = limit_check("over", capacity + 1)
+    assert not over.passed and over.metadata["over_limit"] == 1
+    assert f"train-99999.bin ({capacity + 1})" in over.description
+    assert f"limit {capacity}" in over.description
 
 
 def test_manifest_that_disagrees_with_the_data_fails(small_mix, tmp_path):

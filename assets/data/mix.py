@@ -12,6 +12,8 @@ outputs a `MixRef` (store URI + mix key) that downstream assets take as an input
 
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, Output, asset
+from fm_pipeline.assets.data.clean import GROUP, clean_documents
+from fm_pipeline.assets.data.markdown import markdown_table
 from fm_pipeline.resources.job_spec import JobSpecResource
 from fm_pipeline.resources.store import ObjectStoreResource
 
@@ -19,8 +21,6 @@ from fm_pipeline.data import pipeline
 from fm_pipeline.data.manifest import mix_key
 from fm_pipeline.data.mix import MixRef
 from fm_pipeline.data.progress import ProgressSink
-
-GROUP = "data"
 
 
 class LogProgress(ProgressSink):
@@ -34,28 +34,6 @@ class LogProgress(ProgressSink):
 
     def finish(self, task: str, summary: str = "") -> None:
         self._log.info(f"{task}: {summary or 'done'}")
-
-
-@asset(group_name=GROUP, kinds={"python"})
-def clean_documents(context: AssetExecutionContext, job_spec: JobSpecResource,
-                    store: ObjectStoreResource) -> MaterializeResult:
-    """Sources read, UTF-8 normalised (NFC), length-filtered and exactly deduplicated; with
-    the spec's options also PII-masked, quality-filtered and near-deduplicated (each drop
-    reason counted per source in `dropped_by_reason`)."""
-    job = job_spec.load()
-    receipt = pipeline.clean_stage(job, store.open(), progress=LogProgress(context))
-    return MaterializeResult(metadata={
-        "mix_key": receipt.mix_key,
-        "documents_kept": sum(c.kept for c in receipt.sources.values()),
-        "documents_dropped": sum(c.dropped_total for c in receipt.sources.values()),
-        "dropped_by_reason": MetadataValue.json({n: c.dropped for n, c in receipt.sources.items()}),
-        "dropped_examples": MetadataValue.json(receipt.examples),
-        "dedup_ratio": round(receipt.dedup_ratio(), 6),
-        "per_source": MetadataValue.md(_table(
-            ["source", "read", "kept", "held out", "chars kept", "dropped"],
-            [[n, c.read, c.kept, c.heldout, c.chars_kept, c.dropped or "-"]
-             for n, c in receipt.sources.items()])),
-    })
 
 
 @asset(group_name=GROUP, deps=[clean_documents], kinds={"python"})
@@ -99,14 +77,8 @@ def data_mix(context: AssetExecutionContext, job_spec: JobSpecResource,
         "mix_key": manifest.key, "manifest": MetadataValue.path(target.uri_of(f"data/{manifest.key}/manifest.json")),
         "samples": manifest.sample_index.samples, "seq_len": manifest.seq_len,
         "train_tokens": manifest.train_tokens,
-        "sources": MetadataValue.md(_table(
+        "sources": MetadataValue.md(markdown_table(
             ["source", "weight", "train tokens", "held-out tokens", "shards", "samples", "epochs"],
             [[s.name, s.weight, s.train_tokens, s.heldout_tokens, len(s.shards), s.samples, s.epochs]
              for s in manifest.sources])),
     })
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)

@@ -22,7 +22,7 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from fm_pipeline.assets.data import data_mix_job
+from fm_pipeline.assets.data import data_mix_job, data_run_config
 from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
 from fm_pipeline.assets.training.jobs import restore_drill_job, training_segment_job
 from fm_pipeline.assets.training.names import (
@@ -57,9 +57,10 @@ def submission_request(submission, store, instance) -> RunRequest | None:
     """The run `submission` asks for; None when there is nothing to run (a job at its
     target step, a drill of a job without checkpoints)."""
     if submission.kind == "data_mix":
+        spec = registered_job(store, submission.job)
         return RunRequest(run_key=submission.run_key, job_name=data_mix_job.name,
-                          run_config={"resources": {"job_spec": {"config": {
-                              "registered": submission.job}}}},
+                          run_config={**data_run_config(spec), "resources": {"job_spec": {
+                              "config": {"registered": submission.job}}}},
                           tags={TAG_JOB: submission.job, **submission.tags})
     if submission.kind == "drill":
         newest = recorded_checkpoints(instance, submission.job, limit=1)

@@ -241,6 +241,12 @@ class DataSpec(_Strict):
     mask_pii: bool = Field(default=False, description="replace e-mail and IPv4 addresses")
     checks: DataChecksSpec = Field(default_factory=DataChecksSpec,
                                    description="bands the data checks warn outside")
+    task_bytes: int = Field(default=256 << 20, gt=0,
+                            description="input bytes per cleaning task (a larger file is a "
+                                        "task of its own); how the work is split, not what it makes")
+    workers: int = Field(default=1, gt=0, le=256,
+                         description="processes the data_mix_job run fans cleaning tasks over "
+                                     "(Dagster's multiprocess executor; 1: in process)")
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSpec":

@@ -1,4 +1,5 @@
-"""The clean corpus in the store: one parquet file per source, plus the stage receipts.
+"""The clean corpus in the store: parquet parts per source (one per cleaning task), plus
+the stage receipts.
 
 A receipt is the small JSON a stage writes last; its presence means the stage finished, so
 a re-run (or the next Dagster asset) can pick up where the previous one stopped.
@@ -12,9 +13,8 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fm_pipeline.data.clean import SourceCleaning
 from fm_pipeline.data.errors import DataError
-from fm_pipeline.data.manifest import DocumentCounts, ShardEntry, clean_key
+from fm_pipeline.data.manifest import DocumentCounts, ShardEntry, clean_key, clean_receipt_key
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
 
 ROWS_PER_GROUP = 4096
@@ -27,6 +27,8 @@ class CleanReceipt(BaseModel):
     sources: dict[str, DocumentCounts]
     fingerprints: dict[str, str]
     examples: dict[str, dict[str, str]]  # source -> reason -> first dropped doc_id
+    parts: dict[str, list[str]] = {}  # source -> clean parts in order (none: one file, before tasks)
+    tasks: int = 0  # cleaning tasks it took
 
     def dedup_ratio(self, source: str | None = None) -> float:
         """Duplicates dropped / documents read (whole mix when `source` is None)."""
@@ -64,29 +66,26 @@ def write_receipt(store: ObjectStore, key: str, receipt: BaseModel) -> None:
     store.put_bytes(json.dumps(receipt.model_dump(mode="json"), indent=1).encode(), key)
 
 
-def write_clean_source(store: ObjectStore, mix_key: str, cleaned: SourceCleaning) -> int:
-    """Upload one source's kept documents as parquet; returns the bytes written."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    docs = cleaned.documents
-    table = pa.table({
-        "doc_id": pa.array([d.doc_id for d in docs], pa.string()),
-        "text": pa.array([d.text for d in docs], pa.large_string()),
-        "split": pa.array([d.split for d in docs], pa.string()).dictionary_encode(),
-    })
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", row_group_size=ROWS_PER_GROUP)
-    return store.put_bytes(buf.getvalue(), clean_key(mix_key, cleaned.name)).size
+def clean_parts(store: ObjectStore, mix_key: str, source: str) -> list[str]:
+    """The keys of a source's clean parts, in corpus order."""
+    receipt = read_receipt(store, clean_receipt_key(mix_key), CleanReceipt)
+    if receipt is None:
+        raise DataError(f"clean corpus of mix {mix_key} is missing ({store.uri_of(clean_receipt_key(mix_key))}); "
+                        "re-run clean_documents")
+    return receipt.parts.get(source) or [clean_key(mix_key, source)]
 
 
 def iter_clean_texts(
     store: ObjectStore, mix_key: str, source: str, *, split: str | None = None, batch_docs: int = 1024
 ) -> Iterator[list[str]]:
     """Batches of a source's clean document texts, in corpus order, optionally one split."""
+    for key in clean_parts(store, mix_key, source):
+        yield from _part_texts(store, key, split=split, batch_docs=batch_docs)
+
+
+def _part_texts(store: ObjectStore, key: str, *, split: str | None, batch_docs: int):
     import pyarrow.parquet as pq
 
-    key = clean_key(mix_key, source)
     missing = DataError(f"clean corpus {store.uri_of(key)} is missing; re-run clean_documents")
     local = store.local_path(key)
     if local is not None:

@@ -2,7 +2,8 @@
 
 A mix lives in the object store under `data/<mix_key>/`:
 
-    data/<key>/clean/<source>.parquet      cleaned documents (doc_id, text, split)
+    data/<key>/clean/<source>/part-00000.parquet   cleaned documents (doc_id, text, split),
+                                           one part per cleaning task
     data/<key>/clean/receipt.json          per-source cleaning counts (stage done)
     data/<key>/tokenizer.json              byte-level BPE (the `tokenizers` format)
     data/<key>/shards/<source>/<split>-00000.bin   token ids, little-endian, `dtype`
@@ -34,6 +35,8 @@ def mix_key(job) -> str:
     """Content hash (16 hex chars) of the data spec + vocab_size + seq_len of a JobSpec."""
     data = job.data.model_dump(mode="json")
     data.pop("checks", None)  # what the checks warn about, not what the mix holds
+    for option in ("task_bytes", "workers"):  # how cleaning is split and run: same result
+        data.pop(option, None)
     for option, off in _LATER_OPTIONS.items():  # off: the key mixes had before the option
         if data.get(option, off) == off:
             data.pop(option, None)

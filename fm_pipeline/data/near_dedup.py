@@ -1,20 +1,19 @@
-"""Near-duplicate removal: MinHash signatures over word n-grams, LSH bands, and a check of
-each candidate's estimated Jaccard similarity against a threshold.
+"""Near-duplicate detection: MinHash signatures over word n-grams, LSH band keys, the
+candidate pairs that share a band, and each candidate's estimated Jaccard similarity.
 
-    index = NearDuplicates(NearDedupSpec(ngram=5, bands=32, rows=4, threshold=0.7))
-    index.is_duplicate(text)    # True: a kept document is this similar; else it is kept
+    sig = MinHasher(bands * rows, seed).signature(shingles(text, ngram))
+    keys = band_keys(signatures, rows=rows, bands=range(bands))    # per document and band
+    pairs = candidate_pairs(keys, ids)                               # share >= 1 band
+    similar = pairs[agreement(sig[pairs[:, 0]], sig[pairs[:, 1]]) >= threshold]
 
 A document's shingles are its lower-cased word n-grams, each hashed to 64 bits (BLAKE2b).
 Its signature is, for each of bands x rows hash functions h(x) = (a x + b) mod 2^64 >> 32
 (multiply-shift, a odd), the minimum over its shingles. Two documents of Jaccard
 similarity s agree on one signature entry with probability s, so they share at least one
 band of `rows` entries (and become candidates) with probability 1 - (1 - s^rows)^bands;
-a candidate counts as a duplicate when the share of equal entries, an unbiased estimate of
-s, reaches `threshold`. The first document of a cluster is kept (sources in the spec's
-order, files in sorted order): deterministic.
-
-This runs inside the cleaning pass of one process (its memory: a signature per kept
-document); the file-based stages that spread it over tasks are not built yet.
+a candidate counts as similar when the share of equal entries, an unbiased estimate of
+s, reaches `threshold`. Clusters and which document of each is kept: data/dedup.py; the
+file-based stages that run this over tasks: data/clean_stages.py.
 """
 
 from __future__ import annotations
@@ -58,33 +57,43 @@ class MinHasher:
         return out.astype(np.uint32)
 
 
-class NearDuplicates:
-    """An LSH index of the documents kept so far."""
+def band_keys(signatures: np.ndarray, *, rows: int, bands: range) -> np.ndarray:
+    """One 64-bit key per document and band (FNV-1a over the band's `rows` entries): two
+    documents share a key when they agree on the whole band (a 2^-64 chance otherwise,
+    which the verification of each candidate absorbs)."""
+    keys = np.full((len(signatures), len(bands)), np.uint64(0xCBF29CE484222325), np.uint64)
+    prime = np.uint64(0x100000001B3)
+    for j, band in enumerate(bands):
+        for r in range(band * rows, (band + 1) * rows):
+            keys[:, j] ^= signatures[:, r].astype(np.uint64)
+            keys[:, j] *= prime
+    return keys
 
-    def __init__(self, spec):
-        self.spec = spec
-        self.hasher = MinHasher(spec.bands * spec.rows, spec.seed)
-        self.buckets: list[dict[bytes, int]] = [{} for _ in range(spec.bands)]
-        self.signatures: list[np.ndarray] = []
 
-    def is_duplicate(self, text: str) -> bool:
-        """Whether a kept document is near `text`; if not, `text` is kept (indexed)."""
-        sig = self.hasher.signature(shingles(text, self.spec.ngram))
-        bands = sig.reshape(self.spec.bands, self.spec.rows)
-        keys = [band.tobytes() for band in bands]
-        seen = set()
-        for bucket, key in zip(self.buckets, keys, strict=True):
-            doc = bucket.get(key)
-            if doc is None or doc in seen:
-                continue
-            seen.add(doc)
-            if float(np.mean(self.signatures[doc] == sig)) >= self.spec.threshold:
-                return True
-        doc = len(self.signatures)
-        self.signatures.append(sig)
-        for bucket, key in zip(self.buckets, keys, strict=True):
-            bucket.setdefault(key, doc)
-        return False
+def first_of_run_pairs(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """(first, other) for every document whose key row equals an earlier one's: each is
+    paired with the lowest id holding that key (a bucket joined to its first member)."""
+    n = len(ids)
+    if n < 2:
+        return np.empty((0, 2), np.int64)
+    order = np.lexsort([ids] + [keys[:, j] for j in reversed(range(keys.shape[1]))])
+    sorted_keys, sorted_ids = keys[order], ids[order]
+    starts = np.ones(n, bool)
+    starts[1:] = np.any(sorted_keys[1:] != sorted_keys[:-1], axis=1)
+    run_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    return np.stack([sorted_ids[run_start][~starts], sorted_ids[~starts]], axis=1)
+
+
+def candidate_pairs(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Pairs that share at least one band, each once, (lower id, higher id), sorted."""
+    found = [first_of_run_pairs(keys[:, j:j + 1], ids) for j in range(keys.shape[1])]
+    pairs = np.concatenate(found) if found else np.empty((0, 2), np.int64)
+    return np.unique(pairs, axis=0) if len(pairs) else pairs
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Share of equal signature entries per row: an unbiased estimate of Jaccard."""
+    return np.mean(a == b, axis=1)
 
 
 def candidate_probability(similarity: float, *, bands: int, rows: int) -> float:

@@ -17,13 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 from fm_pipeline.config import JobSpec
-from fm_pipeline.data.clean import Cleaner
+from fm_pipeline.data import clean_stages as stages
 from fm_pipeline.data.corpus import (
     CleanReceipt,
     ShardsReceipt,
     iter_clean_texts,
     read_receipt,
-    write_clean_source,
     write_receipt,
 )
 from fm_pipeline.data.errors import DataError
@@ -45,7 +44,7 @@ from fm_pipeline.data.mix import open_mix
 from fm_pipeline.data.progress import NO_PROGRESS, ProgressSink
 from fm_pipeline.data.sample_index import SOURCE_SHIFT, build_sample_index, samples_per_source
 from fm_pipeline.data.shards import ShardWriter, shard_capacity
-from fm_pipeline.data.sources import fingerprint, iter_documents, list_source_files
+from fm_pipeline.data.sources import fingerprint, list_source_files
 from fm_pipeline.data.tokenizer import encode_stream, eos_id, train_bpe
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
 
@@ -81,37 +80,34 @@ def unpublish(store: ObjectStore, key: str) -> int:
 # --- stage 1: clean documents ----------------------------------------------------------
 
 def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> CleanReceipt:
+    """Every cleaning task one after the other, in this process (clean_stages.py's order);
+    the Dagster asset fans the same tasks out over its executor's processes."""
     key = mix_key(job)
     done = read_receipt(store, clean_receipt_key(key), CleanReceipt)
     if done is not None:
         _check_fingerprints(job, done.fingerprints, key)
         return done
-    spec = job.data
-    cleaner = Cleaner(min_chars=spec.min_chars, max_chars=spec.max_chars,
-                      heldout_fraction=spec.heldout_fraction, near_dedup=spec.near_dedup,
-                      quality=spec.quality, mask_pii=spec.mask_pii)
-    counts, fingerprints, examples = {}, {}, {}
-    for source in spec.sources:
+    plan = stages.plan_clean(job, store)
+    for source in job.data.sources:
         task = f"clean {source.name}"
-        files = list_source_files(source)
-        fingerprints[source.name] = fingerprint(files)
         progress.start(task, total=None, unit="docs")
-        cleaned = cleaner.clean_source(
-            source.name, iter_documents(source, files), on_document=lambda: progress.advance(task),
-            code=source.format == "python-code",
-        )
-        c = cleaned.counts()
-        if not c.kept:
-            reasons = ", ".join(f"{r}={n} (e.g. {cleaned.examples[r]})" for r, n in c.dropped.items())
-            raise DataError(
-                f"source {source.name!r} ({source.uri}) has no usable documents: read {c.read}, "
-                f"dropped {reasons or 'none'}"
-            )
-        write_clean_source(store, key, cleaned)
-        counts[source.name], examples[source.name] = c, dict(cleaned.examples)
-        progress.finish(task, f"{c.kept} kept, {c.dropped_total} dropped {dict(c.dropped)}")
-    receipt = CleanReceipt(mix_key=key, sources=counts, fingerprints=fingerprints, examples=examples)
-    write_receipt(store, clean_receipt_key(key), receipt)
+        receipts = [stages.clean_task(job, store, plan, t, on_document=lambda: progress.advance(task))
+                    for t in plan.of_source(source.name)]
+        progress.finish(task, f"{sum(r.kept for r in receipts)} kept before dedup, "
+                              f"{len(receipts)} task(s)")
+    bands = stages.band_tasks(job)
+    if bands:
+        progress.start("near-dedup buckets", total=len(bands), unit="band groups")
+        for b in bands:
+            stages.bucket_task(job, store, plan, b)
+            progress.advance("near-dedup buckets")
+        progress.finish("near-dedup buckets")
+    progress.start("dedup", total=None)
+    dedup = stages.cluster_stage(job, store, plan)
+    for t in plan.tasks:
+        stages.filter_task(job, store, plan, t)
+    receipt = stages.finish_clean(job, store, plan)
+    progress.finish("dedup", f"removed {dedup.removed or 'nothing'} of {dedup.documents:,}")
     return receipt
 
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from fm_pipeline.data.corpus import CleanReceipt, ShardsReceipt
-from fm_pipeline.data.errors import CorruptShardError
-from fm_pipeline.data.manifest import MixManifest, TokenizerEntry, clean_key
+from fm_pipeline.data.corpus import CleanReceipt, ShardsReceipt, clean_parts
+from fm_pipeline.data.errors import CorruptShardError, DataError
+from fm_pipeline.data.manifest import MixManifest, TokenizerEntry
 from fm_pipeline.data.sample_index import split_entries
 from fm_pipeline.data.shards import decode_shard, verify_shard_bytes
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
@@ -296,8 +296,9 @@ def _parquet_rows(store: ObjectStore, key: str, source: str) -> int:
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(io.BytesIO(store.get_bytes(clean_key(key, source)))).metadata.num_rows
-    except ObjectNotFound:
+        return sum(pq.ParquetFile(io.BytesIO(store.get_bytes(part))).metadata.num_rows
+                   for part in clean_parts(store, key, source))
+    except (ObjectNotFound, DataError):
         return -1
 
 
@@ -354,7 +355,6 @@ def shard_checks(job, store: ObjectStore) -> list[CheckOutcome]:
 
 
 def mix_checks(job, store: ObjectStore) -> list[CheckOutcome]:
-    from fm_pipeline.data.errors import DataError
     from fm_pipeline.data.manifest import mix_key
     from fm_pipeline.data.mix import open_mix
 

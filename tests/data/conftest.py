@@ -47,3 +47,30 @@ def copy_mix(mix, tmp_path):
     for info in mix.store.list(f"data/{mix.key}/"):
         store.put_bytes(mix.store.get_bytes(info.key), info.key)
     return open_mix(store, mix.key)
+
+
+def clean_corpus(root, sources: dict[str, list[str]], **data):
+    """Write each source's documents as text files under `root` (one per file, in order) and
+    run the cleaning stage on them; returns (job, store, receipt)."""
+    from fm_pipeline.data.pipeline import clean_stage
+
+    specs = []
+    for name, docs in sources.items():
+        folder = root / name
+        folder.mkdir(parents=True)
+        for i, doc in enumerate(docs):
+            (folder / f"{i:05d}.txt").write_bytes(doc if isinstance(doc, bytes) else doc.encode())
+        specs.append({"name": name, "uri": str(folder), "format": "text",
+                      "weight": round(1 / len(sources), 12)})
+    if len(specs) > 1:
+        specs[-1]["weight"] = round(1 - sum(s["weight"] for s in specs[:-1]), 12)
+    job = make_job(specs, **data)
+    store = open_store(root / "store")
+    return job, store, clean_stage(job, store)
+
+
+def kept_texts(job, store, source: str, split: str | None = None) -> list[str]:
+    from fm_pipeline.data import mix_key
+    from fm_pipeline.data.corpus import iter_clean_texts
+
+    return [t for b in iter_clean_texts(store, mix_key(job), source, split=split) for t in b]

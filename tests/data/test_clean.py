@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import unicodedata
 
-from fm_pipeline.data.clean import Cleaner, normalize_text
+from fm_pipeline.data.clean import DocumentFilter, normalize_text
 from fm_pipeline.data.sources import RawDocument
+from tests.data.conftest import clean_corpus, kept_texts
 
 
 def test_normalisation_unifies_encodings_of_the_same_text():
@@ -16,48 +17,60 @@ def test_normalisation_unifies_encodings_of_the_same_text():
     assert normalize_text(b"caf\xe9 latin-1") is None
 
 
-def test_filters_and_dedup_drop_what_they_should():
-    cleaner = Cleaner(min_chars=10, max_chars=40, heldout_fraction=0.0)
-    docs = [
-        RawDocument("ok", "a perfectly fine document"),
-        RawDocument("same-after-nfc", unicodedata.normalize("NFD", "a perfectly fine document")),
-        RawDocument("crlf-copy", "a perfectly fine document\r\n"),
-        RawDocument("short", "tiny"),
-        RawDocument("long", "x" * 41),
-        RawDocument("blank", "  \n\t "),
-        RawDocument("latin1", "d\xe9j\xe0 vu, encoded wrong".encode("latin-1")),
-        RawDocument("bad-json", None, "malformed_json"),
-        RawDocument("other", "another fine document here"),
-    ]
-    out = cleaner.clean_source("s", docs)
-    assert [d.doc_id for d in out.documents] == ["ok", "other"]
-    counts = out.counts()
-    assert counts.read == 9 and counts.kept == 2
+def test_each_document_is_kept_or_dropped_with_its_reason():
+    judge = DocumentFilter(min_chars=10, max_chars=40)
+    cases = {
+        RawDocument("ok", "a perfectly fine document"): None,
+        RawDocument("short", "tiny"): "too_short",
+        RawDocument("long", "x" * 41): "too_long",
+        RawDocument("blank", "  \n\t "): "empty",
+        RawDocument("latin1", "d\xe9j\xe0 vu, encoded wrong".encode("latin-1")): "not_utf8",
+        RawDocument("surrogate", "a lone \ud800 surrogate here"): "invalid_unicode",
+        RawDocument("bad-json", None, "malformed_json"): "malformed_json",
+    }
+    assert {d.doc_id: judge.judge(d)[1] for d in cases} == {d.doc_id: r for d, r in cases.items()}
+    assert judge.judge(RawDocument("crlf", "a perfectly fine document\r\n"))[0] == \
+        "a perfectly fine document"
+
+
+def test_filters_and_dedup_drop_what_they_should(tmp_path):
+    docs = ["a perfectly fine document", unicodedata.normalize("NFD", "a perfectly fine document"),
+            "a perfectly fine document\r\n", "tiny", "x" * 41, "  \n\t ",
+            "d\xe9j\xe0 vu, encoded wrong".encode("latin-1"), "another fine document here"]
+    job, store, receipt = clean_corpus(tmp_path, {"s": docs}, min_chars=10, max_chars=40,
+                                       heldout_fraction=0.0)
+    assert kept_texts(job, store, "s") == ["a perfectly fine document", "another fine document here"]
+    counts = receipt.sources["s"]
+    assert counts.read == 8 and counts.kept == 2
     assert counts.dropped == {"duplicate": 2, "too_short": 1, "too_long": 1, "empty": 1,
-                              "not_utf8": 1, "malformed_json": 1}
-    assert out.examples["duplicate"] == "same-after-nfc"
+                              "not_utf8": 1}
+    assert receipt.examples["s"]["duplicate"] == "00001.txt"
     assert counts.chars_kept == len("a perfectly fine document") + len("another fine document here")
 
 
-def test_dedup_spans_sources():
-    cleaner = Cleaner(min_chars=1, max_chars=100, heldout_fraction=0.0)
-    cleaner.clean_source("a", [RawDocument("a1", "shared text"), RawDocument("a2", "only in a")])
-    b = cleaner.clean_source("b", [RawDocument("b1", "shared text"), RawDocument("b2", "only in b")])
-    assert [d.doc_id for d in b.documents] == ["b2"] and b.counts().dropped == {"duplicate": 1}
+def test_dedup_spans_sources(tmp_path):
+    job, store, receipt = clean_corpus(tmp_path, {"a": ["shared text", "only in a"],
+                                                  "b": ["shared text", "only in b"]},
+                                       min_chars=1, heldout_fraction=0.0)
+    assert kept_texts(job, store, "b") == ["only in b"]
+    assert receipt.sources["b"].dropped == {"duplicate": 1}
+    assert kept_texts(job, store, "a") == ["shared text", "only in a"]
 
 
-def test_heldout_split_depends_on_content_not_order():
+def test_heldout_split_depends_on_content_not_order(tmp_path):
     texts = [f"document number {i} with some words" for i in range(400)]
-    def heldout(order):
-        out = Cleaner(min_chars=1, max_chars=100, heldout_fraction=0.1).clean_source(
-            "s", [RawDocument(str(i), texts[i]) for i in order])
-        return {d.text for d in out.documents if d.split == "heldout"}
-    forward = heldout(range(400))
-    assert forward == heldout(reversed(range(400)))
+
+    def heldout(root, order):
+        job, store, _ = clean_corpus(root, {"s": [texts[i] for i in order]}, min_chars=1,
+                                     heldout_fraction=0.1)
+        return set(kept_texts(job, store, "s", "heldout"))
+    forward = heldout(tmp_path / "f", range(400))
+    assert forward == heldout(tmp_path / "r", reversed(range(400)))
     assert 20 <= len(forward) <= 60  # ~10% of 400
 
 
-def test_small_source_still_gets_one_heldout_document():
-    out = Cleaner(min_chars=1, max_chars=100, heldout_fraction=0.01).clean_source(
-        "s", [RawDocument("1", "first text"), RawDocument("2", "second text")])
-    assert sorted(d.split for d in out.documents) == ["heldout", "train"]
+def test_small_source_still_gets_one_heldout_document(tmp_path):
+    job, store, receipt = clean_corpus(tmp_path, {"s": ["first text", "second text"]},
+                                       min_chars=1, heldout_fraction=0.01)
+    assert len(kept_texts(job, store, "s", "heldout")) == 1
+    assert len(kept_texts(job, store, "s", "train")) == 1 and receipt.sources["s"].heldout == 1

@@ -9,9 +9,26 @@ import random
 import pytest
 
 from fm_pipeline.config.spec import NearDedupSpec
-from fm_pipeline.data.clean import Cleaner
-from fm_pipeline.data.near_dedup import NearDuplicates, candidate_probability, jaccard, shingles
-from fm_pipeline.data.sources import RawDocument
+import numpy as np
+
+from fm_pipeline.data.clean import text_digest
+from fm_pipeline.data.dedup import (
+    DUPLICATE,
+    KEEP,
+    NEAR_DUPLICATE,
+    components,
+    decide,
+    exact_pairs,
+)
+from fm_pipeline.data.near_dedup import (
+    MinHasher,
+    agreement,
+    band_keys,
+    candidate_pairs,
+    candidate_probability,
+    jaccard,
+    shingles,
+)
 
 SPEC = NearDedupSpec()
 VOCAB = [f"w{i}" for i in range(5000)]
@@ -45,10 +62,20 @@ def planted():
     return docs, pairs
 
 
+def removed_ids(docs: list[str], spec=SPEC) -> set[int]:
+    """Which documents the dedup decides to remove, on in-memory arrays (the stages' math)."""
+    hasher = MinHasher(spec.bands * spec.rows, spec.seed)
+    sigs = np.stack([hasher.signature(shingles(d, spec.ngram)) for d in docs])
+    ids = np.arange(len(docs), dtype=np.int64)
+    pairs = candidate_pairs(band_keys(sigs, rows=spec.rows, bands=range(spec.bands)), ids)
+    near = pairs[agreement(sigs[pairs[:, 0]], sigs[pairs[:, 1]]) >= spec.threshold]
+    digests = np.frombuffer(b"".join(text_digest(d) for d in docs), np.uint8).reshape(-1, 16)
+    return set(np.flatnonzero(decide(len(docs), exact_pairs(digests), near)).tolist())
+
+
 def test_planted_near_duplicates_are_found_and_dissimilar_ones_kept(planted):
     docs, pairs = planted
-    index = NearDuplicates(SPEC)
-    dropped = {i for i, text in enumerate(docs) if index.is_duplicate(text)}
+    dropped = removed_ids(docs)
     high = [p for p in pairs if p[2] >= 0.8]
     low = [p for p in pairs if p[2] < 0.5]
     assert len(high) > 50 and len(low) > 50  # the corpus spans both sides
@@ -56,23 +83,22 @@ def test_planted_near_duplicates_are_found_and_dissimilar_ones_kept(planted):
     assert recall >= 0.95, recall
     assert not [p for p in low if p[1] in dropped]  # no false removal below 0.5
     assert not {a for a, _, _ in pairs} & dropped  # the first of a cluster is kept
-    again = NearDuplicates(SPEC)
-    assert {i for i, text in enumerate(docs) if again.is_duplicate(text)} == dropped
+    assert removed_ids(docs) == dropped
+
+
+def test_clusters_keep_their_lowest_id_and_name_exact_copies():
+    # 0~1 and 1~2 join one cluster (0 kept) even though 0 and 2 were never paired; 4 is an
+    # exact copy of 3.
+    digests = np.zeros((5, 16), np.uint8)
+    digests[:, 0] = [1, 2, 3, 4, 4]
+    reasons = decide(5, exact_pairs(digests), np.array([[0, 1], [1, 2]], np.int64))
+    assert reasons.tolist() == [KEEP, NEAR_DUPLICATE, NEAR_DUPLICATE, KEEP, DUPLICATE]
+    assert components(4, np.array([[2, 3], [0, 3]], np.int64)).tolist() == [0, 1, 0, 0]
 
 
 def test_the_s_curve_makes_candidates_of_similar_pairs():
     assert candidate_probability(0.8, bands=SPEC.bands, rows=SPEC.rows) > 0.999
     assert candidate_probability(0.3, bands=SPEC.bands, rows=SPEC.rows) < 0.25
-
-
-def test_the_cleaner_counts_near_duplicates_as_their_own_drop_reason(planted):
-    docs, _ = planted
-    cleaner = Cleaner(min_chars=1, max_chars=10**6, heldout_fraction=0.0, near_dedup=SPEC)
-    out = cleaner.clean_source("web", (RawDocument(f"web:{i}", d) for i, d in enumerate(docs)))
-    assert out.dropped["near_duplicate"] > 100 and out.examples["near_duplicate"].startswith("web:")
-    plain = Cleaner(min_chars=1, max_chars=10**6, heldout_fraction=0.0)
-    assert "near_duplicate" not in plain.clean_source(
-        "web", (RawDocument(f"web:{i}", d) for i, d in enumerate(docs))).dropped
 
 
 def test_a_spec_without_near_dedup_keeps_its_mix_key():
@@ -89,7 +115,7 @@ def test_a_spec_without_near_dedup_keeps_its_mix_key():
 
     from fm_pipeline.data.manifest import MIX_FORMAT
 
-    later = ("near_dedup", "quality", "mask_pii", "checks")  # added after mixes were published
+    later = ("near_dedup", "quality", "mask_pii", "checks", "task_bytes", "workers")  # added after mixes were published
     old = {"format": MIX_FORMAT, "data": {k: v for k, v in job.data.model_dump(mode="json")
                                            .items() if k not in later},
            "vocab_size": job.model_cfg.vocab_size, "seq_len": job.training.seq_len}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fm_pipeline.config.spec import QualitySpec
-from fm_pipeline.data.clean import Cleaner
+from fm_pipeline.data.clean import DocumentFilter
 from fm_pipeline.data.quality import mask_pii, quality_problem
 from fm_pipeline.data.sources import RawDocument
 from fm_pipeline.data.testing import small_job
@@ -52,21 +52,23 @@ def test_pii_is_masked():
     assert mask_pii("version 1.2.3 and 999.1.1.1") == "version 1.2.3 and 999.1.1.1"
 
 
-def test_the_cleaner_names_what_it_dropped_and_never_judges_code():
-    docs = [RawDocument("a:0", PROSE), RawDocument("a:1", PROSE + " x { y }"),
-            RawDocument("a:2", "too short a text but long enough for min_chars, sure")]
-    cleaner = Cleaner(min_chars=10, max_chars=10**6, heldout_fraction=0.0, quality=SPEC,
-                      mask_pii=True)
-    out = cleaner.clean_source("prose", iter(docs))
-    assert out.dropped == {"c4_curly_brace": 1, "gopher_word_count": 1}
-    assert out.examples == {"c4_curly_brace": "a:1", "gopher_word_count": "a:2"}
-    code = Cleaner(min_chars=10, max_chars=10**6, heldout_fraction=0.0, quality=SPEC)
-    kept = code.clean_source("code", iter([RawDocument("c:0", "def f():\n    return {1: 2}")]),
-                             code=True)
-    assert kept.counts().kept == 1
-    skipped = Cleaner(min_chars=10, max_chars=10**6, heldout_fraction=0.0,
-                      quality=QualitySpec(skip_sources=["raw"]))
-    assert skipped.clean_source("raw", iter(docs[1:])).counts().kept == 2
+def test_the_cleaner_names_what_it_dropped_and_never_judges_code(tmp_path):
+    from tests.data.conftest import clean_corpus, kept_texts
+
+    short = "too short a text but long enough for min_chars, sure"
+    docs = [PROSE + " write to ada@example.org", PROSE + " x { y }", short]
+    job, store, receipt = clean_corpus(tmp_path, {"prose": docs}, min_chars=10,
+                                       heldout_fraction=0.0, quality={}, mask_pii=True)
+    assert receipt.sources["prose"].dropped == {"c4_curly_brace": 1, "gopher_word_count": 1}
+    assert receipt.examples["prose"] == {"c4_curly_brace": "00001.txt",
+                                         "gopher_word_count": "00002.txt"}
+    assert kept_texts(job, store, "prose") == [PROSE + " write to <EMAIL>"]
+    judge = DocumentFilter(min_chars=10, max_chars=10**6, quality=SPEC)
+    assert not judge.judges_quality("code", code=True)
+    code = RawDocument("c:0", "def f():\n    return {1: 2}")
+    assert judge.judge(code, quality=judge.judges_quality("code", code=True))[1] is None
+    skipping = DocumentFilter(min_chars=10, max_chars=10**6, quality=QualitySpec(skip_sources=["raw"]))
+    assert not skipping.judges_quality("raw", code=False) and skipping.judges_quality("web", code=False)
 
 
 def test_skip_sources_must_name_sources_and_the_mix_key_holds_when_off():

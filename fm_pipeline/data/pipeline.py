@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fm_pipeline.config import JobSpec
 from fm_pipeline.data import clean_stages as stages
@@ -91,7 +91,7 @@ def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO
     for source in job.data.sources:
         task = f"clean {source.name}"
         progress.start(task, total=None, unit="docs")
-        receipts = [stages.clean_task(job, store, plan, t, on_document=lambda: progress.advance(task))
+        receipts = [stages.clean_task(job, store, plan, t, on_document=lambda name=task: progress.advance(name))
                     for t in plan.of_source(source.name)]
         progress.finish(task, f"{sum(r.kept for r in receipts)} kept before dedup, "
                               f"{len(receipts)} task(s)")
@@ -240,7 +240,7 @@ def publish_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = 
         ))
     manifest = MixManifest(
         key=key,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         seq_len=job.training.seq_len, window=window, vocab_size=job.model_cfg.vocab_size,
         dtype=shards.dtype, shard_tokens=job.data.shard_tokens, seed=job.data.seed,
         tokenizer=tok, sources=entries,

@@ -87,3 +87,56 @@ def test_failing_blocking_check_stops_downstream(job_yaml, tmp_path):
     assert "1 empty" in evaluations["no_empty_shards"].description
     assert not result.asset_materializations_for_node("data_mix")  # skipped
     assert not store.exists(manifest_key(key))  # nothing published
+
+
+def data_mix_job_def():
+    """The project's data_mix_job, reconstructable in the multiprocess executor's children."""
+    from fm_pipeline.definitions import defs
+
+    return defs.resolve_job_def("data_mix_job")
+
+
+def test_cleaning_tasks_fan_out_over_two_processes(tmp_path):
+    """data.workers = 2 -> the multiprocess executor runs the cleaning tasks as separate
+    processes, two at a time, to the same clean corpus as the stages run in-process."""
+    import itertools
+
+    from dagster import AssetKey, DagsterEventType, execute_job, instance_for_test, reconstructable
+    from fm_pipeline.assets.data import data_run_config
+
+    overrides = {"data.task_bytes": 300_000, "data.workers": 2}
+    job = small_job(**overrides)
+    spec = dict(SMALL_JOB, data={**SMALL_JOB["data"], "task_bytes": 300_000, "workers": 2})
+    path = tmp_path / "tasks.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    run_config = {**data_run_config(job), "resources": {
+        "job_spec": {"config": {"path": str(path)}},
+        "store": {"config": {"uri": str(tmp_path / "store")}}}}
+    assert run_config["execution"] == {"config": {"multiprocess": {"max_concurrent": 2}}}
+    (tmp_path / "dagster").mkdir()
+    with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        result = execute_job(reconstructable(data_mix_job_def), instance=instance,
+                             run_config=run_config, asset_selection=[AssetKey("clean_documents")])
+        assert result.success
+        events = instance.all_logs(result.run_id)
+    steps = {}
+    for e in events:
+        d = e.dagster_event
+        if d is None or not (d.step_key or "").startswith("clean_documents.clean_file_group"):
+            continue
+        if d.event_type == DagsterEventType.STEP_START:
+            steps[d.step_key] = [e.timestamp, None, d.pid]
+        elif d.event_type == DagsterEventType.STEP_SUCCESS:
+            steps[d.step_key][1] = e.timestamp
+    assert len(steps) >= 4
+    assert len({pid for _, _, pid in steps.values()}) >= 2
+    spans = sorted((start, end) for start, end, _ in steps.values())
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))  # two ran at the same time
+
+    reference = open_store(tmp_path / "reference")
+    expected = pipeline.clean_stage(job, reference)
+    from fm_pipeline.data.corpus import CleanReceipt
+    from fm_pipeline.data.manifest import clean_receipt_key
+
+    got = read_receipt(open_store(tmp_path / "store"), clean_receipt_key(mix_key(job)), CleanReceipt)
+    assert got.tasks == expected.tasks >= 4 and got.sources == expected.sources

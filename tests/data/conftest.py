@@ -49,11 +49,9 @@ def copy_mix(mix, tmp_path):
     return open_mix(store, mix.key)
 
 
-def clean_corpus(root, sources: dict[str, list[str]], **data):
-    """Write each source's documents as text files under `root` (one per file, in order) and
-    run the cleaning stage on them; returns (job, store, receipt)."""
-    from fm_pipeline.data.pipeline import clean_stage
-
+def corpus_job(root, sources: dict[str, list[str]], **data):
+    """Write each source's documents as text files under `root` (one per file, in order,
+    named 00000.txt, ...); returns a small job over them."""
     specs = []
     for name, docs in sources.items():
         folder = root / name
@@ -64,7 +62,14 @@ def clean_corpus(root, sources: dict[str, list[str]], **data):
                       "weight": round(1 / len(sources), 12)})
     if len(specs) > 1:
         specs[-1]["weight"] = round(1 - sum(s["weight"] for s in specs[:-1]), 12)
-    job = make_job(specs, **data)
+    return make_job(specs, **data)
+
+
+def clean_corpus(root, sources: dict[str, list[str]], **data):
+    """corpus_job's files through the cleaning stage; returns (job, store, receipt)."""
+    from fm_pipeline.data.pipeline import clean_stage
+
+    job = corpus_job(root, sources, **data)
     store = open_store(root / "store")
     return job, store, clean_stage(job, store)
 

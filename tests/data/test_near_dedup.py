@@ -4,13 +4,10 @@ of a spec without it unchanged."""
 
 from __future__ import annotations
 
-import random
-
+import numpy as np
 import pytest
 
 from fm_pipeline.config.spec import NearDedupSpec
-import numpy as np
-
 from fm_pipeline.data.clean import text_digest
 from fm_pipeline.data.dedup import (
     DUPLICATE,
@@ -26,40 +23,17 @@ from fm_pipeline.data.near_dedup import (
     band_keys,
     candidate_pairs,
     candidate_probability,
-    jaccard,
     shingles,
 )
+from fm_pipeline.data.planted import planted_near_duplicates
 
 SPEC = NearDedupSpec()
-VOCAB = [f"w{i}" for i in range(5000)]
-
-
-def variant(words: list[str], rng: random.Random, edits: float) -> list[str]:
-    """Substitutions, insertions and a moved paragraph: the edits a mirror or template makes."""
-    out = list(words)
-    for _ in range(int(edits * len(out))):
-        i = rng.randrange(len(out))
-        if rng.random() < 0.7:
-            out[i] = rng.choice(VOCAB)
-        else:
-            out.insert(i, rng.choice(VOCAB))
-    cut = rng.randrange(len(out) // 2)
-    return out[cut:cut + 40] + out[:cut] + out[cut + 40:] if rng.random() < 0.3 else out
 
 
 @pytest.fixture(scope="module")
 def planted():
     """300 originals, each followed by one variant; the pairs' true Jaccard similarities."""
-    rng = random.Random(7)
-    docs, pairs = [], []
-    for _ in range(300):
-        base = [rng.choice(VOCAB) for _ in range(rng.randrange(150, 400))]
-        near = variant(base, rng, edits=rng.choice([0.005, 0.01, 0.02, 0.04, 0.08, 0.15]))
-        similarity = jaccard(shingles(" ".join(base), SPEC.ngram),
-                             shingles(" ".join(near), SPEC.ngram))
-        pairs.append((len(docs), len(docs) + 1, similarity))
-        docs += [" ".join(base), " ".join(near)]
-    return docs, pairs
+    return planted_near_duplicates(300, seed=7, ngram=SPEC.ngram)
 
 
 def removed_ids(docs: list[str], spec=SPEC) -> set[int]:

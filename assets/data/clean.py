@@ -11,6 +11,7 @@ pass only task numbers between them.
 """
 
 import re
+import resource
 
 from dagster import (
     DynamicOut,
@@ -30,10 +31,14 @@ from fm_pipeline.data import clean_stages as stages
 GROUP = "data"
 
 
-
-
 def _mapping_key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def _peak_rss_mb() -> float:
+    """The peak resident memory of the process running the step (KiB on Linux): per task
+    under the multiprocess executor, the whole run's under the in-process one."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 @op(out=DynamicOut(int))
@@ -53,14 +58,15 @@ def plan_cleaning_tasks(context: OpExecutionContext, job_spec: JobSpecResource,
 
 @op
 def clean_file_group(context: OpExecutionContext, job_spec: JobSpecResource,
-                     store: ObjectStoreResource, task: int) -> int:
+                     store: ObjectStoreResource, task: int):
     """Read, normalise, filter and sign one file group."""
     job, target = job_spec.load(), store.open()
     plan = stages.plan_clean(job, target)
     receipt = stages.clean_task(job, target, plan, plan.tasks[task])
     context.log.info(f"{plan.tasks[task].name}: read {receipt.read}, kept {receipt.kept}, "
                      f"dropped {receipt.dropped or 'none'}")
-    return receipt.kept
+    return Output(receipt.kept, metadata={"read": receipt.read, "kept": receipt.kept,
+                                          "peak_rss_mb": _peak_rss_mb()})
 
 
 @op(out=DynamicOut(list))
@@ -76,12 +82,12 @@ def plan_bucket_tasks(context: OpExecutionContext, job_spec: JobSpecResource,
 
 @op
 def lsh_buckets(context: OpExecutionContext, job_spec: JobSpecResource,
-                store: ObjectStoreResource, bands: list) -> int:
+                store: ObjectStoreResource, bands: list):
     """Documents that share a band, kept as a pair when their signatures agree."""
     job, target = job_spec.load(), store.open()
     pairs = stages.bucket_task(job, target, stages.plan_clean(job, target), range(*bands))
     context.log.info(f"bands {bands[0]}-{bands[1] - 1}: {pairs:,} similar pairs")
-    return pairs
+    return Output(pairs, metadata={"pairs": pairs, "peak_rss_mb": _peak_rss_mb()})
 
 
 @op(out=DynamicOut(int))
@@ -99,10 +105,11 @@ def cluster_duplicates(context: OpExecutionContext, job_spec: JobSpecResource,
 
 
 @op
-def write_clean_part(job_spec: JobSpecResource, store: ObjectStoreResource, task: int) -> int:
+def write_clean_part(job_spec: JobSpecResource, store: ObjectStoreResource, task: int):
     job, target = job_spec.load(), store.open()
     plan = stages.plan_clean(job, target)
-    return stages.filter_task(job, target, plan, plan.tasks[task]).counts.kept
+    kept = stages.filter_task(job, target, plan, plan.tasks[task]).counts.kept
+    return Output(kept, metadata={"kept": kept, "peak_rss_mb": _peak_rss_mb()})
 
 
 @op

@@ -11,7 +11,18 @@ import random
 
 from fm_pipeline.data.near_dedup import jaccard, shingles
 
-VOCAB = [f"w{i}" for i in range(5000)]
+
+def _words(n: int) -> list[str]:
+    """`n` distinct pseudo-words of three consonant-vowel syllables, letters only (text
+    normalisers that fold digits, such as datatrove's, leave them apart)."""
+    rng = random.Random(0)
+    words: dict[str, None] = {}
+    while len(words) < n:
+        words["".join(rng.choice("bcdfghjklmnprstvz") + rng.choice("aeiou") for _ in range(3))] = None
+    return list(words)
+
+
+VOCAB = _words(5000)
 EDIT_RATES = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15)  # spans similarity ~0.95 down to ~0.3
 
 

@@ -112,7 +112,7 @@ def test_cleaning_tasks_fan_out_over_two_processes(tmp_path):
     run_config = {**data_run_config(job), "resources": {
         "job_spec": {"config": {"path": str(path)}},
         "store": {"config": {"uri": str(tmp_path / "store")}}}}
-    assert run_config["execution"] == {"config": {"multiprocess": {"max_concurrent": 2}}}
+    assert run_config["execution"]["config"]["multiprocess"]["max_concurrent"] == 2
     (tmp_path / "dagster").mkdir()
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         result = execute_job(reconstructable(data_mix_job_def), instance=instance,

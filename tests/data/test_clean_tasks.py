@@ -21,7 +21,7 @@ from fm_pipeline.data.progress import ProgressSink
 from fm_pipeline.storage import open_store
 from tests.data.conftest import clean_corpus, corpus_job
 
-TASK_BYTES = 260_000  # the planted corpus (~1 MB of files) in 4 groups
+TASK_BYTES = 300_000  # the planted corpus (~1.2 MB of files) in 4 groups
 
 
 @pytest.fixture(scope="module")

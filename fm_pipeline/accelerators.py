@@ -2,7 +2,8 @@
 and the planner. On CPU the peak is not a datasheet number: it is measured by a matmul
 probe on this machine, with the thread count the workers use.
 
-Datasheet figures are dense (no 2:4 sparsity) tensor-core peaks. `matmul_efficiency` is the
+Datasheet figures are dense (no 2:4 sparsity) tensor-core peaks; FP8 (E4M3/E5M2) is twice
+BF16 on Hopper and Blackwell and absent on Ampere and CPUs. `matmul_efficiency` is the
 best bf16 matmul rate actually reached, over that peak ("maximum achievable matmul FLOPS":
 stas00/ml-engineering, compute/accelerator/README.md; for the H100 SXM also 798 TFLOP/s
 measured with a 8192^3 bf16 torch.matmul on one H100 SXM). The planner uses it as the
@@ -34,13 +35,17 @@ class Accelerator:
     dollars_per_hour: float  # indicative on-demand list price per device
     matmul_efficiency: float = 0.8  # best achieved dense matmul rate / peak
     sm_count: int = 1  # streaming multiprocessors: one GEMM tile per SM per wave
+    peak_fp8_flops: float = 0.0  # dense FP8 tensor cores (0: none, e.g. A100 and CPUs)
 
     def peak_flops(self, dtype: str) -> float:
         if dtype in ("bf16", "bfloat16", "fp16"):
             return self.peak_bf16_flops
         if dtype in ("fp32", "float32", "tf32"):
             return self.peak_fp32_flops
-        raise ValueError(f"unknown dtype {dtype!r} for peak FLOP/s; use bf16 or fp32")
+        if dtype == "fp8" and self.peak_fp8_flops:
+            return self.peak_fp8_flops
+        raise ValueError(f"unknown dtype {dtype!r} for peak FLOP/s on {self.name}; use "
+                         f"bf16, fp32{', fp8' if self.peak_fp8_flops else ''}")
 
 
 CATALOG: dict[str, Accelerator] = {
@@ -49,11 +54,17 @@ CATALOG: dict[str, Accelerator] = {
     "a100-80gb": Accelerator("a100-80gb", 312 * TFLOPS, 156 * TFLOPS, 80, 2039, 300, 25, 2.2,
                              matmul_efficiency=0.859, sm_count=108),
     "h100-sxm": Accelerator("h100-sxm", 989 * TFLOPS, 494 * TFLOPS, 80, 3350, 450, 50, 3.0,
-                            matmul_efficiency=0.803, sm_count=132),
+                            matmul_efficiency=0.803, sm_count=132,
+                            peak_fp8_flops=1979 * TFLOPS),
+    # Meta's Grand Teton H100 (96 GB HBM2e, 2.4 TB/s), where torchtitan publishes its H100
+    # benchmarks; datasheet SXM peaks, though those hosts cap the GPUs at 500 W.
+    "h100-96gb": Accelerator("h100-96gb", 989 * TFLOPS, 494 * TFLOPS, 96, 2400, 450, 50, 3.0,
+                             matmul_efficiency=0.803, sm_count=132,
+                             peak_fp8_flops=1979 * TFLOPS),
     "h200": Accelerator("h200", 989 * TFLOPS, 494 * TFLOPS, 141, 4800, 450, 50, 3.8,
-                        matmul_efficiency=0.803, sm_count=132),
+                        matmul_efficiency=0.803, sm_count=132, peak_fp8_flops=1979 * TFLOPS),
     "b200": Accelerator("b200", 2250 * TFLOPS, 1100 * TFLOPS, 180, 8000, 900, 50, 6.0,
-                        matmul_efficiency=0.776, sm_count=148),
+                        matmul_efficiency=0.776, sm_count=148, peak_fp8_flops=4500 * TFLOPS),
 }
 
 _ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "h200-sxm": "h200"}

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fm_pipeline.planner.cluster import make_cluster
+from fm_pipeline.planner.layout import Candidates
 from fm_pipeline.planner.literature import PUBLISHED_RUNS, PublishedRun
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
+from fm_pipeline.planner.step import evaluate
 
 
 @dataclass
@@ -50,13 +52,15 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
     shape = named_shape(run.model, seq_len=run.seq_len)
     cluster = make_cluster(run.gpu_type, inter_node_gbps=run.inter_node_gbps)
     fixed = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "cp": run.cp, **run.pinned}
+    batch_tokens = run.global_batch * run.seq_len
     result = search(
         shape,
         cluster,
         gpus=run.gpus,
-        global_batch_tokens=run.global_batch * run.seq_len,
+        global_batch_tokens=batch_tokens,
         top=1,
         fixed=fixed,
+        precision=run.precision,
         dp_overlap=run.dp_overlap,
         runnable_only=False,  # the published runs' own layouts (ZeRO-1, cp, uneven stages)
     )
@@ -64,7 +68,12 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         return CalibrationRow(run=run, predicted=None, layout="nothing fits", mfu=None)
     best = result.plans[0]
     m = result.metrics(best.index)
-    if run.metric == "tflops_eq3":
+    if run.metric == "fp8_speedup":
+        # The same layout in BF16, as the paper's baseline ran it.
+        bf16 = evaluate(shape, cluster, Candidates.from_layouts([best.layout]),
+                        global_batch_tokens=batch_tokens, dp_overlap=run.dp_overlap)
+        predicted = float(bf16.step_time_s[0]) / m["step_time_s"]
+    elif run.metric == "tflops_eq3":
         predicted = eq3_flops(shape, run.global_batch) / m["step_time_s"] / run.gpus / 1e12
     elif run.metric == "iteration_s":
         predicted = m["step_time_s"]
@@ -77,36 +86,76 @@ def calibrate(runs: list[PublishedRun] | None = None) -> list[CalibrationRow]:
     return [predict_run(r) for r in (runs or PUBLISHED_RUNS)]
 
 
-def summary(rows: list[CalibrationRow]) -> dict:
+def _errors(rows: list[CalibrationRow]) -> dict:
     errors = [abs(r.error) for r in rows if r.error is not None]
-    signed = [r.error for r in rows if r.error is not None]
+    if not errors:
+        return {"runs": len(rows), "predicted": 0}
     return {
         "runs": len(rows),
         "predicted": len(errors),
         "median_abs_error": statistics.median(errors),
-        "mean_signed_error": statistics.fmean(signed),
         "max_abs_error": max(errors),
+        "mean_signed_error": statistics.fmean(r.error for r in rows if r.error is not None),
         "within_15pct": sum(e <= 0.15 for e in errors),
     }
 
 
-UNITS = {"tflops_eq3": "TFLOP/s/GPU", "iteration_s": "s/iteration", "mfu": "MFU"}
+def summary(rows: list[CalibrationRow]) -> dict:
+    """Benchmark rows (tuning and validation apart) and production runs apart: the two
+    chosen constants were picked on the tuning rows, so only the rest validates them."""
+    benchmarks = [r for r in rows if not r.run.production]
+    return {
+        **_errors(benchmarks),
+        "tuning": _errors([r for r in benchmarks if r.run.tuning]),
+        "validation": _errors([r for r in benchmarks if not r.run.tuning]),
+        "production": _errors([r for r in rows if r.run.production]),
+        "fp8": _errors([r for r in benchmarks if r.run.precision.startswith("fp8")]),
+    }
+
+
+def by_source(rows: list[CalibrationRow]) -> dict[str, dict]:
+    out: dict[str, list[CalibrationRow]] = {}
+    for r in rows:
+        out.setdefault(r.run.source, []).append(r)
+    return {source: _errors(group) for source, group in out.items()}
+
+
+UNITS = {"tflops_eq3": "TFLOP/s/GPU", "iteration_s": "s/iteration", "mfu": "MFU",
+         "fp8_speedup": "FP8 / BF16 tokens/s"}
+
+
+def _role(run: PublishedRun) -> str:
+    return "production" if run.production else "tuning" if run.tuning else "validation"
 
 
 def markdown(rows: list[CalibrationRow]) -> str:
     lines = [
-        "| run | source | GPUs | tp/pp/dp/cp | metric | published | predicted | error "
-        "| planner's choice |",
-        "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | --- |",
+        ("| run | source | role | GPUs | tp/pp/dp/cp | precision | metric | published "
+         "| predicted | error | planner's choice |"),
+        "| --- | --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         run = r.run
         pred = "n/a" if r.predicted is None else f"{r.predicted:.3g}"
         err = "n/a" if r.error is None else f"{r.error:+.0%}"
         lines.append(
-            f"| {run.key} | {run.source} | {run.gpus} | {run.tp}/{run.pp}/{run.dp}/{run.cp} | "
-            f"{UNITS[run.metric]} | {run.value:.3g} | {pred} | {err} | {r.layout} |"
+            f"| {run.key} | {run.source} | {_role(run)} | {run.gpus} | "
+            f"{run.tp}/{run.pp}/{run.dp}/{run.cp} | {run.precision} | {UNITS[run.metric]} | "
+            f"{run.value:.3g} | {pred} | {err} | {r.layout} |"
         )
+    return "\n".join(lines)
+
+
+def markdown_summary(rows: list[CalibrationRow]) -> str:
+    """Per source, then tuning / validation / production / FP8: runs, median and max error."""
+    lines = ["| rows | runs | median abs error | max abs error | mean signed |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    groups = [*by_source(rows).items(),
+              *((f"**{k}**", v) for k, v in summary(rows).items() if isinstance(v, dict))]
+    for name, e in groups:
+        if e.get("predicted"):
+            lines.append(f"| {name} | {e['predicted']} | {e['median_abs_error']:.0%} | "
+                         f"{e['max_abs_error']:.0%} | {e['mean_signed_error']:+.0%} |")
     return "\n".join(lines)
 
 
@@ -120,18 +169,22 @@ def plot(rows: list[CalibrationRow], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.axhspan(1 / 1.15, 1.15, color="g", alpha=0.1, label="within 15%")
     ax.axhline(1.0, color="k", lw=0.8)
-    for source, marker in (("nar21", "o"), ("kor22", "s"), ("mtnlg22", "^"), ("llama3", "*")):
+    markers = {"nar21": "o", "kor22": "s", "mtnlg22": "^", "llama3": "*", "dgxc24": "D",
+               "titan24": "P", "titan25": "X"}
+    for source, marker in markers.items():
         pts = [
             (r.run.gpus, 1 / (1 + r.error))
             for r in rows
-            if r.error is not None and r.run.key.startswith(source)
+            if r.error is not None and r.run.key.startswith(source + "-")
         ]
+        if not pts:
+            continue
         gpus, ratio = zip(*pts, strict=True)
         ax.scatter(gpus, ratio, marker=marker, s=60 if marker == "*" else 30, label=source,
                    alpha=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs")
-    ax.set_ylabel("predicted / published step time")
+    ax.set_ylabel("predicted / published step time\n(FP8 ratio rows: published / predicted)")
     ax.set_ylim(0.5, 1.3)
     ax.set_title("Planner vs published runs (one set of constants, no per-row tuning)")
     ax.grid(alpha=0.3)
@@ -158,6 +211,8 @@ def main() -> None:
                     "rows": [
                         {
                             "key": r.run.key,
+                            "role": _role(r.run),
+                            "precision": r.run.precision,
                             "published": r.run.value,
                             "predicted": r.predicted,
                             "error": r.error,
@@ -172,7 +227,7 @@ def main() -> None:
     else:
         print(markdown(rows))
         print()
-        print(json.dumps(summary(rows)))
+        print(markdown_summary(rows))
 
 
 if __name__ == "__main__":

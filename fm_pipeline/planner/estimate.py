@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.cost import Cost, training_cost
-from fm_pipeline.planner.errors import PlanInputError, require_positive
+from fm_pipeline.planner.errors import require_positive
 from fm_pipeline.planner.layout import Candidates, Layout, check_layout
 from fm_pipeline.planner.placement import Placement, placement
+from fm_pipeline.planner.precision import check_supported, get_precision
 from fm_pipeline.planner.prediction import plan_metrics
 from fm_pipeline.planner.reliability import Reliability, TwoLevel, reliability, two_level
 from fm_pipeline.planner.runnable import model_not_runnable, not_runnable
@@ -24,7 +25,6 @@ from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import evaluate
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # default budget when none is given (Hoffmann et al. 2022)
-PRECISIONS = ("bf16", "fp32")
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Estimate:
     placement: Placement
     warnings: list[str] = field(default_factory=list)
     fast_tier: TwoLevel | None = None  # the in-memory tier's plan next to the durable one
-    precision: str = "bf16"  # compute dtype of the matmuls; MFU is against its peak
+    precision: str = "bf16"  # of the matmuls (planner.precision); MFU against BF16's peak for FP8
 
     @property
     def fits(self) -> bool:
@@ -79,10 +79,9 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
     require_positive("global_batch_tokens", global_batch_tokens, integer=True)
     if training_tokens is not None:
         require_positive("training_tokens", training_tokens)
-    if precision not in PRECISIONS:
-        raise PlanInputError(
-            "precision", f"must be one of {', '.join(PRECISIONS)}, got {precision!r}"
-        )
+    prec = get_precision(precision)
+    check_supported(prec, cluster.accelerator)
+    precision = prec.name
     check_layout(shape, layout, gpus=layout.gpus, global_batch_tokens=global_batch_tokens)
     ev = evaluate(
         shape,

@@ -23,6 +23,17 @@ Sources
 - [LLAMA3] Llama Team, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 4 (H100 80GB,
   400 Gb/s RoCE per GPU, BF16 MFU of the 405B pre-training stages); rows checked against
   P. Balaji's SC'24 slide of the same table (see docs/calibration-planner.md).
+- [DGXC24] NVIDIA DGX Cloud Benchmarking, Llama 3.1 recipes for NeMo 24.09
+  (github.com/NVIDIA/dgxc-benchmarking, llama3.1/README_8b.md, README_70b.md,
+  README_405b.md): DGX H100 (8 x H100 SXM 80GB, 8 x 400 Gb/s InfiniBand per node), seconds
+  per step of the same layout in BF16 and in FP8 (Transformer Engine, per-tensor scales),
+  weak-scaled from the smallest full-model size to the largest.
+- [TITAN24/25] torchtitan's H100 benchmarks (github.com/pytorch/torchtitan, benchmarks/
+  llama3_h100_202412_torchtitan.md Tables 1 and 3; asyncTP_llama3_h100_2025-06_torchtitan.md,
+  vanilla TP columns): tokens/s per GPU of the same layout with and without torchao Float8
+  (tensorwise; rowwise in 2025), on Grand Teton H100s (96 GB HBM2e, 2.4 TB/s, capped at
+  500 W). Compared as the FP8 / BF16 throughput ratio, which the unknown power-capped peak
+  cancels out of.
 """
 
 from __future__ import annotations
@@ -42,12 +53,25 @@ class PublishedRun:
     pp: int
     dp: int
     global_batch: int  # sequences
-    metric: str  # "tflops_eq3" (per GPU, NAR21 eq. 3), "iteration_s" or "mfu"
+    metric: str  # "tflops_eq3" (per GPU, NAR21 eq. 3), "iteration_s", "mfu" or "fp8_speedup"
     value: float
     cp: int = 1
     pinned: dict = field(default_factory=dict)  # micro_batch, virtual_stages, recompute, sharding
     dp_overlap: bool = True  # overlap of data-parallel communication with compute
     inter_node_gbps: float | None = None
+    precision: str = "bf16"  # fm_pipeline.planner.precision; "fp8_speedup" rows: the FP8 one
+
+    @property
+    def tuning(self) -> bool:
+        """The rows the two chosen constants (compute.K_HALF, ELEMENTWISE_PASSES) were
+        picked on; every other row is validation."""
+        return self.source.startswith("KOR22")
+
+    @property
+    def production(self) -> bool:
+        """A production run's throughput (data pipeline, checkpoints, evaluation included),
+        not a benchmark: reported, not held to the benchmark error bounds."""
+        return self.source.startswith("MTNLG22")
 
 
 A100_HDR = 25.0  # 200 Gb/s HDR InfiniBand per GPU on Selene / DGX A100
@@ -114,4 +138,42 @@ PUBLISHED_RUNS: list[PublishedRun] = [
                    global_batch=16 * 2**20 // seq, metric="mfu", value=mfu,
                    pinned={"micro_batch": 1}, inter_node_gbps=50.0)
       for g, cp, dp, seq, mfu in LLAMA3_TABLE_4],
+]
+
+# DGXC24 (NeMo 24.09, DGX H100, seq 8192, micro-batch 1): model, tp, pp, cp, virtual stages,
+# sequences per GPU-count step as (GPUs, batch), seconds per step in BF16 and in FP8.
+DGXC24 = [
+    ("llama3-8b", 1, 1, 2, 1, [(8, 128, 12.91, 9.67), (128, 2048, 13.10, 9.82)]),
+    ("llama3-70b", 4, 4, 2, 5, [(64, 128, 14.72, 11.01), (2048, 4096, 14.98, 11.39)]),
+    ("llama3-405b", 8, 9, 2, 7, [(576, 252, 17.20, 11.24), (2304, 1008, 17.62, 12.35)]),
+]
+# TITAN24/25 (seq 8192, torch.compile): key, model, GPUs, tp, sequences per data-parallel
+# rank (one micro-batch), full recomputation or not, recipe, FP8 over BF16 tokens/s. The 8B
+# rows use torchtitan's per-op selective checkpointing (every other matmul output kept),
+# which the cost model does not have: its search picks the recomputation for them.
+TITAN_FP8 = [
+    ("titan24-8b-8", "llama3-8b", 8, 1, 2, False, "fp8-tensorwise", 8532 / 6667),
+    ("titan24-8b-128", "llama3-8b", 128, 1, 2, False, "fp8-tensorwise", 8380 / 6514),
+    ("titan25-70b-256", "llama3-70b", 256, 8, 16, True, "fp8-tensorwise", 809.8 / 597.3),
+    ("titan25-70b-256-rowwise", "llama3-70b", 256, 8, 16, True, "fp8-rowwise", 599.6 / 597.3),
+    ("titan25-8b-64", "llama3-8b", 64, 8, 12, False, "fp8-tensorwise", 5078.1 / 4378),
+    ("titan25-8b-64-rowwise", "llama3-8b", 64, 8, 12, False, "fp8-rowwise", 3708.5 / 4378),
+]
+
+PUBLISHED_RUNS += [
+    *[PublishedRun(key=f"dgxc24-{m.split('-')[1]}-{g}-{prec}", source="DGXC24 (NeMo 24.09)",
+                   model=m, seq_len=8192, gpu_type="h100-sxm", gpus=g, tp=tp, pp=pp,
+                   dp=g // (tp * pp * cp), cp=cp, global_batch=b, metric="iteration_s",
+                   value=secs, pinned={"micro_batch": 1, "virtual_stages": v},
+                   inter_node_gbps=50.0, precision=prec)
+      for m, tp, pp, cp, v, sizes in DGXC24
+      for g, b, bf16_s, fp8_s in sizes
+      for prec, secs in (("bf16", bf16_s), ("fp8-tensorwise", fp8_s))],
+    *[PublishedRun(key=key, source="TITAN24/25 (torchtitan)", model=m, seq_len=8192,
+                   gpu_type="h100-96gb", gpus=g, tp=tp, pp=1, dp=g // tp,
+                   global_batch=g // tp * local, metric="fp8_speedup", value=ratio,
+                   pinned={"micro_batch": local, "sharding": "fsdp",
+                           **({"recompute": "full"} if full_ac else {})},
+                   inter_node_gbps=50.0, precision=prec)
+      for key, m, g, tp, local, full_ac, prec, ratio in TITAN_FP8],
 ]

@@ -32,6 +32,10 @@ parallelism 1, Megatron-Core's default), their state sharded over the shard grou
 ranks that hold the same experts. An MoE layer keeps, per token, its shared experts'
 SwiGLU activations and, for each of its top-k copies (times the busiest rank's imbalance),
 the dispatched input, the expert's SwiGLU activations and its output before the combine.
+
+FP8 (fm_pipeline.planner.precision) keeps the linear layers' inputs as their 1-byte casts;
+model state as BF16 training keeps it (FP8 primary weights and their transposes take the
+BF16 weights' 2 bytes).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fm_pipeline.planner.layout import RECOMPUTE, SCHEDULES, SHARDING, Candidates
+from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.shape import ModelShape
 
 GIB = 1024**3
@@ -74,16 +79,26 @@ class LayerActivations:
     layer_input: np.ndarray  # what full recomputation keeps
 
 
-def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int) -> LayerActivations:
+def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
+                      fp8_inputs: bool = False) -> LayerActivations:
+    """`fp8_inputs`: the linear layers' inputs are kept as their FP8 casts for the
+    backward (1 byte instead of 2), as Transformer Engine and torchao's compiled casts do."""
     unit = dtype_bytes / 2  # Korthikanti's counts are in 16-bit elements x 2 bytes
+    saved = 1 if fp8_inputs else 2  # bytes of a kept linear-layer input, per element
     sb = c.micro_batch * shape.seq_len / c.cp
     h, kv, f = shape.hidden, shape.kv_dim, shape.ffn
     norms = 2 * 2 * h
-    attn = 2 * h + 2 * h + 2 * kv + 2 * kv + 2 * h  # QKV input, Q, K, V, projection input
-    mlp = 2 * h + (8 * f if shape.mlp == "swiglu" else 4 * f)
+    # QKV input, Q, K, V, projection input
+    attn = saved * h + 2 * h + 2 * kv + 2 * kv + saved * h
+
+    def swiglu(width):  # gate, up and SiLU outputs, and their product (the down input)
+        return 6 * width + saved * width
+
+    mlp = saved * h + (swiglu(f) if shape.mlp == "swiglu" else 2 * f + saved * f)
     if shape.experts:
-        routed = shape.top_k * shape.expert_imbalance * (2 * h + 8 * shape.expert_ffn + 2 * h)
-        moe = 2 * h + 8 * shape.shared_experts * shape.expert_ffn + routed
+        ef = shape.expert_ffn
+        routed = shape.top_k * shape.expert_imbalance * (saved * h + swiglu(ef) + 2 * h)
+        moe = 2 * h + shape.shared_experts * swiglu(ef) + routed
         mlp = (1 - shape.moe_fraction) * mlp + shape.moe_fraction * moe
     masks = 2 * h if shape.dropout else 0  # one byte each, after attention and after the MLP
     linear = sb * ((norms + attn + mlp) * unit + masks) / c.tp
@@ -109,6 +124,7 @@ class MemoryArrays:
     stage_params: np.ndarray  # parameters on the fuller stage's GPU (experts included)
     layers_per_rank: np.ndarray
     stage_expert_params: np.ndarray  # the routed experts among them (split by ep)
+    stage_linear_params: np.ndarray  # the blocks' linear-layer weights among them
 
     @property
     def fits(self) -> np.ndarray:
@@ -124,8 +140,9 @@ def stage_layers(shape: ModelShape, c: Candidates) -> np.ndarray:
 def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int,
                    capacity_gib: float, precision: str = "bf16",
                    on_cpu: bool = False) -> MemoryArrays:
-    dtype_bytes = 4 if precision == "fp32" else 2
-    state = StateBytes.for_precision(precision)
+    prec = get_precision(precision)
+    dtype_bytes = prec.act_bytes
+    state = StateBytes.for_precision(prec.compute_dtype)
     p = shape.params()
     layer_params = (p.per_layer - p.per_layer_norms) / c.tp + p.per_layer_norms
     layers = stage_layers(shape, c)
@@ -157,7 +174,7 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
         routed = sharded(experts, expert_shard)
         return tuple(a + b for a, b in zip(dense, routed, strict=True))
 
-    acts = layer_activations(shape, c, dtype_bytes=dtype_bytes)
+    acts = layer_activations(shape, c, dtype_bytes=dtype_bytes, fp8_inputs=prec.fp8)
     everything = acts.linear + acts.core
     stored = np.select(
         [c.recompute == NONE, c.recompute == SELECTIVE, c.recompute == HALF],
@@ -171,6 +188,7 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
         fsdp_resharding, 2 * (layer_params + moe_layer_experts) * (state.weights + state.grads),
         0.0
     )
+    stage_linear = layers * ((p.per_layer - p.per_layer_norms) / c.tp + expert_layer)
 
     m = global_batch_tokens // shape.seq_len // (c.dp * c.micro_batch)
     pp = c.pp.astype(np.float64)
@@ -205,4 +223,5 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
         stage_params=np.where(use_first, first_params, last_params),
         layers_per_rank=layers,
         stage_expert_params=experts,
+        stage_linear_params=stage_linear,
     )

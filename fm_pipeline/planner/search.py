@@ -38,6 +38,7 @@ from fm_pipeline.planner.layout import (
     Layout,
     valid_mask,
 )
+from fm_pipeline.planner.precision import check_supported, get_precision
 from fm_pipeline.planner.runnable import not_runnable, runnable_mask
 from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import Evaluation, evaluate
@@ -184,6 +185,9 @@ def search(
             "global_batch_tokens",
             f"{global_batch_tokens} is not a whole number of sequences of {shape.seq_len} tokens",
         )
+    prec = get_precision(precision)
+    check_supported(prec, cluster.accelerator)
+    precision = prec.name
     start = time.perf_counter()
     c = enumerate_candidates(shape, gpus=gpus, global_batch_tokens=global_batch_tokens, fixed=fixed)
     ev = evaluate(

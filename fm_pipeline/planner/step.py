@@ -24,6 +24,12 @@ step, like ZeRO-1. With overlap (modern Megatron,
 torchtitan) only what exceeds the backward (or forward) compute it hides behind is exposed,
 and never less than the last layer's bucket.
 
+FP8 (fm_pipeline.planner.precision): the blocks' GEMMs and their casts are in the layer
+times; weights are gathered in FP8 where the recipe does (tensorwise); a weight-cast pass
+runs every micro-batch under FSDP (torchao) and once per step otherwise (Transformer
+Engine's cached FP8 weights, charged with the optimizer step). MFU and HFU stay against the
+BF16 peak.
+
 Expert parallelism: per MoE layer and micro-batch, the rank's top-k token copies are
 dispatched and combined all-to-all over the ep group forward, and again backward (and once
 more per recomputed forward); exposed, as in torchtitan and Megatron-Core without their
@@ -58,6 +64,7 @@ from fm_pipeline.planner.memory import (
     MemoryArrays,
     memory_per_gpu,
 )
+from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.shape import ModelShape
 
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (torchtitan's reduce_dtype, Megatron's default)
@@ -109,7 +116,8 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
              precision: str = "bf16", dp_overlap: bool = True) -> Evaluation:
     acc = cluster.accelerator
     on_cpu = acc.name.startswith("cpu")
-    dtype_bytes = 4 if precision == "fp32" else 2
+    prec = get_precision(precision)
+    dtype_bytes = prec.act_bytes
     mem = memory_per_gpu(shape, c, global_batch_tokens=global_batch_tokens,
                          capacity_gib=acc.memory_gib, precision=precision, on_cpu=on_cpu)
     lt = layer_times(shape, acc, c, precision=precision)
@@ -123,6 +131,10 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     fwd_window = layers * lt.fwd
     bwd_window = layers * (lt.bwd + recompute)
     compute_mb = fwd_window + bwd_window + lt.head_fwd + lt.head_bwd
+    # FP8 weight casts: torchao casts the gathered weights every micro-batch under FSDP;
+    # Transformer Engine caches them and casts once per step (see `weight_cast_s` below).
+    weight_casts = layers * lt.weight_cast
+    compute_mb = compute_mb + np.where(c.sharding == FSDP, weight_casts, 0.0)
 
     # Tensor parallel: 4 ring passes of the gathered activation per layer and direction.
     tokens = c.micro_batch * shape.seq_len / c.cp
@@ -151,11 +163,16 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     ep_link = group_link(cluster, c.ep, ep_stride)
     ep_mb = np.zeros(len(c))
     if shape.experts:
-        routed_bytes = tokens / c.tp * shape.top_k * shape.expert_imbalance * shape.hidden
+        routed = tokens / c.tp * shape.top_k * shape.expert_imbalance * shape.hidden
         per_node = np.clip(cluster.gpus_per_node // ep_stride, 1, c.ep)
-        a2a = all_to_all_time(routed_bytes * dtype_bytes, c.ep, ep_link, per_node=per_node,
-                              intra_gbps=cluster.intra_node_gbps)
-        ep_mb = shape.moe_fraction * layers * a2a * (4 + 2 * redone)
+
+        def a2a(elem_bytes):
+            return all_to_all_time(routed * elem_bytes, c.ep, ep_link, per_node=per_node,
+                                   intra_gbps=cluster.intra_node_gbps)
+        # Forward dispatch (FP8 under DeepSeek-V3's recipe) and combine, again for each
+        # recomputed forward; backward, the gradients both ways in BF16.
+        dispatch, combine = a2a(prec.dispatch_bytes), a2a(dtype_bytes)
+        ep_mb = shape.moe_fraction * layers * ((1 + redone) * (dispatch + combine) + 2 * combine)
 
     t_micro = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
     bubble_slots = np.where(c.schedule == GPIPE, pp - 1, (pp - 1) / v)
@@ -173,6 +190,9 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     replica_link = group_link(cluster, replicas, c.tp * c.cp * c.pp * c.dp_shard)
     params = mem.stage_params
     experts = mem.stage_expert_params
+    # Weights gathered for compute: the blocks' linear layers in FP8 where the recipe does.
+    linear_dense = mem.stage_linear_params - experts
+    gather_dense = linear_dense * prec.gather_bytes + (params - experts - linear_dense) * dtype_bytes
     # One collective per layer (FSDP units, gradient buckets): latency is paid per layer.
     # Dense weights over the shard group; an MoE model's routed experts over the shard
     # group / ep ranks that hold the same ones (stride ep further out).
@@ -184,8 +204,8 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     rs_grads = (ring_pass_time(dense * GRAD_REDUCE_BYTES, shard_size, shard_link, calls=layers)
                 + ring_pass_time(expert * GRAD_REDUCE_BYTES, expert_shard, expert_link,
                                  calls=layers))
-    ag_weights = (ring_pass_time(dense * dtype_bytes, shard_size, shard_link, calls=layers)
-                  + ring_pass_time(expert * dtype_bytes, expert_shard, expert_link,
+    ag_weights = (ring_pass_time(gather_dense, shard_size, shard_link, calls=layers)
+                  + ring_pass_time(expert * prec.gather_bytes, expert_shard, expert_link,
                                    calls=layers))
     shard_grads = (dense / shard_size + expert / expert_shard) * GRAD_REDUCE_BYTES
     across_replicas = all_reduce_time(shard_grads, replicas, replica_link, calls=layers)
@@ -220,11 +240,12 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
                                 dense / shard_size + expert / expert_shard)
     hbm = acc.memory_bw_gbps * 1e9 * MEMORY_BW_EFFICIENCY
     optimizer_s = optimizer_params * OPTIMIZER_BYTES_PER_PARAM / hbm
+    optimizer_s = optimizer_s + np.where(c.sharding == FSDP, 0.0, weight_casts)
 
     step = pipeline_s + dp_s + optimizer_s
     tokens_per_step = global_batch_tokens
     gpus = group.astype(np.float64)
-    peak = acc.peak_flops(precision)
+    peak = acc.peak_flops(prec.compute_dtype)  # FP8 runs quote MFU against BF16's peak
     model_flops = float(shape.model_flops_per_token()) * tokens_per_step
     attn_fwd_per_token = 4.0 * shape.layers * shape.hidden * shape.seq_len
     layer_fwd_per_token = 2.0 * shape.layers * shape.layer_matmul_weights() + attn_fwd_per_token

@@ -20,14 +20,41 @@ def test_every_published_configuration_fits_and_is_predicted(rows):
 
 def test_errors_stay_within_the_documented_bounds(rows):
     s = summary(rows)
-    assert s["median_abs_error"] < 0.15
+    assert s["median_abs_error"] < 0.12
+    assert s["validation"]["median_abs_error"] < 0.12  # rows no constant was chosen on
     by_source = {}
     for r in rows:
         by_source.setdefault(r.run.key.split("-")[0], []).append(abs(r.error))
     assert max(by_source["kor22"]) < 0.15  # controlled benchmarks, every knob published
-    assert max(by_source["llama3"]) < 0.15
+    assert max(by_source["llama3"]) < 0.10
     assert max(by_source["nar21"]) < 0.25
-    assert min(by_source["mtnlg22"]) > 0.3  # the production run is slower than any benchmark
+    assert max(by_source["dgxc24"]) < 0.20  # H100, BF16 and FP8, up to 2,304 GPUs
+    # A production run (data, checkpoints, evaluation) is slower than any benchmark; an
+    # upper bound only, so that a better model can only tighten it.
+    assert max(by_source["mtnlg22"]) < 0.50
+
+
+def test_fp8_is_calibrated_on_published_fp8_runs(rows):
+    fp8 = [r for r in rows if r.run.precision.startswith("fp8")]
+    assert len(fp8) >= 10
+    tensorwise = [r for r in fp8 if r.run.precision == "fp8-tensorwise"]
+    assert max(abs(r.error) for r in tensorwise) < 0.20
+    # torchtitan's FP8 / BF16 throughput ratios on the same layouts.
+    ratios = [r for r in tensorwise if r.run.metric == "fp8_speedup"]
+    assert len(ratios) == 4 and max(abs(r.error) for r in ratios) < 0.08
+    # Rowwise is over-predicted on H100 (torchtitan's own note: its rowwise TP baseline is
+    # slow, pytorch/torchtitan#1207); bounded, documented, never required to stay wrong.
+    assert all(abs(r.error) < 0.35 for r in fp8 if r.run.precision == "fp8-rowwise")
+
+
+def test_fp8_speedup_matches_every_published_bf16_fp8_pair(rows):
+    predicted = {r.run.key: r.predicted for r in rows if r.run.key.startswith("dgxc24-")}
+    published = {r.run.key: r.run.value for r in rows if r.run.key.startswith("dgxc24-")}
+    pairs = [(k, k.replace("-bf16", "-fp8-tensorwise")) for k in predicted if k.endswith("-bf16")]
+    assert len(pairs) == 6
+    for bf16, fp8 in pairs:
+        ours, theirs = predicted[bf16] / predicted[fp8], published[bf16] / published[fp8]
+        assert ours > 1.2 and abs(ours / theirs - 1) < 0.25, (bf16, ours, theirs)
 
 
 def test_strong_scaling_trend_matches_the_paper(rows):

@@ -50,4 +50,12 @@ def test_bad_budgets_name_the_flag():
     with pytest.raises(PlanInputError, match="training_tokens"):
         estimate(SHAPE, H100, Layout(dp=1), global_batch_tokens=8192, training_tokens=-5)
     with pytest.raises(PlanInputError, match="precision"):
-        estimate(SHAPE, H100, Layout(dp=1), global_batch_tokens=8192, precision="fp8")
+        estimate(SHAPE, H100, Layout(dp=1), global_batch_tokens=8192, precision="fp4")
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_naming_both():
+    with pytest.raises(PlanInputError) as e:
+        estimate(SHAPE, make_cluster("a100"), Layout(dp=1), global_batch_tokens=8192,
+                 precision="fp8")
+    assert e.value.flag == "--precision"
+    assert "fp8-tensorwise" in str(e.value) and "a100-80gb" in str(e.value)

@@ -1,12 +1,14 @@
-"""Planner search speed: every layout of a dense 1T model on 16,384 H100s in under a second.
+"""Planner search speed: every runnable layout of a dense 1T model on 16,384 H100s in FP8
+in at most 0.1 s.
 
     python -m benchmarks.planner
 
-Target: `fm plan search` for 1T parameters on 16,384 GPUs in < 1 s (issue 6). The search is
-timed end to end (enumerate, evaluate, rank, explain): the median of 5, with the spread.
-Baseline, measured in the same run: the same cost model called one layout at a time (what
-a per-candidate Python loop would do), timed on a sample and extrapolated to every
-candidate. Last stdout line: JSON.
+Target (issue 18): `fm plan search` for 1T parameters on 16,384 GPUs with FP8 and the full
+runnable space in <= 0.1 s. The search is timed end to end (enumerate, evaluate, rank,
+explain): the median of 5, with the spread; the BF16 search is timed in the same rounds,
+interleaved with it. Baseline, measured in the same run: the same cost model called one
+layout at a time (what a per-candidate Python loop would do), timed on a sample and
+extrapolated to every candidate. Last stdout line: JSON.
 """
 
 from __future__ import annotations
@@ -24,36 +26,45 @@ from fm_pipeline.planner.step import evaluate
 
 GPUS = 16384
 BATCH_TOKENS = 16 * 2**20
-TARGET_S = 1.0
+TARGET_S = 0.1
 REPEATS = 5
 BASELINE_SAMPLE = 200
+PRECISION = "fp8-tensorwise"
 
 
 def main() -> None:
     shape = named_shape("dense-1t", seq_len=8192)
     cluster = make_cluster("h100")
-    search(shape, cluster, gpus=GPUS, global_batch_tokens=BATCH_TOKENS)  # warm numpy paths
+    for precision in (PRECISION, "bf16"):  # warm numpy paths
+        search(shape, cluster, gpus=GPUS, global_batch_tokens=BATCH_TOKENS, precision=precision)
 
-    times = []
+    times: dict[str, list[float]] = {PRECISION: [], "bf16": []}
+    results = {}
     for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        result = search(shape, cluster, gpus=GPUS, global_batch_tokens=BATCH_TOKENS, top=5)
-        times.append(time.perf_counter() - t0)
-    search_s = statistics.median(times)
+        for precision in times:
+            t0 = time.perf_counter()
+            results[precision] = search(shape, cluster, gpus=GPUS,
+                                        global_batch_tokens=BATCH_TOKENS, top=5,
+                                        precision=precision)
+            times[precision].append(time.perf_counter() - t0)
+    search_s = statistics.median(times[PRECISION])
+    result = results[PRECISION]
 
     candidates = enumerate_candidates(shape, gpus=GPUS, global_batch_tokens=BATCH_TOKENS)
     sample = np.random.default_rng(0).choice(len(candidates), BASELINE_SAMPLE, replace=False)
     t0 = time.perf_counter()
     for i in sample:
-        evaluate(shape, cluster, candidates.take([i]), global_batch_tokens=BATCH_TOKENS)
+        evaluate(shape, cluster, candidates.take([i]), global_batch_tokens=BATCH_TOKENS,
+                 precision=PRECISION)
     per_candidate = (time.perf_counter() - t0) / BASELINE_SAMPLE
     baseline_s = per_candidate * len(candidates)
 
     best = result.plans[0]
     m = result.metrics(best.index)
-    print(f"1T dense on {GPUS} H100: {result.evaluated} layouts evaluated, {result.fitting} fit; "
-          f"search {search_s:.3f} s (median; best {min(times):.3f} s), one-at-a-time "
-          f"baseline {baseline_s:.1f} s")
+    print(f"1T dense on {GPUS} H100 in {PRECISION}: {result.evaluated} layouts evaluated, "
+          f"{result.fitting} fit; search {search_s:.3f} s (median; best "
+          f"{min(times[PRECISION]):.3f} s; bf16 {statistics.median(times['bf16']):.3f} s), "
+          f"one-at-a-time baseline {baseline_s:.1f} s")
     print(f"best: {best.layout.describe()}  MFU {m['mfu']:.1%}  step {m['step_time_s']:.2f} s")
     print(json.dumps({
         "benchmark": "planner_search",
@@ -61,14 +72,17 @@ def main() -> None:
         "params": shape.params().total,
         "gpus": GPUS,
         "gpu_type": cluster.accelerator.name,
+        "precision": PRECISION,
         "search_s": round(search_s, 4),
-        "search_best_s": round(min(times), 4),
-        "search_spread_s": round(max(times) - min(times), 4),
+        "search_best_s": round(min(times[PRECISION]), 4),
+        "search_spread_s": round(max(times[PRECISION]) - min(times[PRECISION]), 4),
+        "bf16_search_s": round(statistics.median(times["bf16"]), 4),
+        "bf16_search_spread_s": round(max(times["bf16"]) - min(times["bf16"]), 4),
         "repeats": REPEATS,
         "candidates_evaluated": result.evaluated,
         "candidates_fitting": result.fitting,
         "target_s": TARGET_S,
-        "meets_target": search_s < TARGET_S,
+        "meets_target": search_s <= TARGET_S,
         "baseline_one_at_a_time_s": round(baseline_s, 2),
         "speedup_vs_baseline": round(baseline_s / search_s, 1),
         "best_layout": best.layout.describe(),

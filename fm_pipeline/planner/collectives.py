@@ -21,7 +21,7 @@ Everything is vectorized over numpy arrays of group sizes and strides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -59,7 +59,27 @@ def span_level(cluster: ClusterConfig, span: np.ndarray) -> np.ndarray:
 
 def group_link(cluster: ClusterConfig, size, stride, *, span=None, per_node=None) -> Link:
     """The link of groups of `size` ranks every `stride` ranks. A group that is not one
-    strided run (data parallel x context parallel) passes its `span` and `per_node`."""
+    strided run (data parallel x context parallel) passes its `span` and `per_node`.
+
+    Thirty thousand candidate layouts have a few hundred distinct groups: each distinct
+    (size, stride, span, per_node) is worked out once and the answers spread back."""
+    size, stride = np.asarray(size, dtype=np.float64), np.asarray(stride, dtype=np.float64)
+    columns = np.broadcast_arrays(size, stride, size * stride if span is None else span,
+                                  -1.0 if per_node is None else per_node)
+    if columns[0].ndim != 1 or len(columns[0]) < 64:
+        return _group_link(cluster, size, stride, span=span, per_node=per_node)
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:  # one integer per distinct row (a 1-D unique per column is cheap)
+        values, index = np.unique(column, return_inverse=True)
+        code = code * len(values) + index.reshape(-1)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    size, stride, span_, per_node_ = (column[first] for column in columns)
+    link = _group_link(cluster, size, stride, span=span_,
+                       per_node=None if per_node is None else per_node_)
+    return Link(**{f.name: getattr(link, f.name)[inverse.reshape(-1)] for f in fields(Link)})
+
+
+def _group_link(cluster: ClusterConfig, size, stride, *, span=None, per_node=None) -> Link:
     size = np.asarray(size, dtype=np.float64)
     stride = np.asarray(stride, dtype=np.float64)
     gpn = cluster.gpus_per_node

@@ -92,6 +92,14 @@ def _ep_degrees(shape: ModelShape) -> list[int]:
     return [2**i for i in range(int(math.log2(MAX_EP)) + 1) if shape.experts % 2**i == 0]
 
 
+def _product(axes: list) -> np.ndarray:
+    """The cartesian product of `axes` as rows (itertools.product's order), built in numpy:
+    a Python list of 100k tuples would cost more than evaluating them."""
+    values = [np.asarray(a, dtype=np.int64) for a in axes]
+    index = np.indices([len(v) for v in values]).reshape(len(values), -1)
+    return np.stack([v[i] for v, i in zip(values, index, strict=True)], axis=1)
+
+
 def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: int,
                          fixed: dict | None = None) -> Candidates:
     fixed = dict(fixed or {})
@@ -131,20 +139,16 @@ def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: i
     shard_groups = (
         [0] if "sharding" in fixed and fixed["sharding"] == "ddp" else [0, *HSDP_SHARD_GROUPS]
     )
-    grid = np.array(
-        list(
-            itertools.product(
-                range(len(triples)),
-                options("micro_batch", MICRO_BATCHES),
-                options("virtual_stages", VIRTUAL_STAGES),
-                recompute,
-                sharding,
-                shard_groups,
-                options("ep", _ep_degrees(shape)),
-            )
-        ),
-        dtype=np.int64,
-    )
+    axes = [
+        np.arange(len(triples)),
+        options("micro_batch", MICRO_BATCHES),
+        options("virtual_stages", VIRTUAL_STAGES),
+        recompute,
+        sharding,
+        shard_groups,
+        options("ep", _ep_degrees(shape)),
+    ]
+    grid = _product(axes)
     t = np.array(triples, dtype=np.int64)[grid[:, 0]]
     dp, v, s, group = t[:, 3], grid[:, 2], grid[:, 4], grid[:, 5]
     ddp = s == SHARDING.index("ddp")
@@ -198,7 +202,8 @@ def search(
         precision=precision,
         dp_overlap=dp_overlap,
     )
-    space = runnable_mask(shape, c) if runnable_only else np.ones(len(c), dtype=bool)
+    space = (runnable_mask(shape, c, precision=precision) if runnable_only
+             else np.ones(len(c), dtype=bool))
     fits = np.flatnonzero(ev.fits & space)
     order = _ranked(ev, fits)[:top]
     from fm_pipeline.planner.explain import reasons_for
@@ -217,7 +222,7 @@ def search(
         outside = outside[ev.tokens_per_s[outside] > ev.tokens_per_s[order[0]]]
     elsewhere = [
         RankedPlan(rank=r + 1, layout=c.layout(i), index=i,
-                   reasons=not_runnable(shape, c.layout(i)))
+                   reasons=not_runnable(shape, c.layout(i), precision=precision))
         for r, i in enumerate(_distinct_degrees(c, _ranked(ev, outside), not_runnable_top))
     ]
     return SearchResult(

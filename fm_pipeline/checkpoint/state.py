@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -56,6 +57,28 @@ def _own(sd: dict, keys, what: str) -> dict:
     return {k: sd[k] for k in keys}
 
 
+def _unwrapped(value):
+    """A parameter whose shard is a wrapper subclass over one plain tensor (torchao's FP8
+    weights under FSDP2 wrap their bf16/fp32 data to cast it before the all-gather) as a
+    DTensor over that plain tensor, sharing its storage: wrappers own no storage, so DCP's
+    stager would copy uninitialised bytes, and an in-place load would miss the data."""
+    if not isinstance(value, DTensor):
+        return value
+    local = value._local_tensor
+    if not is_traceable_wrapper_subclass(local):
+        return value
+    inner, _ = local.__tensor_flatten__()
+    if len(inner) != 1:
+        return value
+    with torch.no_grad():
+        return DTensor.from_local(getattr(local, inner[0]), value.device_mesh, value.placements,
+                                  run_check=False, shape=value.shape, stride=value.stride())
+
+
+def _model_state_dict(m: nn.Module) -> dict:
+    return {k: _unwrapped(v) for k, v in get_model_state_dict(m).items()}
+
+
 def _same_storage(a, b) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
@@ -71,11 +94,11 @@ class ModelState(Stateful):
         self.model_parts = _as_list(model_parts)
 
     def state_dict(self) -> dict:
-        return _merge([get_model_state_dict(m) for m in self.model_parts], "model")
+        return _merge([_model_state_dict(m) for m in self.model_parts], "model")
 
     def load_state_dict(self, state_dict: dict) -> None:
         for m in self.model_parts:
-            own = get_model_state_dict(m)
+            own = _model_state_dict(m)
             theirs = _own(state_dict, own.keys(), "model")
             # dcp.load fills the tensors state_dict() returned, i.e. the parameters
             # themselves; copying each onto itself again would only cost a memcpy.

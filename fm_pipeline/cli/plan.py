@@ -184,7 +184,9 @@ SHARED_OPTIONS: dict[str, object] = {
         help="MoE: busiest ep rank's routed tokens / the mean (default 1.1, assumed; the "
              "trainer's router stats measure it)")],
     "global_batch_tokens": Int, "training_tokens": Float, "gpus": Int, "gpu_type": Str,
-    "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(help="bf16|fp32")],
+    "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(
+        help="bf16 | fp32 | fp8 (= fp8-tensorwise) | fp8-rowwise | fp8-blockwise; FP8 runs "
+             "the blocks' linear layers in FP8 (H100, H200, B200), MFU against bf16's peak")],
     **{flag: Float if flag.endswith(("gbps", "subscription", "hour", "per_day")) else Int
        for flag in CLUSTER_FLAGS if flag != "gpus_per_node"},
     "as_json": Json,

@@ -12,10 +12,12 @@ from fm_pipeline.config.spec import (
     ResilienceSpec,
     SourceSpec,
     TrainingSpec,
+    compute_dtype,
+    fp8_recipe,
 )
 
 __all__ = [
     "PRIORITY_VALUES", "CheckpointSpec", "ClusterSpec", "DataSpec", "JobSpec", "JobSpecError",
     "ModelSpec", "ParallelismSpec", "ResilienceSpec", "SourceSpec", "TrainingSpec", "dump_job",
-    "load_job", "parse_job", "parse_overrides",
+    "compute_dtype", "fp8_recipe", "load_job", "parse_job", "parse_overrides",
 ]

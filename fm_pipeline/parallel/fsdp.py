@@ -11,12 +11,13 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from fm_pipeline.config import compute_dtype
 from fm_pipeline.model import Transformer
 from fm_pipeline.model.moe import expert_modules
 
 
 def mixed_precision_policy(mixed_precision: str) -> MixedPrecisionPolicy:
-    if mixed_precision == "bf16":
+    if compute_dtype(mixed_precision) == "bf16":  # FP8 runs are bf16 runs with FP8 GEMMs
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 

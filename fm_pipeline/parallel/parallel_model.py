@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from fm_pipeline.config import compute_dtype
 from fm_pipeline.model import Transformer
 from fm_pipeline.model.moe import expert_modules
 from fm_pipeline.parallel.parallel_dims import ParallelDims
@@ -68,7 +69,7 @@ class ParallelModel:
         with contextlib.ExitStack() as stack:
             if self.dims.tp > 1:
                 stack.enter_context(loss_parallel())
-            if self.mixed_precision == "bf16" and not self.dims.fsdp_enabled:
+            if compute_dtype(self.mixed_precision) == "bf16" and not self.dims.fsdp_enabled:
                 # FSDP's MixedPrecisionPolicy casts when it is on; otherwise autocast does.
                 stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
             yield

@@ -8,7 +8,8 @@ outside in a fixed order, then materialisation and deterministic initialisation.
     pm = build_parallel_model(job, mesh=mesh, dims=dims, device=device)
     loss = pm.forward_backward(inputs, targets)      # grads accumulated for one step
 
-Order per model part: tensor/sequence or expert parallel -> activation checkpointing -> compile (per
+Order per model part: FP8 linear layers (`mixed_precision: fp8-*`, parallel/float8.py) ->
+tensor/sequence or expert parallel -> activation checkpointing -> compile (per
 block, `training.compile`) -> FSDP2 (torchtitan's order: FSDP must wrap what TP produced,
 and checkpointing must sit inside FSDP so recomputation re-gathers nothing; compile sees the
 TP-sharded block and leaves FSDP's hooks eager). Pipeline parallelism decides first which
@@ -22,11 +23,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from fm_pipeline.config import JobSpec
+from fm_pipeline.config import JobSpec, fp8_recipe
 from fm_pipeline.model import Transformer
 from fm_pipeline.parallel.activation_checkpoint import apply_activation_checkpoint
 from fm_pipeline.parallel.compile import apply_compile, check_compile_toolchain
 from fm_pipeline.parallel.expert_parallel import apply_expert_parallel
+from fm_pipeline.parallel.float8 import apply_float8
 from fm_pipeline.parallel.fsdp import apply_fsdp
 from fm_pipeline.parallel.parallel_dims import ParallelDims
 from fm_pipeline.parallel.parallel_model import ParallelModel, cross_entropy_loss
@@ -60,7 +62,9 @@ def parallelize_part(
     mixed_precision: str,
     compile: bool = False,
 ) -> None:
-    """TP / EP -> AC -> compile -> FSDP2 on one model part, in place."""
+    """FP8 linears -> TP / EP -> AC -> compile -> FSDP2 on one model part, in place."""
+    if recipe := fp8_recipe(mixed_precision):
+        apply_float8(part, recipe=recipe, fsdp=dims.fsdp_enabled)
     if dims.tp > 1:
         apply_tensor_parallel(part, mesh["tp"])
     if dims.ep > 1:

@@ -118,7 +118,8 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
             f"{metrics['memory_capacity_gib']:.0f} GiB available; add pp or tp, shard "
             "more (ddp -> fsdp), or recompute activations"
         )
-    warnings += [f"not runnable by the trainer: {why}" for why in not_runnable(shape, layout)]
+    warnings += [f"not runnable by the trainer: {why}"
+                 for why in not_runnable(shape, layout, precision=precision)]
     if why := model_not_runnable(shape):
         warnings.append(why)
     if layout.recompute == "selective" and shape.flash_attention:

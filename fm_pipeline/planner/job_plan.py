@@ -40,11 +40,15 @@ def job_inputs(job) -> dict:
         dp_shard=p.resolved_dp_shard if 1 < p.resolved_dp_shard < p.dp else 0,
         schedule=p.pp_schedule, ep=p.ep,
     )
+    precision = p.mixed_precision
+    if precision.startswith("fp8") and not cluster.accelerator.peak_fp8_flops:
+        # FP8 arithmetic without FP8 units (a CPU run) is no faster than the bf16 one.
+        precision = "bf16"
     return {
         "shape": shape, "cluster": cluster, "layout": layout,
         "global_batch_tokens": job.tokens_per_step,
         "training_tokens": t.steps * job.tokens_per_step,
-        "precision": p.mixed_precision,
+        "precision": precision,
         "async_checkpoint": job.checkpoint.async_save,
         "checkpoints_kept": job.checkpoint.keep_last,
     }
@@ -96,7 +100,9 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
         "cluster": {
             "accelerator": inp["cluster"].accelerator.name,
             "gpus_per_node": inp["cluster"].gpus_per_node,
-            "peak_flops": inp["cluster"].accelerator.peak_flops(inp["precision"]),
+            # MFU's denominator: FP8 runs are quoted against the bf16 peak.
+            "peak_flops": inp["cluster"].accelerator.peak_flops(
+                "fp32" if inp["precision"] == "fp32" else "bf16"),
         },
         "precision": inp["precision"],
         "estimate": est.to_dict(),

@@ -32,7 +32,7 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
     why = model_not_runnable(shape)
     if why:
         raise PlanInputError("model", why)
-    problems = not_runnable(shape, layout)
+    problems = not_runnable(shape, layout, precision=precision)
     if problems:
         raise PlanInputError("layout", "the trainer cannot run it: " + "; ".join(problems))
     gpn = min(cluster.gpus_per_node, layout.gpus)

@@ -13,7 +13,8 @@ chunks, and activation checkpointing none|selective|full. ZeRO-1/2, context para
 recomputing half the layers exist in the cost model only; tied embeddings cannot be split
 by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py). Mixture-of-Experts
 models train with FSDP2 and expert parallelism (ep within the shard group), without tp or pp
-so far.
+so far. FP8 trains with torchao's tensorwise and rowwise recipes on dense models; DeepSeek-V3's
+blockwise recipe is planned only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from fm_pipeline.planner.layout import RECOMPUTE, SHARDING, Candidates, Layout
+from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.shape import ModelShape
 
 RUNNABLE_SHARDING = ("ddp", "fsdp")
@@ -38,9 +40,25 @@ def model_not_runnable(shape: ModelShape) -> str | None:
             "(SwiGLU, RMSNorm, RoPE), so only the cost model plans it")
 
 
-def not_runnable(shape: ModelShape, layout: Layout) -> list[str]:
-    """Each reason the trainer cannot run `layout` (empty: it can)."""
-    why = []
+TRAINER_FP8 = ("fp8-tensorwise", "fp8-rowwise")
+
+
+def precision_not_runnable(shape: ModelShape, precision: str) -> str | None:
+    """Why the trainer cannot train `shape` in `precision` (any layout), else None."""
+    precision = get_precision(precision).name
+    if not precision.startswith("fp8"):
+        return None
+    if precision not in TRAINER_FP8:
+        return (f"{precision}: the trainer's FP8 (torchao Float8Linear) has the "
+                f"{' and '.join(r.removeprefix('fp8-') for r in TRAINER_FP8)} recipes")
+    if shape.experts:
+        return f"{precision} with Mixture of Experts: the trainer's experts stay bf16"
+    return None
+
+
+def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16") -> list[str]:
+    """Each reason the trainer cannot run `layout` in `precision` (empty: it can)."""
+    why = [why for why in [precision_not_runnable(shape, precision)] if why]
     if layout.cp > 1:
         why.append(f"cp {layout.cp}: context parallelism is not in the trainer")
     if layout.sharding not in RUNNABLE_SHARDING:
@@ -63,9 +81,9 @@ def not_runnable(shape: ModelShape, layout: Layout) -> list[str]:
     return why
 
 
-def runnable_mask(shape: ModelShape, c: Candidates) -> np.ndarray:
+def runnable_mask(shape: ModelShape, c: Candidates, *, precision: str = "bf16") -> np.ndarray:
     """The vectorized form of `not_runnable(...) == []`."""
-    ok = c.cp == 1
+    ok = (c.cp == 1) & (precision_not_runnable(shape, precision) is None)
     sharding = np.array([SHARDING.index(s) for s in RUNNABLE_SHARDING])
     ok &= np.isin(c.sharding, sharding)
     ok &= (c.sharding != SHARDING.index("fsdp")) | (c.dp > 1)

@@ -207,7 +207,7 @@ def what_if(
         # Re-planned in the space the given layout lives in: one the trainer cannot run
         # (Llama 3's uneven pipeline, say) is compared with the cost model's best.
         lay, why = _best(shape, cluster, n, global_batch_tokens, precision,
-                         runnable_only=not not_runnable(shape, layout))
+                         runnable_only=not not_runnable(shape, layout, precision=precision))
         scenarios += [scaled[-1], run(f"{2**k}x GPUs, re-planned", cluster, n, lay, why)]
     first, growth = breaks_first(base, scaled[0]) if doublings else ("", {})
     for factor in (0.5, 2.0):

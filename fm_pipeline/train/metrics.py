@@ -11,6 +11,7 @@ import socket
 import torch
 
 from fm_pipeline.accelerators import cuda_accelerator_name, get_accelerator, measured_cpu
+from fm_pipeline.config import compute_dtype
 from fm_pipeline.cpu_peaks import cpu_peak
 
 
@@ -20,7 +21,7 @@ def peak_flops_per_device(device: torch.device, mixed_precision: str) -> tuple[f
     GPUs: the catalog's dense datasheet figure (BF16, or TF32 for fp32 runs); unknown GPUs
     give None (no MFU rather than a wrong one). CPU: a matmul probe in the dtype the model
     computes in, with the thread count of this process, run once per host."""
-    dtype = "bf16" if mixed_precision == "bf16" else "fp32"
+    dtype = compute_dtype(mixed_precision)  # FP8 runs: MFU against the bf16 peak
     if device.type == "cuda":
         name = cuda_accelerator_name(torch.cuda.get_device_name(device))
         if name is None:

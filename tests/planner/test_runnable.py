@@ -29,10 +29,10 @@ CASES = [("llama3-8b", 8192, 8, 64 * 8192), ("llama3-70b", 8192, 512, 4 * 2**20)
          ("mixtral-8x7b", 4096, 64, 4 * 2**20), ("deepseek-v3-like", 4096, 2048, 16384 * 4096)]
 
 
-def _spec(shape, layout, batch) -> dict:
+def _spec(shape, layout, batch, precision="bf16") -> dict:
     data = yaml.safe_load(DEMO_JOB.read_text())["data"]
     return {"name": "plan", "data": data,
-            **spec_sections(shape, H100, layout, global_batch_tokens=batch, precision="bf16",
+            **spec_sections(shape, H100, layout, global_batch_tokens=batch, precision=precision,
                             checkpoint_every_steps=50)}
 
 
@@ -56,6 +56,39 @@ def test_every_plan_found_is_runnable_and_round_trips_through_estimate_and_a_job
                             global_batch_tokens=inp["global_batch_tokens"],
                             precision=inp["precision"]).metrics
         assert via_spec["mfu"] == pytest.approx(found["mfu"], rel=1e-9)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8-rowwise"])
+def test_fp8_plans_round_trip_into_a_job_spec_the_trainer_runs_in_fp8(precision):
+    shape, batch = named_shape("llama3-70b", seq_len=8192), 4 * 2**20
+    result = search(shape, H100, gpus=512, global_batch_tokens=batch, top=3, precision=precision)
+    bf16 = search(shape, H100, gpus=512, global_batch_tokens=batch, top=1)
+    assert result.plans and result.precision == ("fp8-tensorwise" if precision == "fp8"
+                                                 else precision)
+    assert (result.metrics(result.plans[0].index)["tokens_per_s"]
+            > bf16.metrics(bf16.plans[0].index)["tokens_per_s"])
+    for plan in result.plans:
+        found = result.metrics(plan.index)
+        job = parse_job(_spec(shape, plan.layout, batch, precision=result.precision))
+        assert job.parallelism.mixed_precision == result.precision
+        inp = job_inputs(job)
+        via_spec = estimate(inp["shape"], inp["cluster"], inp["layout"],
+                            global_batch_tokens=inp["global_batch_tokens"],
+                            precision=inp["precision"]).metrics
+        assert via_spec["mfu"] == pytest.approx(found["mfu"], rel=1e-9)
+
+
+def test_fp8_the_trainer_does_not_have_is_planned_apart_with_the_reason():
+    shape, batch = named_shape("llama3-70b", seq_len=8192), 4 * 2**20
+    blockwise = search(shape, H100, gpus=512, global_batch_tokens=batch, precision="fp8-blockwise")
+    assert blockwise.plans == [] and blockwise.not_runnable
+    assert all("tensorwise and rowwise" in " ".join(p.reasons) for p in blockwise.not_runnable)
+    moe = named_shape("mixtral-8x7b", seq_len=4096)
+    assert "experts stay bf16" in " ".join(
+        not_runnable(moe, Layout(dp=64, ep=8, sharding="fsdp"), precision="fp8"))
+    with pytest.raises(PlanInputError, match="blockwise"):
+        spec_sections(shape, H100, Layout(tp=8, dp=64, sharding="fsdp"), global_batch_tokens=batch,
+                      precision="fp8-blockwise", checkpoint_every_steps=10)
 
 
 def test_faster_layouts_the_trainer_cannot_run_are_listed_apart_with_the_reason():

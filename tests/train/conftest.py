@@ -37,6 +37,13 @@ LAYOUTS = {
                     "parallelism.pp_schedule": "GPipe"},
     "pp4-bf16": {"parallelism.pp": 4, "parallelism.dp_shard": 1,
                  "parallelism.mixed_precision": "bf16"},
+    # FP8 linear layers (torchao): per-tensor scales with FP8 weight all-gathers under FSDP
+    # (checkpoint at 8: test_fp8 resumes from it), per-row scales under TP.
+    "fp8-fsdp4": {"parallelism.dp_shard": 4, "parallelism.mixed_precision": "fp8",
+                  "checkpoint.every_steps": 4},
+    "fp8-rowwise-tp": {"parallelism.tp": 2, "parallelism.dp_shard": 2,
+                       "parallelism.mixed_precision": "fp8-rowwise",
+                       "training.micro_batch_size": 4},
     # A Mixture of Experts (8 experts, top 2) under FSDP, its balancing loss trained beside.
     "moe-fsdp4": {"model.size": "moe-debug", "parallelism.dp_shard": 4},
     # Expert parallel: the 8 experts over 2 ranks, FSDP-sharded over the other 2 (ep 2 x

@@ -61,6 +61,10 @@ CATALOG: dict[str, Accelerator] = {
     "h100-96gb": Accelerator("h100-96gb", 989 * TFLOPS, 494 * TFLOPS, 96, 2400, 450, 50, 3.0,
                              matmul_efficiency=0.803, sm_count=132,
                              peak_fp8_flops=1979 * TFLOPS),
+    # H800: the H100 SXM with NVLink cut to 400 GB/s both ways (DeepSeek-V3's cluster; its
+    # report measures 160 GB/s, the 200 per direction at the planner's link efficiency).
+    "h800": Accelerator("h800", 989 * TFLOPS, 494 * TFLOPS, 80, 3350, 200, 50, 2.0,
+                        matmul_efficiency=0.803, sm_count=132, peak_fp8_flops=1979 * TFLOPS),
     "h200": Accelerator("h200", 989 * TFLOPS, 494 * TFLOPS, 141, 4800, 450, 50, 3.8,
                         matmul_efficiency=0.803, sm_count=132, peak_fp8_flops=1979 * TFLOPS),
     "b200": Accelerator("b200", 2250 * TFLOPS, 1100 * TFLOPS, 180, 8000, 900, 50, 6.0,
@@ -84,6 +88,8 @@ def get_accelerator(name: str) -> Accelerator:
 def cuda_accelerator_name(device_name: str) -> str | None:
     """Map torch.cuda.get_device_name() to a catalog key ('NVIDIA H100 80GB HBM3' -> h100-sxm)."""
     n = device_name.lower()
+    if "h800" in n:
+        return "h800"
     if "h200" in n:
         return "h200"
     if "h100" in n:

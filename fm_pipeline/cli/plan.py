@@ -63,7 +63,7 @@ def _shape(o: dict):
         overrides = {
             k: o[k]
             for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp",
-                      "expert_imbalance")
+                      "expert_imbalance", "route_nodes")
             if o[k] is not None
         }
         return dataclasses.replace(shape, **overrides) if overrides else shape
@@ -183,6 +183,9 @@ SHARED_OPTIONS: dict[str, object] = {
     "expert_imbalance": Annotated[float | None, typer.Option(
         help="MoE: busiest ep rank's routed tokens / the mean (default 1.1, assumed; the "
              "trainer's router stats measure it)")],
+    "route_nodes": Annotated[int | None, typer.Option(
+        help="MoE, planner only: node-limited routing (DeepSeek-V3: 4), a token sent once "
+             "per node it reaches (DeepEP); default unlimited, every copy sent")],
     "global_batch_tokens": Int, "training_tokens": Float, "gpus": Int, "gpu_type": Str,
     "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(
         help="bf16 | fp32 | fp8 (= fp8-tensorwise) | fp8-rowwise | fp8-blockwise; FP8 runs "

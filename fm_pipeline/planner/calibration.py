@@ -12,6 +12,7 @@ exactly as it would for a user. The prediction is converted to the paper's metri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ class CalibrationRow:
         """Signed relative error of the prediction, in the direction of throughput."""
         if self.predicted is None:
             return None
-        if self.run.metric == "iteration_s":
+        if self.run.metric in ("iteration_s", "gpu_hours"):
             return self.run.value / self.predicted - 1
         return self.predicted / self.run.value - 1
 
@@ -49,7 +50,8 @@ def eq3_flops(shape, batch: int) -> float:
 
 
 def predict_run(run: PublishedRun) -> CalibrationRow:
-    shape = named_shape(run.model, seq_len=run.seq_len)
+    shape = dataclasses.replace(named_shape(run.model, seq_len=run.seq_len),
+                                **run.shape_overrides)
     cluster = make_cluster(run.gpu_type, inter_node_gbps=run.inter_node_gbps)
     fixed = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "cp": run.cp, **run.pinned}
     batch_tokens = run.global_batch * run.seq_len
@@ -62,6 +64,7 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         fixed=fixed,
         precision=run.precision,
         dp_overlap=run.dp_overlap,
+        ep_overlap=run.ep_overlap,
         runnable_only=False,  # the published runs' own layouts (ZeRO-1, cp, uneven stages)
     )
     if not result.plans:
@@ -73,6 +76,9 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         bf16 = evaluate(shape, cluster, Candidates.from_layouts([best.layout]),
                         global_batch_tokens=batch_tokens, dp_overlap=run.dp_overlap)
         predicted = float(bf16.step_time_s[0]) / m["step_time_s"]
+    elif run.metric == "gpu_hours":  # compute hours: every step at the predicted step time
+        steps = run.training_tokens / batch_tokens
+        predicted = steps * m["step_time_s"] * run.gpus / 3600
     elif run.metric == "tflops_eq3":
         predicted = eq3_flops(shape, run.global_batch) / m["step_time_s"] / run.gpus / 1e12
     elif run.metric == "iteration_s":
@@ -121,7 +127,7 @@ def by_source(rows: list[CalibrationRow]) -> dict[str, dict]:
 
 
 UNITS = {"tflops_eq3": "TFLOP/s/GPU", "iteration_s": "s/iteration", "mfu": "MFU",
-         "fp8_speedup": "FP8 / BF16 tokens/s"}
+         "fp8_speedup": "FP8 / BF16 tokens/s", "gpu_hours": "GPU-hours"}
 
 
 def _role(run: PublishedRun) -> str:
@@ -170,7 +176,7 @@ def plot(rows: list[CalibrationRow], out: Path) -> Path:
     ax.axhspan(1 / 1.15, 1.15, color="g", alpha=0.1, label="within 15%")
     ax.axhline(1.0, color="k", lw=0.8)
     markers = {"nar21": "o", "kor22": "s", "mtnlg22": "^", "llama3": "*", "dgxc24": "D",
-               "titan24": "P", "titan25": "X"}
+               "titan24": "P", "titan25": "X", "dsv3": "h"}
     for source, marker in markers.items():
         pts = [
             (r.run.gpus, 1 / (1 + r.error))

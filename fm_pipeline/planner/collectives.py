@@ -138,13 +138,17 @@ def p2p_time(nbytes, link: Link, *, active) -> np.ndarray:
     return np.where(active, np.asarray(nbytes) / link.p2p_bw + link.p2p_alpha_s, 0.0)
 
 
-def all_to_all_time(nbytes, size, link: Link, *, per_node, intra_gbps: float) -> np.ndarray:
+def all_to_all_time(nbytes, size, link: Link, *, per_node, intra_gbps: float,
+                    outside_bytes=None) -> np.ndarray:
     """One all-to-all moving `nbytes` out of each of `size` ranks, `per_node` of them in a
-    node (the rest are reached through the NIC at link.p2p_bw)."""
+    node (the rest are reached through the NIC at link.p2p_bw). `outside_bytes`: what leaves
+    the node when the dispatch sends less than that share (once per node, node-limited)."""
     size = np.asarray(size, dtype=np.float64)
     per_node = np.minimum(np.asarray(per_node, dtype=np.float64), size)
     nbytes = np.asarray(nbytes, dtype=np.float64)
     inside = (per_node - 1) / size * nbytes / (intra_gbps * GB * LINK_EFFICIENCY)
-    outside = (size - per_node) / size * nbytes / link.p2p_bw
+    if outside_bytes is None:
+        outside_bytes = (size - per_node) / size * nbytes
+    outside = np.asarray(outside_bytes, dtype=np.float64) / link.p2p_bw
     t = np.maximum(inside, outside) + link.p2p_alpha_s + (size - 1) * ALPHA_INTRA_S
     return np.where(size > 1, t, 0.0)

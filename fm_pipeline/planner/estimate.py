@@ -75,7 +75,8 @@ class Estimate:
 
 def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, global_batch_tokens: int,
              training_tokens: float | None = None, precision: str = "bf16", dp_overlap: bool = True,
-             async_checkpoint: bool = True, checkpoints_kept: int = 3) -> Estimate:
+             ep_overlap: bool = False, async_checkpoint: bool = True,
+             checkpoints_kept: int = 3) -> Estimate:
     require_positive("global_batch_tokens", global_batch_tokens, integer=True)
     if training_tokens is not None:
         require_positive("training_tokens", training_tokens)
@@ -90,6 +91,7 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         global_batch_tokens=global_batch_tokens,
         precision=precision,
         dp_overlap=dp_overlap,
+        ep_overlap=ep_overlap,
     )
     metrics = plan_metrics(ev, 0)
     params = shape.params().total

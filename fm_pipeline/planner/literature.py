@@ -34,6 +34,11 @@ Sources
   (tensorwise; rowwise in 2025), on Grand Teton H100s (96 GB HBM2e, 2.4 TB/s, capped at
   500 W). Compared as the FP8 / BF16 throughput ratio, which the unknown power-capped peak
   cancels out of.
+- [DSV3] DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437: 2,048 H800 (NVLink
+  160 GB/s measured, 8 x 400 Gb/s InfiniBand per node), pp 16 (DualPipe), ep 64 over 8
+  nodes, ZeRO-1 data parallelism, no tp; FP8 GEMMs with 1x128 / 128x128 scales; tokens
+  routed to at most 4 nodes; batch up to 15,360 x 4,096 tokens; 2.664M H800 GPU-hours of
+  pre-training for 14.8T tokens (Table 1; 180K GPU-hours per trillion tokens).
 """
 
 from __future__ import annotations
@@ -53,13 +58,17 @@ class PublishedRun:
     pp: int
     dp: int
     global_batch: int  # sequences
-    metric: str  # "tflops_eq3" (per GPU, NAR21 eq. 3), "iteration_s", "mfu" or "fp8_speedup"
+    metric: str  # "tflops_eq3" (per GPU, NAR21 eq. 3), "iteration_s", "mfu", "fp8_speedup"
+    #              or "gpu_hours" (compute hours of a whole training budget)
     value: float
     cp: int = 1
     pinned: dict = field(default_factory=dict)  # micro_batch, virtual_stages, recompute, sharding
     dp_overlap: bool = True  # overlap of data-parallel communication with compute
     inter_node_gbps: float | None = None
     precision: str = "bf16"  # fm_pipeline.planner.precision; "fp8_speedup" rows: the FP8 one
+    training_tokens: float = 0.0  # "gpu_hours" rows: the budget the hours trained
+    ep_overlap: bool = False  # the all-to-all hidden behind compute (DualPipe)
+    shape_overrides: dict = field(default_factory=dict)  # e.g. node-limited routing
 
     @property
     def tuning(self) -> bool:
@@ -177,3 +186,13 @@ PUBLISHED_RUNS += [
                    inter_node_gbps=50.0, precision=prec)
       for key, m, g, tp, local, full_ac, prec, ratio in TITAN_FP8],
 ]
+
+# DSV3: the planner's deepseek-v3-like (grouped-query attention standing in for MLA, no
+# multi-token-prediction module) with the published system around it; the batch is the
+# final 15,360 sequences (the first 469B tokens ramp up from 3,072).
+PUBLISHED_RUNS.append(PublishedRun(
+    key="dsv3-2048-h800", source="DSV3 Table 1", model="deepseek-v3-like", seq_len=4096,
+    gpu_type="h800", gpus=2048, tp=1, pp=16, dp=128, global_batch=15360, metric="gpu_hours",
+    value=2.664e6, pinned={"ep": 64, "sharding": "zero1", "micro_batch": 1},
+    inter_node_gbps=50.0, precision="fp8-blockwise", training_tokens=14.8e12,
+    ep_overlap=True, shape_overrides={"route_nodes": 4}))

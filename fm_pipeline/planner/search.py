@@ -179,6 +179,7 @@ def search(
     fixed: dict | None = None,
     precision: str = "bf16",
     dp_overlap: bool = True,
+    ep_overlap: bool = False,
     runnable_only: bool = True,
     not_runnable_top: int = 3,
 ) -> SearchResult:
@@ -201,6 +202,7 @@ def search(
         global_batch_tokens=global_batch_tokens,
         precision=precision,
         dp_overlap=dp_overlap,
+        ep_overlap=ep_overlap,
     )
     space = (runnable_mask(shape, c, precision=precision) if runnable_only
              else np.ones(len(c), dtype=bool))

@@ -79,6 +79,11 @@ class ModelShape:
     # Busiest expert-parallel rank's routed tokens / the mean (1: perfectly balanced). An
     # assumption unless measured: the trainer's router stats give the per-expert loads.
     expert_imbalance: float = 1.1
+    # Node-limited routing (DeepSeek-V3's M = 4): a token's experts lie on at most this many
+    # nodes and it crosses the network once per node, forwarded over NVLink there (DeepEP's
+    # dispatch). 0: unlimited, every routed copy sent on its own (all_to_all_single, as the
+    # trainer dispatches). Planner-only: the trainer's router does not limit nodes.
+    route_nodes: int = 0
 
     def __post_init__(self) -> None:
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
@@ -105,6 +110,8 @@ class ModelShape:
             if self.expert_imbalance < 1:
                 raise PlanInputError("expert_imbalance", "busiest rank / mean load is >= 1, "
                                      f"got {self.expert_imbalance}")
+            if self.route_nodes < 0:
+                raise PlanInputError("route_nodes", f"must be >= 0, got {self.route_nodes}")
         if self.norm not in NORM_KINDS:
             raise PlanInputError(
                 "norm", f"must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}"

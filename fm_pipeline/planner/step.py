@@ -33,7 +33,8 @@ BF16 peak.
 Expert parallelism: per MoE layer and micro-batch, the rank's top-k token copies are
 dispatched and combined all-to-all over the ep group forward, and again backward (and once
 more per recomputed forward); exposed, as in torchtitan and Megatron-Core without their
-optional overlap. Expert gradients and weights move over the shard group / ep ranks that
+optional overlap (`ep_overlap` hides it behind compute, as DualPipe does). A shape with
+node-limited routing sends each token over the network once per node it reaches. Expert gradients and weights move over the shard group / ep ranks that
 hold the same experts, as the trainer's expert FSDP mesh does.
 """
 
@@ -113,7 +114,8 @@ def _hides(comm, window, buckets):
 
 
 def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global_batch_tokens: int,
-             precision: str = "bf16", dp_overlap: bool = True) -> Evaluation:
+             precision: str = "bf16", dp_overlap: bool = True,
+             ep_overlap: bool = False) -> Evaluation:
     acc = cluster.accelerator
     on_cpu = acc.name.startswith("cpu")
     prec = get_precision(precision)
@@ -158,21 +160,34 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     p2p = p2p_time(act_bytes / c.tp, pp_link, active=c.pp > 1)
     pp_mb = 2 * v * p2p
 
-    # Expert parallel: ep consecutive data-parallel ranks (stride tp x cp x pp).
-    ep_stride = c.tp * c.cp * c.pp
+    # Expert parallel: ep consecutive data-parallel ranks next to tp and cp (Megatron-Core's
+    # rank order tp-cp-ep-dp-pp: a pipeline's stages are outermost, so an ep group stays on
+    # as few nodes as it can; with pp 1, as the trainer runs MoE, it is the trainer's order).
+    ep_stride = c.tp * c.cp
     ep_link = group_link(cluster, c.ep, ep_stride)
     ep_mb = np.zeros(len(c))
     if shape.experts:
         routed = tokens / c.tp * shape.top_k * shape.expert_imbalance * shape.hidden
         per_node = np.clip(cluster.gpus_per_node // ep_stride, 1, c.ep)
+        remote = None
+        if shape.route_nodes:
+            # Once per destination node, at most route_nodes of them, this node's not sent.
+            nodes = np.maximum(c.ep / per_node, 1)
+            sends = np.minimum(shape.route_nodes, nodes) * (nodes - 1) / nodes
+            remote = np.minimum(sends / shape.top_k, (c.ep - per_node) / c.ep) * routed
 
         def a2a(elem_bytes):
             return all_to_all_time(routed * elem_bytes, c.ep, ep_link, per_node=per_node,
-                                   intra_gbps=cluster.intra_node_gbps)
+                                   intra_gbps=cluster.intra_node_gbps,
+                                   outside_bytes=None if remote is None else remote * elem_bytes)
         # Forward dispatch (FP8 under DeepSeek-V3's recipe) and combine, again for each
         # recomputed forward; backward, the gradients both ways in BF16.
         dispatch, combine = a2a(prec.dispatch_bytes), a2a(dtype_bytes)
         ep_mb = shape.moe_fraction * layers * ((1 + redone) * (dispatch + combine) + 2 * combine)
+        if ep_overlap:
+            # Overlapped with the other micro-batch's compute (DualPipe, Megatron-Core's
+            # --overlap-moe-expert-parallel-comm): only what outlasts that compute shows.
+            ep_mb = np.maximum(ep_mb - compute_mb, 0.0)
 
     t_micro = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
     bubble_slots = np.where(c.schedule == GPIPE, pp - 1, (pp - 1) / v)

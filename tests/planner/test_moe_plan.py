@@ -125,3 +125,37 @@ def test_the_cli_pins_ep_and_takes_a_measured_imbalance():
         assert out.exit_code == 0, out.output
         mfu.append(json.loads(out.output)["mfu"])
     assert mfu[1] < mfu[0]
+
+
+def test_node_limited_routing_sends_a_token_once_per_node_and_only_across_nodes():
+    batch = 2048 * 4096
+    lay = [Layout(dp=2048, ep=ep, sharding="fsdp", recompute="full") for ep in (8, 64)]
+    plain = _eval(DEEPSEEK, lay, batch)
+    limited = _eval(dataclasses.replace(DEEPSEEK, route_nodes=4), lay, batch)
+    # Inside one node nothing crosses the network: the limit changes nothing.
+    assert limited.ep_comm_s[0] == pytest.approx(plain.ep_comm_s[0])
+    # Over 8 nodes: at most 4 nodes a token, one send each (7/8 of them remote), instead of
+    # its 8 routed copies 56/64 of which leave the node: 3.5 against 7 sends over the NIC.
+    assert limited.ep_comm_s[1] == pytest.approx(plain.ep_comm_s[1] / 2, rel=0.05)
+    with pytest.raises(PlanInputError, match="route_nodes"):
+        dataclasses.replace(DEEPSEEK, route_nodes=-1)
+
+
+def test_an_overlapped_all_to_all_shows_only_what_outlasts_the_compute():
+    batch = 2048 * 4096
+    lay = Candidates.from_layouts([Layout(dp=2048, ep=64, sharding="fsdp", recompute="full")])
+    exposed = evaluate(DEEPSEEK, H100, lay, global_batch_tokens=batch)
+    hidden = evaluate(DEEPSEEK, H100, lay, global_batch_tokens=batch, ep_overlap=True)
+    assert exposed.ep_comm_s[0] > 0
+    assert hidden.ep_comm_s[0] == pytest.approx(max(0.0, exposed.ep_comm_s[0]
+                                                    - exposed.compute_s[0]))
+    assert hidden.step_time_s[0] < exposed.step_time_s[0]
+
+
+def test_an_ep_group_stays_on_the_fewest_nodes_under_a_pipeline():
+    """Megatron-Core's rank order (tp-cp-ep-dp-pp): a pipeline's stages are outermost, so
+    ep 8 without tp is one node whatever pp is."""
+    batch = 2048 * 4096
+    ev = _eval(DEEPSEEK, [Layout(pp=16, dp=128, ep=8, sharding="zero1", recompute="full")],
+               batch)
+    assert LEVEL_NAMES[int(ev.ep_level[0])] == "node"

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fm_pipeline.planner.cluster import make_cluster
-from fm_pipeline.planner.layout import Candidates
+from fm_pipeline.planner.estimate import estimate
+from fm_pipeline.planner.layout import Candidates, Layout
 from fm_pipeline.planner.literature import PUBLISHED_RUNS, PublishedRun
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
@@ -35,7 +36,8 @@ class CalibrationRow:
 
     @property
     def error(self) -> float | None:
-        """Signed relative error of the prediction, in the direction of throughput."""
+        """Signed relative error of the prediction, in the direction of throughput (of memory
+    for memory rows: + is more than measured)."""
         if self.predicted is None:
             return None
         if self.run.metric in ("iteration_s", "gpu_hours"):
@@ -54,6 +56,11 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
                                 **run.shape_overrides)
     cluster = make_cluster(run.gpu_type, inter_node_gbps=run.inter_node_gbps)
     fixed = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "cp": run.cp, **run.pinned}
+    if run.metric == "memory_gib":  # every field pinned: the memory, fitting or not
+        est = estimate(shape, cluster, Layout(**fixed), precision=run.precision,
+                       global_batch_tokens=run.global_batch * run.seq_len)
+        return CalibrationRow(run=run, predicted=est.metrics["memory_gib_per_gpu"],
+                              layout=est.layout.describe(), mfu=est.metrics["mfu"])
     batch_tokens = run.global_batch * run.seq_len
     result = search(
         shape,
@@ -109,13 +116,16 @@ def _errors(rows: list[CalibrationRow]) -> dict:
 def summary(rows: list[CalibrationRow]) -> dict:
     """Benchmark rows (tuning and validation apart) and production runs apart: the two
     chosen constants were picked on the tuning rows, so only the rest validates them."""
-    benchmarks = [r for r in rows if not r.run.production]
+    memory = [r for r in rows if r.run.metric == "memory_gib"]
+    speed = [r for r in rows if r.run.metric != "memory_gib"]
+    benchmarks = [r for r in speed if not r.run.production]
     return {
         **_errors(benchmarks),
         "tuning": _errors([r for r in benchmarks if r.run.tuning]),
         "validation": _errors([r for r in benchmarks if not r.run.tuning]),
-        "production": _errors([r for r in rows if r.run.production]),
+        "production": _errors([r for r in speed if r.run.production]),
         "fp8": _errors([r for r in benchmarks if r.run.precision.startswith("fp8")]),
+        "memory": _errors(memory),
     }
 
 
@@ -127,10 +137,13 @@ def by_source(rows: list[CalibrationRow]) -> dict[str, dict]:
 
 
 UNITS = {"tflops_eq3": "TFLOP/s/GPU", "iteration_s": "s/iteration", "mfu": "MFU",
-         "fp8_speedup": "FP8 / BF16 tokens/s", "gpu_hours": "GPU-hours"}
+         "fp8_speedup": "FP8 / BF16 tokens/s", "gpu_hours": "GPU-hours",
+         "memory_gib": "GiB per GPU"}
 
 
 def _role(run: PublishedRun) -> str:
+    if run.metric == "memory_gib":
+        return "memory"
     return "production" if run.production else "tuning" if run.tuning else "validation"
 
 
@@ -166,7 +179,9 @@ def markdown_summary(rows: list[CalibrationRow]) -> str:
 
 
 def plot(rows: list[CalibrationRow], out: Path) -> Path:
-    """Predicted over published step time against GPU count, one point per run."""
+    """Predicted over published step time against GPU count, one point per run (memory
+    rows are not throughput: left out)."""
+    rows = [r for r in rows if r.run.metric != "memory_gib"]
     import matplotlib
 
     matplotlib.use("Agg")

@@ -58,8 +58,9 @@ class PublishedRun:
     pp: int
     dp: int
     global_batch: int  # sequences
-    metric: str  # "tflops_eq3" (per GPU, NAR21 eq. 3), "iteration_s", "mfu", "fp8_speedup"
-    #              or "gpu_hours" (compute hours of a whole training budget)
+    metric: str  # "tflops_eq3" (per GPU, NAR21 eq. 3), "iteration_s", "mfu", "fp8_speedup",
+    #              "gpu_hours" (compute hours of a whole training budget) or "memory_gib"
+    #              (peak memory per GPU; every layout field pinned)
     value: float
     cp: int = 1
     pinned: dict = field(default_factory=dict)  # micro_batch, virtual_stages, recompute, sharding
@@ -196,3 +197,25 @@ PUBLISHED_RUNS.append(PublishedRun(
     value=2.664e6, pinned={"ep": 64, "sharding": "zero1", "micro_batch": 1},
     inter_node_gbps=50.0, precision="fp8-blockwise", training_tokens=14.8e12,
     ep_overlap=True, shape_overrides={"route_nodes": 4}))
+
+# TITAN24 memory (GiB per GPU, torchtitan's logged peak reserved by the caching allocator,
+# the fullest rank; torch.compile + Float8 tensorwise, full activation checkpointing):
+# key, model, seq_len, GPUs, tp, pp, cp, sequences per data-parallel rank, GiB.
+TITAN24_MEMORY = [
+    ("titan24-mem-70b-2d", "llama3-70b", 8192, 256, 8, 1, 1, 16, 71.9),  # Table 4
+    ("titan24-mem-405b-1f1b", "llama3-405b", 8192, 512, 8, 8, 1, 32, 82.5),  # Table 5
+    *[(f"titan24-mem-405b-cp{cp}", "llama3-405b", 32768 * cp, 512, 8, 8, cp, 8, gib)
+      for cp, gib in ((1, 75.3), (2, 75.9), (4, 77.1), (8, 84.9))],  # Table 6
+    *[(f"titan24-mem-8b-cp{cp}", "llama3-8b", 32768 * cp, 8, 1, 1, cp, 1, gib)
+      for cp, gib in ((1, 83.9), (2, 84.2), (4, 84.0), (8, 84.5))],  # Table 2
+]
+PUBLISHED_RUNS += [
+    PublishedRun(key=key, source="TITAN24 memory (torchtitan)", model=m, seq_len=seq,
+                 gpu_type="h100-96gb", gpus=g, tp=tp, pp=pp, cp=cp, dp=g // (tp * pp * cp),
+                 global_batch=g // (tp * pp * cp) * local, metric="memory_gib", value=gib,
+                 # pipeline micro-batches of one sequence (torchtitan's default), 1F1B
+                 pinned={"micro_batch": 1 if pp > 1 else local, "virtual_stages": 1,
+                         "recompute": "full", "sharding": "fsdp"},
+                 inter_node_gbps=50.0, precision="fp8-tensorwise")
+    for key, m, seq, g, tp, pp, cp, local, gib in TITAN24_MEMORY
+]

@@ -16,7 +16,12 @@ generalized term by term to grouped-query attention (K and V are kv_dim wide), S
 
 The first pipeline stage holds the most: p micro-batches of L/p layers in 1F1B, scaled by
 (1 + (p-1)/(p v)) when interleaved, m micro-batches in GPipe. The last stage holds the
-output layer and fp32 logits instead. The worse of the two is the GPU's need.
+loss instead: for one micro-batch, bf16 logits, the fp32 log-softmax kept for the backward,
+its gradient and the logits' gradient, 14 bytes a logit (what `cross_entropy(logits.float())`
+allocates in the trainer and torchtitan; with a 128K vocabulary and long sequences the
+largest single item, e.g. 55 GiB for 32K tokens of Llama 3 8B without tp). It peaks apart
+from a recomputed layer's activations (the loss backward runs before any layer's). The
+worse of the two stages is the GPU's need.
 
 Model state (bytes per parameter, mixed precision as Megatron and torchtitan keep it):
 bf16 weights 2, fp32 gradients 4, fp32 master weights + Adam moments 12. ZeRO-1 shards the
@@ -51,6 +56,7 @@ from fm_pipeline.planner.shape import ModelShape
 GIB = 1024**3
 FRAGMENTATION = 0.10  # caching-allocator fragmentation and transient buffers, x allocated
 RUNTIME_RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, cuBLAS workspaces (0 on CPU)
+LOSS_BYTES_PER_LOGIT = 14  # bf16 logits 2, fp32 log-softmax 4, its gradient 4, the logits' 4
 
 NONE, SELECTIVE, HALF, FULL = (RECOMPUTE.index(x) for x in RECOMPUTE)
 DDP, ZERO1, ZERO2, FSDP = (SHARDING.index(x) for x in SHARDING)
@@ -118,7 +124,7 @@ class MemoryArrays:
     grads: np.ndarray
     optimizer: np.ndarray
     activations: np.ndarray
-    working: np.ndarray  # FSDP's gathered layers, the layer being recomputed
+    working: np.ndarray  # FSDP's gathered layers, the layer being recomputed or the loss
     total_gib: np.ndarray  # with fragmentation margin and runtime reserve
     capacity_gib: float
     stage_params: np.ndarray  # parameters on the fuller stage's GPU (experts included)
@@ -198,17 +204,24 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
         default=np.minimum(m, pp),
     )
     sb = c.micro_batch * shape.seq_len / c.cp
-    output = sb * (4 * shape.hidden * dtype_bytes / 2 + 4 * shape.vocab) / c.tp  # + fp32 logits
-    first_acts = in_flight * layers * stored + np.where(single, output, 0.0)
-    last_acts = np.where(c.schedule == GPIPE, m, 1) * layers * stored + output
+    # One micro-batch's loss on the last stage (vocabulary split by tp, loss_parallel): the
+    # final norm's input and output, and per logit the bf16 logits, the fp32 log-softmax
+    # the backward keeps, its gradient and the logits' gradient. Recomputation cannot
+    # shrink it, and no layer is being recomputed while it is alive.
+    loss_working = sb * (4 * shape.hidden * dtype_bytes / 2
+                         + LOSS_BYTES_PER_LOGIT * shape.vocab) / c.tp
+    first_acts = in_flight * layers * stored
+    last_acts = np.where(c.schedule == GPIPE, m, 1) * layers * stored
 
     first = [*state_bytes(first_params), first_acts]
     last = [*state_bytes(last_params), last_acts]
-    working = recompute_working + fsdp_working
-    first_total = sum(first) + working
-    last_total = sum(last) + working
+    last_working = fsdp_working + np.maximum(recompute_working, loss_working)
+    first_working = np.where(single, last_working, fsdp_working + recompute_working)
+    first_total = sum(first) + first_working
+    last_total = sum(last) + last_working
     use_first = first_total >= last_total
     parts = [np.where(use_first, a, b) for a, b in zip(first, last, strict=True)]
+    working = np.where(use_first, first_working, last_working)
     allocated = np.maximum(first_total, last_total)
     reserved = 0.0 if on_cpu else RUNTIME_RESERVED_GIB
     total_gib = allocated * (1 + FRAGMENTATION) / GIB + reserved

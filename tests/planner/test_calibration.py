@@ -35,7 +35,7 @@ def test_errors_stay_within_the_documented_bounds(rows):
 
 
 def test_fp8_is_calibrated_on_published_fp8_runs(rows):
-    fp8 = [r for r in rows if r.run.precision.startswith("fp8")]
+    fp8 = [r for r in rows if r.run.precision.startswith("fp8") and r.run.metric != "memory_gib"]
     assert len(fp8) >= 10
     tensorwise = [r for r in fp8 if r.run.precision == "fp8-tensorwise"]
     assert max(abs(r.error) for r in tensorwise) < 0.20
@@ -76,3 +76,18 @@ def test_deepseek_v3_gpu_hours_with_its_published_system(rows):
     (dsv3,) = [r for r in rows if r.run.key.startswith("dsv3-")]
     assert dsv3.run.metric == "gpu_hours" and abs(dsv3.error) < 0.20
     assert "ep=64" in dsv3.layout and "pp=16" in dsv3.layout
+
+
+def test_memory_is_checked_against_the_peaks_torchtitan_published(rows):
+    """Peak GiB per GPU of ten torchtitan layouts (FSDP, FSDP x TP, x PP, x CP up to 262K
+    tokens): every one fits the 96 GB it ran on, and the model is off by a bounded amount
+    (it omits allocator slack that grows with pipeline micro-batches, documented)."""
+    memory = [r for r in rows if r.run.metric == "memory_gib"]
+    assert len(memory) == 10
+    assert all(r.predicted <= 96 for r in memory), [(r.run.key, r.predicted) for r in memory]
+    assert summary(rows)["memory"]["median_abs_error"] < 0.15
+    assert max(abs(r.error) for r in memory) < 0.35
+    # The loss of a 32K-token sequence without tp (14 bytes a logit of a 128K vocabulary)
+    # is most of Llama 3 8B's memory: counting one fp32 copy predicted 54 GiB, not 84.
+    eight = [r for r in memory if "-8b-" in r.run.key]
+    assert all(abs(r.error) < 0.15 for r in eight)

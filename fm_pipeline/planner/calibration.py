@@ -33,6 +33,7 @@ class CalibrationRow:
     predicted: float | None  # None: nothing fits with the published degrees
     layout: str
     mfu: float | None
+    fits: bool = True  # the published configuration fits in the planner's memory model
 
     @property
     def error(self) -> float | None:
@@ -55,12 +56,15 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
     shape = dataclasses.replace(named_shape(run.model, seq_len=run.seq_len),
                                 **run.shape_overrides)
     cluster = make_cluster(run.gpu_type, inter_node_gbps=run.inter_node_gbps)
-    fixed = {"tp": run.tp, "pp": run.pp, "dp": run.dp, "cp": run.cp, **run.pinned}
+    # A degree of 0: not published, the search chooses it.
+    fixed = {k: v for k, v in (("tp", run.tp), ("pp", run.pp), ("dp", run.dp), ("cp", run.cp))
+             if v} | run.pinned
     if run.metric == "memory_gib":  # every field pinned: the memory, fitting or not
         est = estimate(shape, cluster, Layout(**fixed), precision=run.precision,
                        global_batch_tokens=run.global_batch * run.seq_len)
         return CalibrationRow(run=run, predicted=est.metrics["memory_gib_per_gpu"],
-                              layout=est.layout.describe(), mfu=est.metrics["mfu"])
+                              layout=est.layout.describe(), mfu=est.metrics["mfu"],
+                              fits=est.fits)
     batch_tokens = run.global_batch * run.seq_len
     result = search(
         shape,
@@ -75,7 +79,8 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         runnable_only=False,  # the published runs' own layouts (ZeRO-1, cp, uneven stages)
     )
     if not result.plans:
-        return CalibrationRow(run=run, predicted=None, layout="nothing fits", mfu=None)
+        return CalibrationRow(run=run, predicted=None, layout="nothing fits", mfu=None,
+                              fits=False)
     best = result.plans[0]
     m = result.metrics(best.index)
     if run.metric == "fp8_speedup":
@@ -83,6 +88,11 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         bf16 = evaluate(shape, cluster, Candidates.from_layouts([best.layout]),
                         global_batch_tokens=batch_tokens, dp_overlap=run.dp_overlap)
         predicted = float(bf16.step_time_s[0]) / m["step_time_s"]
+    elif run.metric == "gpu_hours" and run.production:  # whole runs: with the goodput
+        predicted = estimate(shape, cluster, best.layout, global_batch_tokens=batch_tokens,
+                             training_tokens=run.training_tokens, precision=run.precision,
+                             dp_overlap=run.dp_overlap,
+                             ep_overlap=run.ep_overlap).cost.gpu_hours
     elif run.metric == "gpu_hours":  # compute hours: every step at the predicted step time
         steps = run.training_tokens / batch_tokens
         predicted = steps * m["step_time_s"] * run.gpus / 3600
@@ -150,8 +160,8 @@ def _role(run: PublishedRun) -> str:
 def markdown(rows: list[CalibrationRow]) -> str:
     lines = [
         ("| run | source | role | GPUs | tp/pp/dp/cp | precision | metric | published "
-         "| predicted | error | planner's choice |"),
-        "| --- | --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | --- |",
+         "| predicted | error | fits | planner's choice |"),
+        "| --- | --- | --- | ---: | --- | --- | --- | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         run = r.run
@@ -160,7 +170,7 @@ def markdown(rows: list[CalibrationRow]) -> str:
         lines.append(
             f"| {run.key} | {run.source} | {_role(run)} | {run.gpus} | "
             f"{run.tp}/{run.pp}/{run.dp}/{run.cp} | {run.precision} | {UNITS[run.metric]} | "
-            f"{run.value:.3g} | {pred} | {err} | {r.layout} |"
+            f"{run.value:.3g} | {pred} | {err} | {'yes' if r.fits else 'no'} | {r.layout} |"
         )
     return "\n".join(lines)
 
@@ -237,6 +247,7 @@ def main() -> None:
                             "published": r.run.value,
                             "predicted": r.predicted,
                             "error": r.error,
+                            "fits": r.fits,
                             "layout": r.layout,
                         }
                         for r in rows

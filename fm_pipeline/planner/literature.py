@@ -34,6 +34,15 @@ Sources
   (tensorwise; rowwise in 2025), on Grand Teton H100s (96 GB HBM2e, 2.4 TB/s, capped at
   500 W). Compared as the FP8 / BF16 throughput ratio, which the unknown power-capped peak
   cancels out of.
+- [TOTALS] Whole training runs' published GPU-hours (production: failures, restarts,
+  evaluation and every phase included). Llama 3.1 405B: 30.84M H100-hours (Meta's model
+  card, meta-llama/llama-models models/llama3_1/MODEL_CARD.md) for ~15.6T tokens, on the
+  Table 4 layouts; Llama 3 70B: 6.4M H100-hours for 15T tokens (Meta's Llama 3 model card;
+  the layout and GPU count are not published: 4,096 GPUs assumed, the search choosing the
+  rest, as the issue that asked for this row framed it); BLOOM 176B: 1,082,990 A100-hours
+  for 366B tokens on 384 A100 80GB, tp 4 x pp 12 x dp 8 ZeRO-1, batch 2,048 x 2,048 tokens,
+  four 100 Gb/s Omni-Path links per 8-GPU node (BigScience, arXiv:2211.05100 and its model
+  card; GENCI's report of the run). GPT-3's training time was never published.
 - [DSV3] DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437: 2,048 H800 (NVLink
   160 GB/s measured, 8 x 400 Gb/s InfiniBand per node), pp 16 (DualPipe), ep 64 over 8
   nodes, ZeRO-1 data parallelism, no tp; FP8 GEMMs with 1x128 / 128x128 scales; tokens
@@ -79,9 +88,10 @@ class PublishedRun:
 
     @property
     def production(self) -> bool:
-        """A production run's throughput (data pipeline, checkpoints, evaluation included),
-        not a benchmark: reported, not held to the benchmark error bounds."""
-        return self.source.startswith("MTNLG22")
+        """A production run's throughput or total (data pipeline, checkpoints, evaluation,
+        failures included), not a benchmark: reported, not held to the benchmark error
+        bounds. Its GPU-hours are predicted with the planner's goodput (failures, saves)."""
+        return self.source.startswith(("MTNLG22", "TOTALS"))
 
 
 A100_HDR = 25.0  # 200 Gb/s HDR InfiniBand per GPU on Selene / DGX A100
@@ -218,4 +228,20 @@ PUBLISHED_RUNS += [
                          "recompute": "full", "sharding": "fsdp"},
                  inter_node_gbps=50.0, precision="fp8-tensorwise")
     for key, m, seq, g, tp, pp, cp, local, gib in TITAN24_MEMORY
+]
+
+# TOTALS: GPU-hours of whole production runs (see the module docstring).
+PUBLISHED_RUNS += [
+    PublishedRun(key="totals-llama3.1-405b", source="TOTALS Llama 3.1 model card",
+                 model="llama3-405b", seq_len=8192, gpu_type="h100-sxm", gpus=16384, tp=8,
+                 pp=16, dp=128, global_batch=2048, metric="gpu_hours", value=30.84e6,
+                 pinned={"micro_batch": 1}, inter_node_gbps=50.0, training_tokens=15.6e12),
+    PublishedRun(key="totals-llama3-70b", source="TOTALS Llama 3 model card",
+                 model="llama3-70b", seq_len=8192, gpu_type="h100-sxm", gpus=4096, tp=0, pp=0,
+                 dp=0, global_batch=2048, metric="gpu_hours", value=6.4e6,
+                 inter_node_gbps=50.0, training_tokens=15e12),
+    PublishedRun(key="totals-bloom-176b", source="TOTALS BLOOM", model="bloom-176b",
+                 seq_len=2048, gpu_type="a100-80gb", gpus=384, tp=4, pp=12, dp=8,
+                 global_batch=2048, metric="gpu_hours", value=1_082_990,
+                 pinned={"sharding": "zero1"}, inter_node_gbps=6.25, training_tokens=366e9),
 ]

@@ -261,6 +261,8 @@ GPT_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "megatron-529.6b": (105, 20480, 128, 51200, 2048),  # = MT-NLG 530B
     "megatron-1t": (128, 25600, 160, 51200, 2048),
     "megatron-22b": (48, 6144, 64, 51200, 2048),  # Korthikanti et al. 2022, Table 3
+    # BigScience 2022 (ALiBi instead of learned positions: 0.03% of the parameters apart)
+    "bloom-176b": (70, 14336, 112, 250880, 2048),
 }
 
 

@@ -8,7 +8,9 @@ min(NVLink, k x NIC), where the NIC rate is the rack's, the spine's (divided by 
 oversubscription) or the inter-region rate, whichever level the span reaches.
 
 Ring all-gather / reduce-scatter of a `bytes_full` tensor: (n-1)/n x bytes / bandwidth plus
-the ring's latency, one hop per rank (n-1 hops; inter-node hops cost more). All-reduce moves
+the ring's latency, one step per rank as NCCL models it (src/graph/tuning.cc: baseLat +
+(nRanks - nNodes) x intraLat + (nNodes - 1) x interLat): n - nodes NVLink steps and
+nodes - 1 network steps, so a ring over 4,096 ranks pays ~15 ms a call in latency alone. All-reduce moves
 twice the bytes; its latency is the better of two rings and NCCL's tree (2 log2(nodes)
 inter-node hops), which is what keeps all-reduce usable on thousands of nodes while
 ring-based all-gather / reduce-scatter over thousands of ranks pays milliseconds per call.
@@ -29,8 +31,8 @@ from fm_pipeline.planner.cluster import ClusterConfig
 
 GB = 1e9
 LINK_EFFICIENCY = 0.8  # achieved bus bandwidth / link rate (nccl-tests on NVLink and InfiniBand)
-ALPHA_INTRA_S = 3e-6  # per hop inside a node
-ALPHA_INTER_S = 10e-6  # per hop across the fabric
+ALPHA_INTRA_S = 3e-6  # per hop inside a node (NCCL's ring/simple NVLink step: 3.4 us)
+ALPHA_INTER_S = 10e-6  # per hop across the fabric (NCCL's ring/simple network step: 9.6 us)
 ALPHA_REGION_S = 1e-3  # per hop between regions (metro distance round trips)
 
 NODE, RACK, SPINE, REGION = 0, 1, 2, 3
@@ -104,7 +106,10 @@ def _group_link(cluster: ClusterConfig, size, stride, *, span=None, per_node=Non
     nodes = np.maximum(size / per_node, 1)
     alpha_far = np.where(level == REGION, ALPHA_REGION_S, ALPHA_INTER_S)
     intra_hops = (per_node - 1) * ALPHA_INTRA_S
-    alpha = np.where(crossing, intra_hops + (nodes - 1) * alpha_far, (size - 1) * ALPHA_INTRA_S)
+    # A ring's chunk passes every rank: size - nodes NVLink steps and nodes - 1 network ones
+    # (NCCL's own tuning model, src/graph/tuning.cc); a tree climbs one node's chain.
+    ring_intra = np.maximum(size - nodes, 0) * ALPHA_INTRA_S
+    alpha = np.where(crossing, ring_intra + (nodes - 1) * alpha_far, (size - 1) * ALPHA_INTRA_S)
     tree = np.where(crossing, 2 * intra_hops + 2 * np.ceil(np.log2(nodes)) * alpha_far, 2 * alpha)
     p2p_bw = np.where(crossing, nic, intra) * LINK_EFFICIENCY
     p2p_alpha = np.where(crossing, alpha_far, ALPHA_INTRA_S)

@@ -7,33 +7,41 @@ import numpy as np
 
 from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.collectives import LEVEL_NAMES, NODE
+from fm_pipeline.planner.evidence import evidence_note
 from fm_pipeline.planner.layout import RECOMPUTE, SHARDING, Candidates
 from fm_pipeline.planner.shape import ModelShape
 from fm_pipeline.planner.step import Evaluation
 
 
-def _versus(ev: Evaluation, i: int, mask: np.ndarray) -> str | None:
-    """'x% faster than the best alternative', or None when no alternative fits."""
-    alt = mask & ev.fits
-    if not alt.any():
+def _versus(ev: Evaluation, i: int, mask: np.ndarray, discount: np.ndarray) -> str | None:
+    """'x% faster than the best alternative', or None when no alternative fits. The best
+    alternative is the best as ranked (less the evidence discount, planner.evidence); the
+    gain is as predicted, with the discount named where it decided."""
+    alt = np.flatnonzero(mask & ev.fits)
+    if not len(alt):
         return None
-    best = ev.tokens_per_s[alt].max()
-    gain = ev.tokens_per_s[i] / best - 1
-    if gain < 0.005:
-        return "as fast as the alternatives"
-    return f"{gain:.0%} faster than the best alternative"
+    best = alt[np.argmax(ev.tokens_per_s[alt] * (1 - discount[alt]))]
+    gain = ev.tokens_per_s[i] / ev.tokens_per_s[best] - 1
+    unevidenced = discount[best] > discount[i]
+    if gain < -0.005 and unevidenced:
+        return (f"{-gain:.0%} slower than the best alternative as predicted, ranked above it "
+                "because that alternative's family has no published run at this scale")
+    said = "as fast as the alternatives" if gain < 0.005 else (
+        f"{gain:.0%} faster than the best alternative")
+    return said + (", whose family has no published run at this scale" if unevidenced else "")
 
 
 def reasons_for(
     shape: ModelShape, cluster: ClusterConfig, c: Candidates, ev: Evaluation, i: int,
-    space: np.ndarray | None = None,
+    space: np.ndarray | None = None, discount: np.ndarray | None = None,
 ) -> list[str]:
     """`space`: the candidates the plan was chosen among (the runnable ones); alternatives
-    outside it are not compared."""
+    outside it are not compared. `discount`: the evidence discount each was ranked with."""
     within = np.ones(len(c), dtype=bool) if space is None else space
+    discount = np.zeros(len(c)) if discount is None else discount
 
     def versus(mask: np.ndarray) -> str | None:
-        return _versus(ev, i, mask & within)
+        return _versus(ev, i, mask & within, discount)
 
     tp, pp, cp = int(c.tp[i]), int(c.pp[i]), int(c.cp[i])
     v, mb = int(c.virtual_stages[i]), int(c.micro_batch[i])
@@ -111,6 +119,7 @@ def reasons_for(
         )
     m = int(ev.microbatches[i])
     out.append(f"dp={int(c.dp[i])} with {m} micro-batch{'es' if m != 1 else ''} of {mb} per step")
+    out.append(evidence_note(c, i, gpus_per_node=cluster.gpus_per_node))
     return out
 
 

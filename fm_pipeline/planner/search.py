@@ -13,7 +13,9 @@ count; dp takes the rest. Sharded optimizers / FSDP shard over all of dp or, hyb
 adds ep, a power of two dividing its experts (at most 256) and the shard group. Pinning any
 field (`fixed={"tp": 8}`) restricts the search to it.
 
-Plans are ranked among the layouts the trainer can run (fm_pipeline.planner.runnable); the
+Plans are ranked by predicted throughput, less planner.evidence's discount for a layout
+family larger than any published run of it (the model's errors are what a search would
+otherwise maximise), among the layouts the trainer can run (fm_pipeline.planner.runnable); the
 ones the cost model rates faster but the trainer cannot run (cp, ZeRO-1/2, uneven pipeline
 splits, ...) come back apart, in `not_runnable`, each with its reasons. `runnable_only=False`
 ranks the whole space, for questions about layouts this trainer does not have.
@@ -30,6 +32,7 @@ import numpy as np
 
 from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.errors import PlanInputError, require_positive
+from fm_pipeline.planner.evidence import ranking_discount
 from fm_pipeline.planner.layout import (
     RECOMPUTE,
     SCHEDULES,
@@ -206,8 +209,10 @@ def search(
     )
     space = (runnable_mask(shape, c, precision=precision) if runnable_only
              else np.ones(len(c), dtype=bool))
+    discount = ranking_discount(c, gpus_per_node=cluster.gpus_per_node)
+    score = ev.tokens_per_s * (1 - discount)
     fits = np.flatnonzero(ev.fits & space)
-    order = _ranked(ev, fits)[:top]
+    order = _ranked(ev, fits, score)[:top]
     from fm_pipeline.planner.explain import reasons_for
 
     plans = [
@@ -215,17 +220,18 @@ def search(
             rank=r + 1,
             layout=c.layout(int(i)),
             index=int(i),
-            reasons=reasons_for(shape, cluster, c, ev, int(i), space=space),
+            reasons=reasons_for(shape, cluster, c, ev, int(i), space=space, discount=discount),
         )
         for r, i in enumerate(order)
     ]
     outside = np.flatnonzero(ev.fits & ~space)
     if len(order):
-        outside = outside[ev.tokens_per_s[outside] > ev.tokens_per_s[order[0]]]
+        outside = outside[score[outside] > score[order[0]]]
     elsewhere = [
         RankedPlan(rank=r + 1, layout=c.layout(i), index=i,
                    reasons=not_runnable(shape, c.layout(i), precision=precision))
-        for r, i in enumerate(_distinct_degrees(c, _ranked(ev, outside), not_runnable_top))
+        for r, i in enumerate(_distinct_degrees(c, _ranked(ev, outside, score),
+                                                not_runnable_top))
     ]
     return SearchResult(
         plans=plans,
@@ -255,6 +261,7 @@ def _distinct_degrees(c: Candidates, ranked: np.ndarray, n: int) -> list[int]:
     return out
 
 
-def _ranked(ev: Evaluation, index: np.ndarray) -> np.ndarray:
-    """Fastest first; among equals the one using less memory."""
-    return index[np.lexsort((ev.memory.total_gib[index], -ev.tokens_per_s[index]))]
+def _ranked(ev: Evaluation, index: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Fastest first as ranked (throughput less the evidence discount); among equals the
+    one using less memory."""
+    return index[np.lexsort((ev.memory.total_gib[index], -score[index]))]

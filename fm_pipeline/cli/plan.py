@@ -94,6 +94,7 @@ CLUSTER_FLAGS = (
     "storage_write_gbps",
     "dollars_per_gpu_hour",
     "node_failure_rate_per_day",
+    "checkpoint_store_share",
 )
 
 
@@ -102,7 +103,7 @@ def _cluster(o: dict):
 
     if not o["gpu_type"]:
         raise PlanInputError(
-            "gpu_type", "is required (a100-40gb, a100-80gb, h100, h200, b200, cpu)"
+            "gpu_type", "is required (a100-40gb, a100-80gb, h100, h100-96gb, h800, h200, b200, cpu)"
         )
     return make_cluster(o["gpu_type"], **{k: o[k] for k in CLUSTER_FLAGS})
 
@@ -190,7 +191,7 @@ SHARED_OPTIONS: dict[str, object] = {
     "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(
         help="bf16 | fp32 | fp8 (= fp8-tensorwise) | fp8-rowwise | fp8-blockwise; FP8 runs "
              "the blocks' linear layers in FP8 (H100, H200, B200), MFU against bf16's peak")],
-    **{flag: Float if flag.endswith(("gbps", "subscription", "hour", "per_day")) else Int
+    **{flag: Float if flag.endswith(("gbps", "subscription", "hour", "per_day", "share")) else Int
        for flag in CLUSTER_FLAGS if flag != "gpus_per_node"},
     "as_json": Json,
 }

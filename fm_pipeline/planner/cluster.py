@@ -36,6 +36,9 @@ class ClusterConfig:
     storage_write_gbps: float = DEFAULT_STORAGE_WRITE_GBPS  # aggregate checkpoint write GB/s
     storage_read_gbps: float | None = None  # aggregate restore GB/s; None: same as write
     host_copy_gbps: float = 25.0  # device-to-host per GPU, what an async save blocks on
+    # Share of the store's write bandwidth one job's checkpoints may take on average: the
+    # rest serves the data loader's reads, restores and other jobs (a policy, not a rate).
+    checkpoint_store_share: float = 0.5
     dollars_per_gpu_hour: float = 2.5
     storage_dollars_per_gb_month: float = 0.023  # object-store list price
     # None: Llama 3's interruption rates per GPU, node and job (planner.failure_model, the
@@ -77,6 +80,9 @@ class ClusterConfig:
         ):
             if getattr(self, field) is not None and getattr(self, field) < 0:
                 raise PlanInputError(field, f"must be >= 0, got {getattr(self, field)}")
+        if not 0 < self.checkpoint_store_share <= 1:
+            raise PlanInputError("checkpoint_store_share", "must be within (0, 1], got "
+                                 f"{self.checkpoint_store_share}")
         if not 0 <= self.fast_tier_survivable <= 1:
             raise PlanInputError("fast_tier_survivable",
                                  f"must be within [0, 1], got {self.fast_tier_survivable}")

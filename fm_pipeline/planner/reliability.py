@@ -13,7 +13,10 @@
 - Interval: Daly (2006) "A higher order estimate of the optimum checkpoint interval for
   restart dumps", tau = sqrt(2 d M) [1 + sqrt(d / 2M) / 3 + (d / 2M) / 9] - d for d < 2M
   (else M), where d is the blocking checkpoint cost; to first order this is Young's (1974)
-  sqrt(2 d M).
+  sqrt(2 d M). An async save's blocking cost is tiny, so Daly alone would save every few
+  steps and keep the store writing nonstop: the recommended interval is never shorter than
+  the write time over the store's share for this job's checkpoints
+  (`cluster.checkpoint_store_share`, 0.5), and `store_duty` reports the share it takes.
 - Each failure costs the restart (reschedule, rendezvous, restore from storage) plus the
   work since the last durable checkpoint: tau/2 on average, plus the write time when saves
   are async (a checkpoint counts only once written).
@@ -69,6 +72,7 @@ class Reliability:
     failure_overhead: float  # fraction of time lost to failures
     goodput: float
     expected_failures_per_day: float
+    store_duty: float = 0.0  # share of the time the store spends writing this job's saves
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and math.isinf(v) else v)
@@ -88,9 +92,11 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
     if interval_steps is None:
         tau = daly_interval(blocking_s, mtbf)
         if async_save:
-            tau = max(tau, write_s)  # the previous save must be durable before the next starts
+            # The previous save must be durable before the next starts, and saves may take
+            # only their share of the store (fast storage otherwise means writing nonstop).
+            tau = max(tau, write_s / cluster.checkpoint_store_share)
         tau, steps = _steps_of(max(tau, step_time_s), step_time_s)  # saves at step boundaries
-        if async_save and tau < write_s:  # rounded below the write: one step more
+        if async_save and tau < write_s / cluster.checkpoint_store_share:  # rounded below
             tau, steps = tau + step_time_s, steps + 1
     else:
         steps = max(1, interval_steps)
@@ -108,6 +114,7 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
         restart_s=restart, checkpoint_overhead=ckpt_overhead, failure_overhead=failure_overhead,
         goodput=(1 - ckpt_overhead) * (1 - failure_overhead),
         expected_failures_per_day=per_day,
+        store_duty=min(1.0, write_s / tau) if math.isfinite(tau) and tau > 0 else 0.0,
     )
 
 
@@ -161,7 +168,7 @@ def two_level(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s: 
     tau_f, steps_f = _steps_of(max(tau_f, replica_s, step_time_s), step_time_s)
     tau_d = daly_interval(durable.checkpoint_blocking_s, 1 / rate_d) if rate_d > 0 \
         else math.inf
-    tau_d = max(tau_d, durable.checkpoint_write_s, step_time_s)
+    tau_d = max(tau_d, durable.checkpoint_write_s / cluster.checkpoint_store_share, step_time_s)
     if math.isfinite(tau_d) and math.isfinite(tau_f):
         tau_d = max(1, round(tau_d / tau_f)) * tau_f  # durable saves on fast boundaries
     tau_d, steps_d = _steps_of(tau_d, step_time_s)

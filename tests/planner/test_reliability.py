@@ -8,6 +8,7 @@ import pytest
 
 from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.cost import training_cost
+from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.reliability import daly_interval, reliability, young_interval
 
 
@@ -124,3 +125,23 @@ def test_a_survivable_share_outside_0_1_is_refused_naming_it():
 
     with pytest.raises(PlanInputError, match="fast_tier_survivable"):
         make_cluster("h100", fast_tier_survivable=1.5)
+
+
+def test_async_saves_leave_the_store_room_for_everything_else():
+    """Async saves block for a host copy only, so Daly alone would checkpoint as often as
+    the store can write (writing nonstop); the interval keeps the store's share instead."""
+    params, gpus, step = 100e9, 2048, 5.0
+    shared = reliability(params=params, gpus=gpus, cluster=make_cluster("h100"),
+                         step_time_s=step)
+    assert shared.checkpoint_write_s == pytest.approx(params * 12 / 10e9)  # 120 s at 10 GB/s
+    assert shared.interval_s >= 2 * shared.checkpoint_write_s  # share 0.5
+    assert shared.store_duty <= 0.5
+    whole = reliability(params=params, gpus=gpus, step_time_s=step,
+                        cluster=make_cluster("h100", checkpoint_store_share=1.0))
+    assert whole.interval_s < shared.interval_s and whole.store_duty > 0.9
+    # A store fast enough that Daly's own optimum is longer: the share does not bind.
+    fast = reliability(params=params, gpus=gpus, step_time_s=step,
+                       cluster=make_cluster("h100", storage_write_gbps=2000.0))
+    assert fast.interval_s > 2 * fast.checkpoint_write_s and fast.store_duty < 0.5
+    with pytest.raises(PlanInputError, match="checkpoint_store_share"):
+        make_cluster("h100", checkpoint_store_share=0.0)

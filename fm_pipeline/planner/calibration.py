@@ -76,6 +76,8 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         precision=run.precision,
         dp_overlap=run.dp_overlap,
         ep_overlap=run.ep_overlap,
+        sequence_parallel=run.sequence_parallel,
+        tp_overlap=run.tp_overlap,
         runnable_only=False,  # the published runs' own layouts (ZeRO-1, cp, uneven stages)
     )
     if not result.plans:
@@ -86,13 +88,15 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
     if run.metric == "fp8_speedup":
         # The same layout in BF16, as the paper's baseline ran it.
         bf16 = evaluate(shape, cluster, Candidates.from_layouts([best.layout]),
-                        global_batch_tokens=batch_tokens, dp_overlap=run.dp_overlap)
+                        global_batch_tokens=batch_tokens, dp_overlap=run.dp_overlap,
+                        sequence_parallel=run.sequence_parallel, tp_overlap=run.tp_overlap)
         predicted = float(bf16.step_time_s[0]) / m["step_time_s"]
     elif run.metric == "gpu_hours" and run.production:  # whole runs: with the goodput
         predicted = estimate(shape, cluster, best.layout, global_batch_tokens=batch_tokens,
                              training_tokens=run.training_tokens, precision=run.precision,
-                             dp_overlap=run.dp_overlap,
-                             ep_overlap=run.ep_overlap).cost.gpu_hours
+                             dp_overlap=run.dp_overlap, ep_overlap=run.ep_overlap,
+                             sequence_parallel=run.sequence_parallel,
+                             tp_overlap=run.tp_overlap).cost.gpu_hours
     elif run.metric == "gpu_hours":  # compute hours: every step at the predicted step time
         steps = run.training_tokens / batch_tokens
         predicted = steps * m["step_time_s"] * run.gpus / 3600

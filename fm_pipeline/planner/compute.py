@@ -96,7 +96,8 @@ def _moe_gemms(shape: ModelShape, c: Candidates, gemms, tokens) -> list:
 
 
 def layer_times(
-    shape: ModelShape, acc: Accelerator, c: Candidates, *, precision: str = "bf16"
+    shape: ModelShape, acc: Accelerator, c: Candidates, *, precision: str = "bf16",
+    sequence_parallel: bool = True,
 ) -> LayerTimes:
     prec = get_precision(precision)
     dtype_bytes = prec.act_bytes
@@ -147,7 +148,10 @@ def layer_times(
     attn_fwd = (scores + values) * causal_share
     attn_bwd = attn_fwd * (2.5 if shape.flash_attention else 2.0)
 
-    acts = layer_activations(shape, c, dtype_bytes=dtype_bytes)
+    # Without sequence parallelism norms, residuals and dropout run on the whole sequence on
+    # every tp rank (the activations outside the tensor-parallel regions are not split).
+    acts = layer_activations(shape, c, dtype_bytes=dtype_bytes,
+                             sequence_parallel=sequence_parallel)
     elem_fwd = ELEMENTWISE_PASSES * (acts.linear + acts.core) / hbm
     core_elem_fwd = ELEMENTWISE_PASSES * acts.core / hbm
 

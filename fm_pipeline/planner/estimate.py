@@ -75,7 +75,8 @@ class Estimate:
 
 def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, global_batch_tokens: int,
              training_tokens: float | None = None, precision: str = "bf16", dp_overlap: bool = True,
-             ep_overlap: bool = False, async_checkpoint: bool = True,
+             ep_overlap: bool = False, sequence_parallel: bool = True,
+             tp_overlap: bool = True, async_checkpoint: bool = True,
              checkpoints_kept: int = 3) -> Estimate:
     require_positive("global_batch_tokens", global_batch_tokens, integer=True)
     if training_tokens is not None:
@@ -92,6 +93,8 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         precision=precision,
         dp_overlap=dp_overlap,
         ep_overlap=ep_overlap,
+        sequence_parallel=sequence_parallel,
+        tp_overlap=tp_overlap,
     )
     metrics = plan_metrics(ev, 0)
     params = shape.params().total

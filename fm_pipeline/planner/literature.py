@@ -74,6 +74,8 @@ class PublishedRun:
     cp: int = 1
     pinned: dict = field(default_factory=dict)  # micro_batch, virtual_stages, recompute, sharding
     dp_overlap: bool = True  # overlap of data-parallel communication with compute
+    sequence_parallel: bool = True  # False: Megatron before 2022 (tp all-reduces, unsplit norms)
+    tp_overlap: bool = True  # False: tensor-parallel traffic not overlapped (before 2023)
     inter_node_gbps: float | None = None
     precision: str = "bf16"  # fm_pipeline.planner.precision; "fp8_speedup" rows: the FP8 one
     training_tokens: float = 0.0  # "gpu_hours" rows: the budget the hours trained
@@ -99,12 +101,13 @@ MEGATRON_2021 = {"recompute": "full", "sharding": "ddp"}
 
 
 def _a100(key: str, source: str, model: str, *, gpus: int, tp: int, pp: int, batch: int,
-          metric: str, value: float, **pinned) -> PublishedRun:
+          metric: str, value: float, sequence_parallel: bool = False, **pinned) -> PublishedRun:
     """A Megatron run on Selene-like A100 80GB nodes (2021-2022: no overlap of DP comm)."""
     return PublishedRun(key=key, source=source, model=f"megatron-{model}", seq_len=2048,
                         gpu_type="a100-80gb", gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp),
                         global_batch=batch, metric=metric, value=value, pinned=pinned,
-                        dp_overlap=False, inter_node_gbps=A100_HDR)
+                        dp_overlap=False, inter_node_gbps=A100_HDR,
+                        sequence_parallel=sequence_parallel, tp_overlap=False)
 
 
 # NAR21 Table 1: model, tp, pp, GPUs, batch, teraFLOP/s per GPU.
@@ -145,11 +148,11 @@ PUBLISHED_RUNS: list[PublishedRun] = [
       for m, pp, b, g, x in NAR21_TABLE_2],
     *[_a100(f"kor22-{m}-{rec}", "KOR22 Tables 3, 5", m, gpus=g, tp=8, pp=pp, batch=KOR22_BATCH[m],
             metric="iteration_s", value=x, micro_batch=mb, virtual_stages=v, recompute=rec,
-            sharding="ddp")
+            sharding="ddp", sequence_parallel=rec == "selective")
       for m, pp, g, mb, v, rec, x in KOR22_TABLE_5],
     _a100("kor22-529.6b-dp8", "KOR22 section 6.3", "529.6b", gpus=2240, tp=8, pp=35, batch=2240,
           metric="iteration_s", value=39.15, micro_batch=1, virtual_stages=3,
-          recompute="selective", sharding="ddp"),
+          recompute="selective", sharding="ddp", sequence_parallel=True),
     *[_a100(f"mtnlg22-{g}", "MTNLG22 section 2.4", "529.6b", gpus=g, tp=8, pp=35, batch=1920,
             metric="iteration_s", value=x, micro_batch=1, **MEGATRON_2021)
       for g, x in MTNLG22],
@@ -243,5 +246,6 @@ PUBLISHED_RUNS += [
     PublishedRun(key="totals-bloom-176b", source="TOTALS BLOOM", model="bloom-176b",
                  seq_len=2048, gpu_type="a100-80gb", gpus=384, tp=4, pp=12, dp=8,
                  global_batch=2048, metric="gpu_hours", value=1_082_990,
-                 pinned={"sharding": "zero1"}, inter_node_gbps=6.25, training_tokens=366e9),
+                 pinned={"sharding": "zero1"}, inter_node_gbps=6.25, training_tokens=366e9,
+                 sequence_parallel=False, tp_overlap=False),  # Megatron-DeepSpeed, 2022
 ]

@@ -183,6 +183,8 @@ def search(
     precision: str = "bf16",
     dp_overlap: bool = True,
     ep_overlap: bool = False,
+    sequence_parallel: bool = True,
+    tp_overlap: bool = True,
     runnable_only: bool = True,
     not_runnable_top: int = 3,
 ) -> SearchResult:
@@ -206,6 +208,8 @@ def search(
         precision=precision,
         dp_overlap=dp_overlap,
         ep_overlap=ep_overlap,
+        sequence_parallel=sequence_parallel,
+        tp_overlap=tp_overlap,
     )
     space = (runnable_mask(shape, c, precision=precision) if runnable_only
              else np.ones(len(c), dtype=bool))

@@ -5,7 +5,10 @@ candidate layouts: `evaluate` scores one layout or thirty thousand in the same p
 
 t_micro is one micro-batch through the slowest pipeline rank (its layers, the output layer,
 recomputation, and the communication that cannot hide):
-  - tensor parallel (with sequence parallelism): per layer 2 all-gathers + 2 reduce-scatters
+  - tensor parallel (with sequence parallelism; `sequence_parallel=False` for Megatron
+    before 2022: all-reduces of the same bytes, norms and dropout unsplit; `tp_overlap=False`
+    before its overlap with compute, 2023: nothing hidden):
+    per layer 2 all-gathers + 2 reduce-scatters
     of the s x b x h activation forward, the same backward (Korthikanti et al. 2022); the
     forward ones and a recomputed forward's are exposed; backward, the all-gathers feeding
     the row-parallel layers are exposed and the reduce-scatters hide behind the
@@ -114,15 +117,16 @@ def _hides(comm, window, buckets):
 
 
 def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global_batch_tokens: int,
-             precision: str = "bf16", dp_overlap: bool = True,
-             ep_overlap: bool = False) -> Evaluation:
+             precision: str = "bf16", dp_overlap: bool = True, ep_overlap: bool = False,
+             sequence_parallel: bool = True, tp_overlap: bool = True) -> Evaluation:
     acc = cluster.accelerator
     on_cpu = acc.name.startswith("cpu")
     prec = get_precision(precision)
     dtype_bytes = prec.act_bytes
     mem = memory_per_gpu(shape, c, global_batch_tokens=global_batch_tokens,
-                         capacity_gib=acc.memory_gib, precision=precision, on_cpu=on_cpu)
-    lt = layer_times(shape, acc, c, precision=precision)
+                         capacity_gib=acc.memory_gib, precision=precision, on_cpu=on_cpu,
+                         sequence_parallel=sequence_parallel)
+    lt = layer_times(shape, acc, c, precision=precision, sequence_parallel=sequence_parallel)
     layers = mem.layers_per_rank.astype(np.float64)
     m = (global_batch_tokens // shape.seq_len // (c.dp * c.micro_batch)).astype(np.float64)
     v = c.virtual_stages.astype(np.float64)
@@ -146,7 +150,11 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     tp_fwd = 4 * tp_pass * (1 + redone)
     # Backward: the gradient all-gather before each row-parallel layer is needed at once;
     # the reduce-scatters after the column-parallel ones hide behind weight gradients.
+    # Without sequence parallelism (Megatron before 2022) two all-reduces; without the
+    # overlap (Megatron before Transformer Engine's, 2023) nothing is hidden.
     tp_bwd = 2 * tp_pass + np.maximum(2 * tp_pass - lt.wgrad, 0.0)
+    if not (sequence_parallel and tp_overlap):
+        tp_bwd = 4 * tp_pass
     tp_mb = layers * (tp_fwd + tp_bwd)
 
     # Context parallel: gather K and V (this rank's kv heads) forward, scatter their grads.

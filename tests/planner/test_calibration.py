@@ -20,18 +20,20 @@ def test_every_published_configuration_fits_and_is_predicted(rows):
 
 def test_errors_stay_within_the_documented_bounds(rows):
     s = summary(rows)
-    assert s["median_abs_error"] < 0.12
-    assert s["validation"]["median_abs_error"] < 0.12  # rows no constant was chosen on
+    assert s["median_abs_error"] < 0.10
+    assert s["validation"]["median_abs_error"] < 0.10  # rows no constant was chosen on
     by_source = {}
     for r in rows:
         by_source.setdefault(r.run.key.split("-")[0], []).append(abs(r.error))
-    assert max(by_source["kor22"]) < 0.15  # controlled benchmarks, every knob published
+    assert max(by_source["kor22"]) < 0.12  # controlled benchmarks, every knob published
     assert max(by_source["llama3"]) < 0.10
-    assert max(by_source["nar21"]) < 0.25
+    # Megatron 2021: no sequence parallelism, tensor-parallel traffic not overlapped (their
+    # rows say so); modelled as the runs were, the A100 rows came down from +14-18% median.
+    assert max(by_source["nar21"]) < 0.20
     assert max(by_source["dgxc24"]) < 0.20  # H100, BF16 and FP8, up to 2,304 GPUs
     # A production run (data, checkpoints, evaluation, failures) is slower than any
     # benchmark; upper bounds only, so that a better model can only tighten them.
-    assert max(by_source["mtnlg22"]) < 0.50
+    assert max(by_source["mtnlg22"]) < 0.45
     assert max(by_source["totals"]) < 0.65  # whole runs' GPU-hours (Llama 3, BLOOM)
     assert summary(rows)["production"]["predicted"] == 6
 
@@ -93,3 +95,19 @@ def test_memory_is_checked_against_the_peaks_torchtitan_published(rows):
     # is most of Llama 3 8B's memory: counting one fp32 copy predicted 54 GiB, not 84.
     eight = [r for r in memory if "-8b-" in r.run.key]
     assert all(abs(r.error) < 0.15 for r in eight)
+
+
+def test_the_2021_megatron_runs_are_modelled_as_they_ran(rows):
+    """No sequence parallelism and no overlap of tensor-parallel traffic (NAR21, MT-NLG,
+    KOR22's full-recomputation rows): modelled with both, the same rows were predicted
+    faster by the gap the calibration used to call the A100 bias."""
+    import dataclasses
+
+    from fm_pipeline.planner.calibration import predict_run
+
+    nar21 = [r for r in rows if r.run.key.startswith("nar21-t2-")]
+    assert all(not r.run.sequence_parallel and not r.run.tp_overlap for r in nar21)
+    modern = [predict_run(dataclasses.replace(r.run, sequence_parallel=True, tp_overlap=True))
+              for r in nar21]
+    for as_ran, as_if_modern in zip(nar21, modern, strict=True):
+        assert as_if_modern.error > as_ran.error + 0.03, as_ran.run.key

@@ -140,10 +140,11 @@ def layer_times(
 
     # Attention scores: per (sequence, head) a (s_local x s) @ (s x head_dim) pair.
     heads_local = shape.heads / t
-    s_local, s_kv, hd = shape.seq_len / c.cp, shape.seq_len, shape.head_dim
+    s_local, s_kv = shape.seq_len / c.cp, shape.seq_len
+    qk_dim, v_dim = shape.score_dims
     batch = c.micro_batch * heads_local
-    scores = gemm_time(acc, peak, s_local, s_kv, hd, batch=batch, dtype_bytes=dtype_bytes)
-    values = gemm_time(acc, peak, s_local, hd, s_kv, batch=batch, dtype_bytes=dtype_bytes)
+    scores = gemm_time(acc, peak, s_local, s_kv, qk_dim, batch=batch, dtype_bytes=dtype_bytes)
+    values = gemm_time(acc, peak, s_local, v_dim, s_kv, batch=batch, dtype_bytes=dtype_bytes)
     causal_share = 0.5 if shape.flash_attention else 1.0
     attn_fwd = (scores + values) * causal_share
     attn_bwd = attn_fwd * (2.5 if shape.flash_attention else 2.0)

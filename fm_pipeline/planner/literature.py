@@ -43,6 +43,12 @@ Sources
   for 366B tokens on 384 A100 80GB, tp 4 x pp 12 x dp 8 ZeRO-1, batch 2,048 x 2,048 tokens,
   four 100 Gb/s Omni-Path links per 8-GPU node (BigScience, arXiv:2211.05100 and its model
   card; GENCI's report of the run). GPT-3's training time was never published.
+- [MBRIDGE25] NVIDIA Megatron-Bridge, docs/performance-summary.md, 25.09 container, DGX-H100
+  table: DeepSeek-V3 (dropless, routing force-balanced) on 1,024 H100, global batch 8,192 x
+  4,096 tokens, micro-batch 1, tp 2, pp 8, vp 4, ep 64: 1,297 tokens/s per GPU in FP8 current
+  scaling (per-tensor). Its recipe (scripts/performance, deepseek_v3 H100 config): DeepEP
+  dispatch (once per node), the all-to-all overlapped across micro-batches, MLA's up
+  projections and the MLP recomputed.
 - [DSV3] DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437: 2,048 H800 (NVLink
   160 GB/s measured, 8 x 400 Gb/s InfiniBand per node), pp 16 (DualPipe), ep 64 over 8
   nodes, ZeRO-1 data parallelism, no tp; FP8 GEMMs with 1x128 / 128x128 scales; tokens
@@ -201,15 +207,18 @@ PUBLISHED_RUNS += [
       for key, m, g, tp, local, full_ac, prec, ratio in TITAN_FP8],
 ]
 
-# DSV3: the planner's deepseek-v3-like (grouped-query attention standing in for MLA, no
-# multi-token-prediction module) with the published system around it; the batch is the
-# final 15,360 sequences (the first 469B tokens ramp up from 3,072).
+# DSV3: the planner's deepseek-v3-like (grouped-query projections standing in for MLA's,
+# MLA's 192 / 128-wide heads for the scores, no multi-token-prediction module) with the
+# published system around it; the batch is the final 15,360 sequences (the first 469B
+# tokens ramp up from 3,072). Tokens reach at most 4 nodes (the model's group-limited
+# routing), sent once per node by the dispatch.
+DSV3_SYSTEM = {"route_nodes": 4, "qk_head_dim": 192, "v_head_dim": 128}
 PUBLISHED_RUNS.append(PublishedRun(
     key="dsv3-2048-h800", source="DSV3 Table 1", model="deepseek-v3-like", seq_len=4096,
     gpu_type="h800", gpus=2048, tp=1, pp=16, dp=128, global_batch=15360, metric="gpu_hours",
     value=2.664e6, pinned={"ep": 64, "sharding": "zero1", "micro_batch": 1},
     inter_node_gbps=50.0, precision="fp8-blockwise", training_tokens=14.8e12,
-    ep_overlap=True, shape_overrides={"route_nodes": 4}))
+    ep_overlap=True, shape_overrides=DSV3_SYSTEM))
 
 # TITAN24 memory (GiB per GPU, torchtitan's logged peak reserved by the caching allocator,
 # the fullest rank; torch.compile + Float8 tensorwise, full activation checkpointing):
@@ -249,3 +258,12 @@ PUBLISHED_RUNS += [
                  pinned={"sharding": "zero1"}, inter_node_gbps=6.25, training_tokens=366e9,
                  sequence_parallel=False, tp_overlap=False),  # Megatron-DeepSpeed, 2022
 ]
+
+# MBRIDGE25: DeepSeek-V3 on 1,024 H100 with Megatron-Core's MoE system (see the docstring).
+PUBLISHED_RUNS.append(PublishedRun(
+    key="mbridge25-dsv3-1024-h100", source="MBRIDGE25 (Megatron-Bridge 25.09)",
+    model="deepseek-v3-like", seq_len=4096, gpu_type="h100-sxm", gpus=1024, tp=2, pp=8, dp=64,
+    global_batch=8192, metric="iteration_s", value=8192 * 4096 / (1024 * 1297),
+    pinned={"ep": 64, "sharding": "zero1", "micro_batch": 1, "virtual_stages": 4},
+    inter_node_gbps=50.0, precision="fp8-tensorwise", ep_overlap=True,
+    shape_overrides={**DSV3_SYSTEM, "expert_imbalance": 1.0}))

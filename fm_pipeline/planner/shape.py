@@ -84,6 +84,12 @@ class ModelShape:
     # dispatch). 0: unlimited, every routed copy sent on its own (all_to_all_single, as the
     # trainer dispatches). Planner-only: the trainer's router does not limit nodes.
     route_nodes: int = 0
+    # Attention head widths other than hidden / heads (planner-only, 0: hidden / heads):
+    # DeepSeek-V3's multi-head latent attention scores with 192-wide query/key heads (128 +
+    # 64 rotary) and 128-wide values, 2.9x the score FLOPs of the grouped-query stand-in's
+    # 56-wide heads. Projections stay the stand-in's (its weights are within 1% of MLA's).
+    qk_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
@@ -112,6 +118,9 @@ class ModelShape:
                                      f"got {self.expert_imbalance}")
             if self.route_nodes < 0:
                 raise PlanInputError("route_nodes", f"must be >= 0, got {self.route_nodes}")
+        for field in ("qk_head_dim", "v_head_dim"):
+            if getattr(self, field) < 0:
+                raise PlanInputError(field, f"must be >= 0, got {getattr(self, field)}")
         if self.norm not in NORM_KINDS:
             raise PlanInputError(
                 "norm", f"must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}"
@@ -120,6 +129,11 @@ class ModelShape:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def score_dims(self) -> tuple[int, int]:
+        """(query/key, value) widths of one attention head."""
+        return (self.qk_head_dim or self.head_dim, self.v_head_dim or self.head_dim)
 
     @property
     def kv_dim(self) -> int:
@@ -191,8 +205,10 @@ class ModelShape:
         )
 
     def attention_flops_per_token(self) -> int:
-        """QK^T and attention-over-V for one token, forward and backward, full square."""
-        return 12 * self.layers * self.hidden * self.seq_len
+        """QK^T and attention-over-V for one token, forward and backward, full square
+        (12 x layers x hidden x seq_len when the heads are hidden / heads wide)."""
+        qk, v = self.score_dims
+        return 6 * self.layers * self.heads * (qk + v) * self.seq_len
 
     def model_flops_per_token(self) -> int:
         """Training FLOPs of one token, the MFU numerator (same convention as the trainer)."""

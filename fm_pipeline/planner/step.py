@@ -270,7 +270,7 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     gpus = group.astype(np.float64)
     peak = acc.peak_flops(prec.compute_dtype)  # FP8 runs quote MFU against BF16's peak
     model_flops = float(shape.model_flops_per_token()) * tokens_per_step
-    attn_fwd_per_token = 4.0 * shape.layers * shape.hidden * shape.seq_len
+    attn_fwd_per_token = shape.attention_flops_per_token() / 3.0  # the forward's third
     layer_fwd_per_token = 2.0 * shape.layers * shape.layer_matmul_weights() + attn_fwd_per_token
     recompute_per_token = redone * layer_fwd_per_token + np.where(
         c.recompute == SELECTIVE, attn_fwd_per_token, 0.0)

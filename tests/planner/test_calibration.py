@@ -41,7 +41,8 @@ def test_errors_stay_within_the_documented_bounds(rows):
 def test_fp8_is_calibrated_on_published_fp8_runs(rows):
     fp8 = [r for r in rows if r.run.precision.startswith("fp8") and r.run.metric != "memory_gib"]
     assert len(fp8) >= 10
-    tensorwise = [r for r in fp8 if r.run.precision == "fp8-tensorwise"]
+    tensorwise = [r for r in fp8 if r.run.precision == "fp8-tensorwise"
+                  and not r.run.key.startswith("mbridge")]  # MoE: see the MoE test
     assert max(abs(r.error) for r in tensorwise) < 0.20
     # torchtitan's FP8 / BF16 throughput ratios on the same layouts.
     ratios = [r for r in tensorwise if r.run.metric == "fp8_speedup"]
@@ -76,10 +77,26 @@ def test_strong_scaling_trend_matches_the_paper(rows):
 
 def test_deepseek_v3_gpu_hours_with_its_published_system(rows):
     """FP8 blockwise GEMMs, FP8 dispatch, tokens sent to at most 4 nodes once each, the
-    all-to-all overlapped (DualPipe): within 20% of the 2.664M H800-hours published."""
+    all-to-all overlapped (DualPipe), MLA's head widths: within 10% of the 2.664M
+    H800-hours published."""
     (dsv3,) = [r for r in rows if r.run.key.startswith("dsv3-")]
-    assert dsv3.run.metric == "gpu_hours" and abs(dsv3.error) < 0.20
+    assert dsv3.run.metric == "gpu_hours" and abs(dsv3.error) < 0.10
     assert "ep=64" in dsv3.layout and "pp=16" in dsv3.layout
+
+
+def test_megatrons_deepseek_v3_brackets_its_all_to_all_overlap(rows):
+    """Megatron-Core's DeepSeek-V3 on 1,024 H100 overlaps the all-to-all across micro-batches
+    (its recipe says so) but not all of it: the planner's full hiding is optimistic, the
+    all-to-all exposed pessimistic, and the published step lies between (documented; the
+    overlap's share is what this row will calibrate)."""
+    import dataclasses
+
+    from fm_pipeline.planner.calibration import predict_run
+
+    (row,) = [r for r in rows if r.run.key.startswith("mbridge25-dsv3")]
+    exposed = predict_run(dataclasses.replace(row.run, ep_overlap=False))
+    assert row.predicted < row.run.value < exposed.predicted
+    assert row.error < 0.6 and exposed.error > -0.3
 
 
 def test_memory_is_checked_against_the_peaks_torchtitan_published(rows):

@@ -357,7 +357,7 @@ def _write_spec(o: dict, inp: dict, result) -> str:
     spec = {"name": o["name"] or job_name(inp["shape"], layout),
             **spec_sections(inp["shape"], inp["cluster"], layout,
                             global_batch_tokens=inp["global_batch_tokens"],
-                            precision=inp["precision"],
+                            precision=result.precision,  # canonical: fp8 -> fp8-tensorwise
                             checkpoint_every_steps=est.reliability.interval_steps,
                             training_steps=est.cost.steps, estimate=est)}
     # The data mix is not the planner's: the embedded demo's sources stand in, named as such.

@@ -24,8 +24,8 @@ def _versus(ev: Evaluation, i: int, mask: np.ndarray, discount: np.ndarray) -> s
     gain = ev.tokens_per_s[i] / ev.tokens_per_s[best] - 1
     unevidenced = discount[best] > discount[i]
     if gain < -0.005 and unevidenced:
-        return (f"{-gain:.0%} slower than the best alternative as predicted, ranked above it "
-                "because that alternative's family has no published run at this scale")
+        return (f"{-gain:.0%} slower than the best alternative as predicted, ranked above "
+                "it: no published run of its family at this scale")
     said = "as fast as the alternatives" if gain < 0.005 else (
         f"{gain:.0%} faster than the best alternative")
     return said + (", whose family has no published run at this scale" if unevidenced else "")

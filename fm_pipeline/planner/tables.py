@@ -39,7 +39,8 @@ def estimate_view(est: Estimate) -> Group:
     fits = "[green]yes[/]" if d["fits"] else "[red]NO[/]"
     for label, value in [
         ("step time", f"{d['step_time_s']:.3f} s"), ("tokens/s", f"{d['tokens_per_s']:,.0f}"),
-        ("MFU / HFU", f"{_pct(d['mfu'])} / {_pct(d['hfu'])} of the {d['precision']} peak"),
+        ("MFU / HFU", f"{_pct(d['mfu'])} / {_pct(d['hfu'])} of the "
+                      f"{'fp32' if d['precision'] == 'fp32' else 'bf16'} peak"),
         ("memory per GPU", f"{d['memory_gib_per_gpu']:.1f} of {d['memory_capacity_gib']:.0f} GiB"),
         ("fits", fits), ("micro-batches per step", str(d["microbatches"])),
         ("compute / exposed comm / bubble", f"{_pct(d['compute_fraction'])} / "

@@ -10,8 +10,8 @@ oversubscription) or the inter-region rate, whichever level the span reaches.
 Ring all-gather / reduce-scatter of a `bytes_full` tensor: (n-1)/n x bytes / bandwidth plus
 the ring's latency, one step per rank as NCCL models it (src/graph/tuning.cc: baseLat +
 (nRanks - nNodes) x intraLat + (nNodes - 1) x interLat): n - nodes NVLink steps and
-nodes - 1 network steps, so a ring over 4,096 ranks pays ~15 ms a call in latency alone. All-reduce moves
-twice the bytes; its latency is the better of two rings and NCCL's tree (2 log2(nodes)
+nodes - 1 network steps, so a ring over 4,096 ranks pays ~15 ms a call in latency alone.
+All-reduce moves twice the bytes; its latency is the better of two rings and NCCL's tree (2 log2(nodes)
 inter-node hops), which is what keeps all-reduce usable on thousands of nodes while
 ring-based all-gather / reduce-scatter over thousands of ranks pays milliseconds per call.
 All-to-all (expert parallelism's token dispatch and combine) of `bytes` per rank: each rank

@@ -37,8 +37,9 @@ Expert parallelism: per MoE layer and micro-batch, the rank's top-k token copies
 dispatched and combined all-to-all over the ep group forward, and again backward (and once
 more per recomputed forward); exposed, as in torchtitan and Megatron-Core without their
 optional overlap (`ep_overlap` hides it behind compute, as DualPipe does). A shape with
-node-limited routing sends each token over the network once per node it reaches. Expert gradients and weights move over the shard group / ep ranks that
-hold the same experts, as the trainer's expert FSDP mesh does.
+node-limited routing sends each token over the network once per node it reaches. Expert
+gradients and weights move over the shard group / ep ranks that hold the same experts, as
+the trainer's expert FSDP mesh does.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     bwd_window = layers * (lt.bwd + recompute)
     compute_mb = fwd_window + bwd_window + lt.head_fwd + lt.head_bwd
     # FP8 weight casts: torchao casts the gathered weights every micro-batch under FSDP;
-    # Transformer Engine caches them and casts once per step (see `weight_cast_s` below).
+    # Transformer Engine caches them and casts once per step (charged with the optimizer).
     weight_casts = layers * lt.weight_cast
     compute_mb = compute_mb + np.where(c.sharding == FSDP, weight_casts, 0.0)
 
@@ -215,7 +216,8 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     experts = mem.stage_expert_params
     # Weights gathered for compute: the blocks' linear layers in FP8 where the recipe does.
     linear_dense = mem.stage_linear_params - experts
-    gather_dense = linear_dense * prec.gather_bytes + (params - experts - linear_dense) * dtype_bytes
+    gather_dense = (linear_dense * prec.gather_bytes
+                    + (params - experts - linear_dense) * dtype_bytes)
     # One collective per layer (FSDP units, gradient buckets): latency is paid per layer.
     # Dense weights over the shard group; an MoE model's routed experts over the shard
     # group / ep ranks that hold the same ones (stride ep further out).

@@ -23,8 +23,9 @@ def test_fp8_same_topology_resume_is_bitwise_identical(layouts_run):
     assert out.returncode == 0, failure(out)
     (segment,) = ws.segments("fp8-resumed")
     assert (segment["start_step"], segment["resharded"]) == (4, False)
-    straight = _flatten(load_full_state(ws.checkpoint("fp8-fsdp4", 8), keys={"model", "optimizer"}))
-    resumed = _flatten(load_full_state(ws.checkpoint("fp8-resumed", 8), keys={"model", "optimizer"}))
+    keys = {"model", "optimizer"}
+    straight = _flatten(load_full_state(ws.checkpoint("fp8-fsdp4", 8), keys=keys))
+    resumed = _flatten(load_full_state(ws.checkpoint("fp8-resumed", 8), keys=keys))
     assert straight.keys() == resumed.keys()
     for key, value in straight.items():
         same = torch.equal(value, resumed[key]) if isinstance(value, torch.Tensor) else (

@@ -22,6 +22,7 @@ from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.estimate import estimate
 from fm_pipeline.planner.layout import Layout
 from fm_pipeline.planner.placement import rank_table
+from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import shape_from_model_config
 
@@ -102,7 +103,7 @@ def plan_for_job(job, *, alternatives: int = 3, rank_rows: int = 64) -> dict:
             "gpus_per_node": inp["cluster"].gpus_per_node,
             # MFU's denominator: FP8 runs are quoted against the bf16 peak.
             "peak_flops": inp["cluster"].accelerator.peak_flops(
-                "fp32" if inp["precision"] == "fp32" else "bf16"),
+                get_precision(inp["precision"]).compute_dtype),
         },
         "precision": inp["precision"],
         "estimate": est.to_dict(),

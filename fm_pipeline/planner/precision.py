@@ -3,7 +3,7 @@ casts cost in memory traffic, and what FP8 changes on the wire and in memory.
 
     from fm_pipeline.planner.precision import get_precision
     p = get_precision("fp8")          # = fp8-tensorwise
-    p.fp8, p.gather_bytes, p.cast_bytes("input")
+    p.fp8, p.gather_bytes, p.cast          # cast bytes: (input, weight, grad_output)
 
 bf16 and fp32 run every matmul in that dtype. The FP8 recipes run the transformer blocks'
 linear layers (Q/K/V/O, the MLP, routed and shared experts) in FP8, forward and both
@@ -48,8 +48,6 @@ from dataclasses import dataclass
 
 from fm_pipeline.planner.errors import PlanInputError
 
-ROLES = ("input", "weight", "grad_output")
-
 
 @dataclass(frozen=True)
 class Precision:
@@ -64,9 +62,6 @@ class Precision:
     def compute_dtype(self) -> str:
         """The peak the non-FP8 matmuls run at, and the peak MFU is quoted against."""
         return "fp32" if self.name == "fp32" else "bf16"
-
-    def cast_bytes(self, role: str) -> float:
-        return self.cast[ROLES.index(role)]
 
 
 PRECISIONS: dict[str, Precision] = {

@@ -6,6 +6,7 @@ from rich.console import Group
 from rich.table import Table
 
 from fm_pipeline.planner.estimate import Estimate
+from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.search import SearchResult
 from fm_pipeline.planner.whatif import WhatIf
 
@@ -40,7 +41,7 @@ def estimate_view(est: Estimate) -> Group:
     for label, value in [
         ("step time", f"{d['step_time_s']:.3f} s"), ("tokens/s", f"{d['tokens_per_s']:,.0f}"),
         ("MFU / HFU", f"{_pct(d['mfu'])} / {_pct(d['hfu'])} of the "
-                      f"{'fp32' if d['precision'] == 'fp32' else 'bf16'} peak"),
+                      f"{get_precision(d['precision']).compute_dtype} peak"),
         ("memory per GPU", f"{d['memory_gib_per_gpu']:.1f} of {d['memory_capacity_gib']:.0f} GiB"),
         ("fits", fits), ("micro-batches per step", str(d["microbatches"])),
         ("compute / exposed comm / bubble", f"{_pct(d['compute_fraction'])} / "

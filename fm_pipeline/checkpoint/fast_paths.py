@@ -15,10 +15,21 @@ RACK_ENV = "FM_RACK"
 def fast_root() -> Path:
     if os.environ.get(FAST_DIR_ENV):
         return Path(os.environ[FAST_DIR_ENV])
+    return _shm("fm-fast")
+
+
+def starts_root() -> Path:
+    """Where this node's agents count their worker groups (rundir.attempts): /dev/shm,
+    which in a pod is the pod's own (an emptyDir), so a recreated pod starts counting at 0
+    even when the fast tier's directory (a hostPath) outlived the old one."""
+    return _shm("fm-starts")
+
+
+def _shm(name: str) -> Path:
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / "fm-fast"
-    return Path(tempfile.gettempdir()) / "fm-fast"
+        return shm / name
+    return Path(tempfile.gettempdir()) / name
 
 
 def replica_peers(nodes: list[str], racks: list[str | None]) -> list[int | None]:

@@ -31,9 +31,11 @@ or rack leaves a copy elsewhere. The exchange runs in the snapshot's background 
 the tier's own gloo group. With one node there is no replica (reported).
 
 Restore (collective, before the first step): the newest step that every rank can load, from
-its own copy or, when that is missing or corrupt, from the replica its peer holds (sent to
-it over the group); a step where some rank has neither falls to the next older one, and none
-at all to the durable tiers. Reasons are logged and returned.
+a copy on its own node or, when that is missing or corrupt, from one another node holds
+(sent to it over the group); a step where some rank has none falls to the next older one,
+and none at all to the durable tiers. A node's memory is searched whole (own copies and
+replicas of any rank): after a JobSet restart a pod may land where another rank ran.
+Reasons are logged and returned.
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ class FastTier:
         self._group = dist.new_group(backend="gloo", timeout=timedelta(
             seconds=job.resilience.collective_timeout_s)) if comm.initialized() else None
         where = comm.all_gather((self.node, os.environ.get(RACK_ENV)))
-        self.peers = replica_peers([w[0] for w in where], [w[1] for w in where])
+        self.nodes = [w[0] for w in where]  # each rank's node
+        self.peers = replica_peers(self.nodes, [w[1] for w in where])
         self.peer = self.peers[self.rank]
         sources = [r for r, p in enumerate(self.peers) if p == self.rank]
         self.source = sources[0] if sources else None
@@ -310,44 +313,61 @@ class FastTier:
         except (OSError, ValueError) as e:
             return None, f"{directory / name}: {e}"
 
+    def _copies(self) -> dict[int, dict[int, Path]]:
+        """rank -> step -> the directory on this node with a committed copy of it: own copies
+        and replicas alike, of any rank. After a JobSet restart a pod may land on a node that
+        ran another rank before, so a node's memory is searched whole, not by role."""
+        out: dict[int, dict[int, Path]] = {}
+        for sub in ("held", "own"):  # own last: it wins where both hold a step
+            for directory in (self.dir / sub).glob("rank-*"):
+                try:
+                    rank = int(directory.name.split("-")[1])
+                except (IndexError, ValueError):
+                    continue
+                for step, info in self._listed(directory).items():
+                    if info.get("run_id") == self.run_id:
+                        out.setdefault(rank, {})[step] = directory
+        return out
+
+    def has_snapshots(self) -> bool:
+        """Collective: whether any node holds a committed snapshot of this run, as after a
+        JobSet restart recreated the pods (the node memory outlives them, launch/pod.py)."""
+        return any(comm.all_gather(bool(self._copies())))
+
     def restore(self, *, newer_than: int | None = None) -> FastRestore | None:
-        """Collective. Load the newest step every rank can load (its own copy, else its
-        peer's replica) that is not older than `newer_than` (the newest durable checkpoint);
-        None when there is none, with the reasons logged."""
-        own = self._listed(self.dir / "own" / _rank_name(self.rank))
-        held = {int(p.name.split("-")[1]): self._listed(p)
-                for p in (self.dir / "held").glob("rank-*")}
+        """Collective. Load the newest step every rank can load (a copy on its own node, else
+        one another node holds, sent to it) that is not older than `newer_than` (the newest
+        durable checkpoint); None when there is none, with the reasons logged."""
+        copies = self._copies()
         reached = self.reached_step()
-        everyone = comm.all_gather(({s for s, i in own.items() if i["run_id"] == self.run_id},
-                                    {r: set(v) for r, v in held.items()}))
+        everyone = comm.all_gather({r: set(v) for r, v in copies.items()})
 
         def holders(rank: int, step: int) -> list[int]:
-            return [h for h, (_, hv) in enumerate(everyone) if step in hv.get(rank, set())]
+            return [h for h, held in enumerate(everyone) if step in held.get(rank, set())]
 
-        steps = set().union(*(o for o, _ in everyone), *(s for _, hv in everyone
-                                                         for s in hv.values()))
+        steps = set().union(*(s for held in everyone for s in held.values()))
         loadable = sorted((s for s in steps if all(
-            s in everyone[r][0] or holders(r, s) for r in range(self.world_size))),
-            reverse=True)
+            holders(r, s) for r in range(self.world_size))), reverse=True)
         skipped: list[str] = []
         for step in loadable:
             if newer_than is not None and step < newer_than:
                 skipped.append(f"step {step}: older than the durable checkpoint {newer_than}")
                 break
             t0 = time.perf_counter()
-            payload, why = (self._read_verified(self.dir / "own" / _rank_name(self.rank),
-                                                step, self.rank)
-                            if step in own else (None, f"{_rank_name(self.rank)} has no own "
-                                                       f"copy of step {step}"))
+            here = copies.get(self.rank, {}).get(step)
+            payload, why = (self._read_verified(here, step, self.rank) if here is not None
+                            else (None, f"{_rank_name(self.rank)} has no copy of step {step} "
+                                        "on its node"))
             missing = comm.all_gather(why if payload is None else None)
             from_peer = [r for r, m in enumerate(missing) if m is not None]
             for rank in from_peer:  # in the same order on every rank: pairs always match
                 reason = missing[rank]
                 skipped.append(reason)
-                holder = holders(rank, step)
+                # Another node's copy: one on the rank's own node is the one that failed.
+                holder = [h for h in holders(rank, step) if self.nodes[h] != self.nodes[rank]]
                 if not holder:
                     continue
-                got = self._transfer(step, rank, holder[0])
+                got = self._transfer(step, rank, holder[0], copies)
                 if got is not None:
                     payload = got
             ok = comm.all_gather(payload is not None)
@@ -393,10 +413,13 @@ class FastTier:
             pass
         return max((p for p in comm.all_gather(progress) if p is not None), default=None)
 
-    def _transfer(self, step: int, rank: int, holder: int) -> bytes | None:
-        """The replica of `rank` for `step`, sent by `holder` (collective over the pair)."""
+    def _transfer(self, step: int, rank: int, holder: int,
+                  copies: dict[int, dict[int, Path]]) -> bytes | None:
+        """`rank`'s copy of `step`, sent by `holder` from its node (collective over the pair)."""
         if self.rank == holder:
-            payload, why = self._read_verified(self.dir / "held" / _rank_name(rank), step, rank)
+            where = copies.get(rank, {}).get(step)
+            payload, why = ((None, f"no copy of rank {rank} step {step}") if where is None
+                            else self._read_verified(where, step, rank))
             if payload is None:
                 log.warning("fast tier: replica of rank %d: %s", rank, why)
             data = payload or b""

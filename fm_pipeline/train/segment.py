@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from fm_pipeline.catalog.refs import ref_from_location
 from fm_pipeline.checkpoint import CheckpointManager, comm
-from fm_pipeline.checkpoint.fast_paths import fast_root
+from fm_pipeline.checkpoint.fast_paths import starts_root
 from fm_pipeline.checkpoint.fast_tier import FastRestore
 from fm_pipeline.checkpoint.load import resume
 from fm_pipeline.config import JobSpec, dump_job
@@ -154,18 +154,24 @@ def job_attempt() -> tuple[int, list[int]]:
     replaced a lost node is at its first while the survivors are at n, and every rank must
     take the same restore path."""
     node = int(os.environ.get("GROUP_RANK", 0))
-    counts = comm.all_gather((worker_group_start(fast_root()), node))
+    counts = comm.all_gather((worker_group_start(starts_root()), node))
     attempt = max(c for c, _ in counts)
     return attempt, sorted({node for c, node in counts if c == 0 and attempt > 0})
 
 
 def in_job_restart_record(restored, *, restore_s: float, fast, attempt: int,
-                          joined: list[int]) -> dict:
+                          joined: list[int], recreated: bool = False) -> dict:
     from fm_pipeline.rundir.attempts import previous_attempt, restart_cause
 
-    cause = (f"node {', '.join(map(str, joined))} lost: a new node joined in its place"
-             if joined else restart_cause(previous_attempt()))
+    if recreated:
+        cause = ("the pods were recreated inside the launch (a JobSet restart); this run's "
+                 "snapshots were still in node memory")
+    elif joined:
+        cause = f"node {', '.join(map(str, joined))} lost: a new node joined in its place"
+    else:
+        cause = restart_cause(previous_attempt())
     record = {"attempt": attempt, "cause": cause, "joined_nodes": joined,
+              "pods_recreated": recreated,
               "tier": _tier_of(restored), "restored_step": restored.step if restored else 0,
               "restore_s": round(restore_s, 3), "steps_redone": None, "from_peer": [],
               "skipped": []}
@@ -266,16 +272,20 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     t0 = time.perf_counter()
     restored = None
     attempt, joined = job_attempt()
-    if fast is not None and resume_from is None and attempt > 0:
+    # A first attempt that finds this run's snapshots in node memory: the pods were
+    # recreated inside the launch (a JobSet restart), the memory outlived them.
+    recreated = (fast is not None and resume_from is None and attempt == 0
+                 and fast.has_snapshots())
+    if fast is not None and resume_from is None and (attempt > 0 or recreated):
         restored = restore_in_job(fast, manager)
     if restored is None:
         restored = restore(trainer, manager, resume_from=resume_from)
     restore_s = time.perf_counter() - t0
     target = segment_target(job, trainer.state.step, end_step)
     restart = None
-    if attempt > 0:
+    if attempt > 0 or recreated:
         restart = in_job_restart_record(restored, restore_s=restore_s, fast=fast,
-                                        attempt=attempt, joined=joined)
+                                        attempt=attempt, joined=joined, recreated=recreated)
     # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
     watcher = PreemptionWatcher(preempt_file(runs_dir(job.name)))
     return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,
@@ -333,7 +343,7 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
         "restored_tier": _tier_of(restored),
         "inplace_restart": setup.restart,
         # Scalars of it for Dagster metadata and MLflow (Pipes carries scalars only).
-        "inplace_restarts": setup.attempt,
+        "inplace_restarts": setup.attempt or int(setup.restart is not None),
         **({f"inplace_{k}": setup.restart[k] for k in ("cause", "restore_s", "steps_redone")
             if setup.restart[k] is not None} if setup.restart else {}),
         "rng_restored": trainer.state.rng_restored,

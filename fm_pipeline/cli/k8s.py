@@ -17,6 +17,7 @@ from rich.console import Console
 
 from fm_pipeline.cli.errors import user_errors
 from fm_pipeline.cli.options import JOB
+from fm_pipeline.launch.pod import FAST_HOST_PATH
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
@@ -52,9 +53,14 @@ def render(
     exclusive_topology: str = typer.Option("", "--exclusive-topology",
                                            help="JobSet exclusive placement topology key"),
     avoid_host: list[str] = typer.Option([], "--avoid-host", help="never schedule on this node"),
+    fast_tier_host_path: str = typer.Option(
+        FAST_HOST_PATH, "--fast-tier-host-path",
+        help="node directory (in node memory) for the fast tier's snapshots when "
+             "checkpoint.memory_every_steps > 0; '' keeps them in the pod's /dev/shm"),
     overrides: list[str] = typer.Option([], "--set", help="job spec override dotted.key=value"),
 ) -> None:
-    """Write the ConfigMap, headless Service and JobSet of one training segment."""
+    """Write the ConfigMap and JobSet of one training segment (and, with the fast tier on,
+    the node keeper DaemonSet)."""
     from fm_pipeline.config import load_job, parse_overrides
     from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
     from fm_pipeline.launch.pod import Placement
@@ -70,6 +76,7 @@ def render(
         image=image or None,
         namespace=namespace or None,
         max_restarts=max_restarts,
+        fast_tier_host_path=fast_tier_host_path,
         placement=Placement(
             required_topology=required_topology or None,
             preferred_topology=preferred_topology or None,

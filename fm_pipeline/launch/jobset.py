@@ -22,7 +22,9 @@ from pathlib import Path
 import yaml
 
 from fm_pipeline.launch.k8s_validate import validate_object
+from fm_pipeline.launch.keeper import keeper_daemonset
 from fm_pipeline.launch.pod import (
+    FAST_HOST_PATH,
     RDZV_PORT,
     Placement,
     pod_template,
@@ -55,6 +57,10 @@ class KubernetesTarget:
         object store then holds the only whole copy, so checkpoint.upload must be on.
     credentials_secret: a Secret whose keys (AWS_ACCESS_KEY_ID, ...) become pod env.
     extra_env: added to every pod (the Dagster Pipes bootstrap variables, for one).
+    fast_tier_host_path: the node directory (hostPath, in node memory) of the fast tier's
+        snapshots when checkpoint.memory_every_steps > 0, so that they outlive a JobSet
+        restart; empty keeps them in the pod's /dev/shm (worker restarts only). Namespaces
+        whose Pod Security level is baseline or restricted refuse hostPath volumes.
     """
 
     store_uri: str
@@ -69,6 +75,7 @@ class KubernetesTarget:
     service_account: str | None = None
     placement: Placement = field(default_factory=Placement)
     extra_env: dict[str, str] = field(default_factory=dict)
+    fast_tier_host_path: str = FAST_HOST_PATH
 
     def __post_init__(self):
         if not self.store_uri.startswith("s3://"):
@@ -79,6 +86,9 @@ class KubernetesTarget:
             )
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.fast_tier_host_path and not self.fast_tier_host_path.startswith("/"):
+            raise ValueError(f"fast_tier_host_path {self.fast_tier_host_path!r}: a hostPath "
+                             "is an absolute path on the node (or empty for the pod's /dev/shm)")
 
 
 @dataclass(frozen=True)
@@ -87,13 +97,14 @@ class RenderedSegment:
     namespace: str
     config_map: dict
     jobset: dict
+    keeper: dict | None = None  # the fast tier's node keeper DaemonSet (launch/keeper.py)
 
     def objects(self) -> list[dict]:
         """What the client creates, in order. No Service: the JobSet controller creates the
         headless Service of `spec.network.subdomain` itself (jobset_controller.go,
         createHeadlessSvcIfNecessary), owned by the JobSet; one created beside it would
         race it into a 409."""
-        return [self.config_map, self.jobset]
+        return [self.config_map, self.jobset, *([self.keeper] if self.keeper else [])]
 
     @property
     def leader_host(self) -> str:
@@ -142,7 +153,7 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
     container = trainer_container(
         launch, image=target.image or job.cluster.image,
         master_addr=f"{name}-{REPLICATED_JOB}-0-0.{name}", env=env,
-        master_port=target.master_port,
+        master_port=target.master_port, fast_tier_host_path=target.fast_tier_host_path,
     )
     if target.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": target.credentials_secret}}]
@@ -150,6 +161,7 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
         launch, container=container, config_map=config_map_name,
         placement=target.placement, labels=dict(labels), service_account=target.service_account,
         shared_volume_claim=target.shared_volume_claim,
+        fast_tier_host_path=target.fast_tier_host_path,
     )
     config_map = {
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -158,8 +170,13 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
     }
     jobset = _jobset(launch, target, name=name, namespace=namespace, labels=labels,
                      template=template)
+    keeper = None
+    if target.fast_tier_host_path and job.checkpoint.memory_every_steps > 0:
+        keeper = keeper_daemonset(namespace=namespace, image=target.image or job.cluster.image,
+                                  host_path=target.fast_tier_host_path,
+                                  placement=target.placement)
     rendered = RenderedSegment(name=name, namespace=namespace, config_map=config_map,
-                               jobset=jobset)
+                               jobset=jobset, keeper=keeper)
     for obj in rendered.objects():
         validate_object(obj)
     return rendered

@@ -86,6 +86,7 @@ class JobSetClient:
 
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
@@ -129,7 +130,23 @@ class JobSetClient:
         except BaseException:
             self.delete(rendered.name, ns)
             raise
+        if rendered.keeper is not None:
+            self.ensure_keeper(rendered.keeper)
         return jobset
+
+    def ensure_keeper(self, daemonset: dict) -> bool:
+        """Create the fast tier's node keeper unless the namespace has it (every job there
+        shares it, and outlives each): True if created."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.apps.create_namespaced_daemon_set(daemonset["metadata"]["namespace"],
+                                                   daemonset, field_validation="Strict")
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
 
     def delete(self, name: str, namespace: str) -> bool:
         """Delete the JobSet (foreground: its Jobs, pods and the controller's Service first)

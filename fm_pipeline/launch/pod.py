@@ -5,6 +5,12 @@ Job's completion index), the job spec from a ConfigMap, a scratch volume for tor
 error files, a shared claim for the local checkpoint tier, /dev/shm, GPUs, and the preemption
 handshake: preStop touches the trainer's flag file and waits out the grace period, so
 ranks agree on a step, checkpoint and exit before the kubelet sends SIGTERM.
+
+With the fast tier on (checkpoint.memory_every_steps > 0) its snapshots go to a hostPath
+directory in the node's memory (FAST_HOST_PATH, a tmpfs on the node): a pod's own /dev/shm
+is an emptyDir and dies with the pod, so a JobSet restart (every pod recreated) would find
+nothing, while the node's directory outlives the pods. The node keeper DaemonSet
+(launch/keeper.py) bounds what stays there once a job is gone.
 """
 
 from __future__ import annotations
@@ -14,12 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from fm_pipeline.accelerators import get_accelerator
+from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV
 from fm_pipeline.launch.spec import PREEMPT_FLAG_ENV, SegmentLaunch, SegmentPaths
 
 CONTAINER = "trainer"
 SPEC_MOUNT = PurePosixPath("/etc/fm")
 STATE_MOUNT = PurePosixPath("/var/lib/fm")  # FM_HOME inside the pod (emptyDir)
 RUNS_MOUNT = STATE_MOUNT / "runs"  # runs_dir(): the local checkpoint tier (shared volume)
+FAST_MOUNT = PurePosixPath("/var/lib/fm-fast")  # the fast tier's node memory, in the pod
+FAST_HOST_PATH = "/dev/shm/fm-fast-tier"  # on the node: tmpfs that outlives the pods
+FAST_VOLUME = "fast-tier"
 RDZV_PORT = 29500
 TERMINATION_LOG = "/dev/termination-log"  # the kubelet's default terminationMessagePath
 # Seconds after the preStop wait before the kubelet's SIGKILL: torchrun forwards SIGTERM
@@ -89,8 +99,10 @@ def env_list(values: dict[str, str]) -> list[dict]:
 
 def trainer_container(
     launch: SegmentLaunch, *, image: str, master_addr: str, env: dict[str, str],
-    master_port: int = RDZV_PORT,
+    master_port: int = RDZV_PORT, fast_tier_host_path: str | None = FAST_HOST_PATH,
 ) -> dict:
+    """`fast_tier_host_path`: the node directory the fast tier keeps its snapshots in; None
+    or empty keeps them in the pod's /dev/shm (they then survive worker restarts only)."""
     job = launch.job
     paths = pod_paths()
     grace = math.ceil(job.training.preemption_grace_s)
@@ -109,6 +121,14 @@ def trainer_container(
         **paths.env(),
         **env,
     }
+    mounts = [
+        {"name": "job-spec", "mountPath": str(SPEC_MOUNT), "readOnly": True},
+        {"name": "state", "mountPath": str(STATE_MOUNT)},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if fast_tier_host_path and job.checkpoint.memory_every_steps > 0:
+        base_env[FAST_DIR_ENV] = str(FAST_MOUNT)
+        mounts.append({"name": FAST_VOLUME, "mountPath": str(FAST_MOUNT)})
     if is_gpu(job.cluster.accelerator):
         resources = {"limits": {"nvidia.com/gpu": str(job.parallelism.nproc_per_node)}}
     else:
@@ -127,18 +147,14 @@ def trainer_container(
         # the kubelet keeps the log tail (torchrun's failure summary).
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [
-            {"name": "job-spec", "mountPath": str(SPEC_MOUNT), "readOnly": True},
-            {"name": "state", "mountPath": str(STATE_MOUNT)},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": mounts,
     }
 
 
 def pod_template(
     launch: SegmentLaunch, *, container: dict, config_map: str, placement: Placement,
     labels: dict[str, str], service_account: str | None = None,
-    shared_volume_claim: str | None = None,
+    shared_volume_claim: str | None = None, fast_tier_host_path: str | None = None,
 ) -> dict:
     grace = math.ceil(launch.job.training.preemption_grace_s)
     spec: dict = {
@@ -155,6 +171,10 @@ def pod_template(
         spec["volumes"].append({"name": "runs", "persistentVolumeClaim": {
             "claimName": shared_volume_claim}})
         container["volumeMounts"].append({"name": "runs", "mountPath": str(RUNS_MOUNT)})
+    if any(m["name"] == FAST_VOLUME for m in container["volumeMounts"]):
+        # DirectoryOrCreate: the first pod on a node makes it (root-owned, in node memory).
+        spec["volumes"].append({"name": FAST_VOLUME, "hostPath": {
+            "path": fast_tier_host_path or FAST_HOST_PATH, "type": "DirectoryOrCreate"}})
     if placement.node_selector:
         spec["nodeSelector"] = dict(placement.node_selector)
     affinity = placement.affinity()

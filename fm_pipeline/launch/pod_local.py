@@ -6,8 +6,9 @@
 
 Does what the kubelet and cluster DNS would: resolves the container's env (the node rank
 from the Indexed Job's completion index), expands `$(VAR)` references in the command,
-materializes the volumes (ConfigMap files, emptyDirs per node, a PersistentVolumeClaim as
-one directory all nodes share) under `root` and points the mount paths there, and
+materializes the volumes (ConfigMap files, emptyDirs per node, a hostPath as a directory of
+the node's that outlives its pods, a PersistentVolumeClaim as one directory all nodes
+share) under `root` and points the mount paths there, and
 resolves the leader's hostname through `hosts`. Nothing else about the
 command changes, so running two of these exercises the exact pod command's rendezvous.
 """
@@ -98,7 +99,9 @@ def _materialize_volumes(pod: dict, container: dict, rendered: RenderedSegment,
         if mount["mountPath"] == "/dev/shm":
             continue  # this machine's shared memory is the real thing
         local = node_root / mount["name"]
-        if "persistentVolumeClaim" in volume:
+        if "hostPath" in volume:
+            local = host_path_dir(node_root, volume["hostPath"]["path"])
+        elif "persistentVolumeClaim" in volume:
             # One directory per claim, seen by every node: a ReadWriteMany volume.
             local = node_root.parent / f"pvc-{volume['persistentVolumeClaim']['claimName']}"
         local.mkdir(parents=True, exist_ok=True)
@@ -108,9 +111,9 @@ def _materialize_volumes(pod: dict, container: dict, rendered: RenderedSegment,
                                  f"{volume['configMap']['name']!r}")
             for key, text in rendered.config_map["data"].items():
                 (local / key).write_text(text, encoding="utf-8")
-        elif "emptyDir" not in volume and "persistentVolumeClaim" not in volume:
-            raise ValueError(f"volume {mount['name']}: only configMap, emptyDir and "
-                             "persistentVolumeClaim are emulated")
+        elif not {"emptyDir", "persistentVolumeClaim", "hostPath"} & set(volume):
+            raise ValueError(f"volume {mount['name']}: only configMap, emptyDir, hostPath "
+                             "and persistentVolumeClaim are emulated")
         mounts[mount["mountPath"]] = local
     # A volume mounted inside another (/var/lib/fm/runs in /var/lib/fm) must be what a
     # process finds under the outer one's path too: link it there.
@@ -122,6 +125,11 @@ def _materialize_volumes(pod: dict, container: dict, rendered: RenderedSegment,
             if not link.is_symlink():
                 link.symlink_to(local, target_is_directory=True)
     return mounts
+
+
+def host_path_dir(node_root: Path, path: str) -> Path:
+    """The directory standing in for the node's `path`: the node's, whichever pod runs."""
+    return node_root / "host" / path.lstrip("/")
 
 
 def _remap(value: str, mounts: dict[str, Path]) -> str:

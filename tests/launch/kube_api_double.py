@@ -9,7 +9,7 @@ plays the kubelet: it starts the pods the Job controller made (`start_pod`), wri
 logs, ends them (`terminate_pod`) and finishes the ones being deleted (`delete_pod`), or
 lets `instant_kubelet` end a deleted running pod at once.
 
-Endpoints: JobSet create/get/delete; ConfigMap and Service create/delete; pod list and
+Endpoints: JobSet create/get/delete; ConfigMap, Service and DaemonSet create/delete; pod list and
 watch by label selector; pod log (with follow: the response stays open until the pod
 terminates). Every write takes the next revision as the object's resourceVersion (one
 counter, as etcd's); a watch resumes after a resourceVersion, starts from the current pods
@@ -36,6 +36,7 @@ from tests.conftest import free_port
 from tests.launch.kube_controllers import COMPLETION_INDEX, RESTARTS_LABEL, Controllers
 
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/"
+DAEMONSETS = "/apis/apps/v1/namespaces/"  # stored only: no DaemonSet controller here
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 SIGTERM_EXIT = 143  # what a container stopped by SIGTERM reports
 
@@ -351,6 +352,9 @@ class KubeApiDouble:
                 reply = self._jobsets(method, ns, rest.strip("/"), body)
                 self._settle()
                 return reply
+            if path.startswith(DAEMONSETS) and path.partition("/daemonsets")[1]:
+                ns, _, rest = path[len(DAEMONSETS):].partition("/daemonsets")
+                return self._core(method, "daemonsets", ns, rest.strip("/"), body)
             parts = path.strip("/").split("/")  # api v1 namespaces NS KIND [NAME [log]]
             if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
                 return 404, _status(404, f"no such endpoint {path}")

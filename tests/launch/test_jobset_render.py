@@ -233,3 +233,38 @@ def test_a_chosen_checkpoint_reaches_the_trainer_as_resume_from(two_nodes, tmp_p
         assert argv[-4:] == ["--end-step", "20", "--resume-from", chosen]
     assert "--resume-from" not in prepare_segment(
         SegmentLaunch(two_nodes, end_step=20), tmp_path / "other")[0]
+
+
+def test_the_fast_tier_lives_in_node_memory_that_outlives_the_pods_with_its_keeper():
+    """With checkpoint.memory_every_steps the snapshots go to a hostPath in node memory (a
+    pod's /dev/shm dies with it: a JobSet restart would find nothing) and a keeper
+    DaemonSet on the same path bounds what stays there; without the fast tier neither."""
+    job = tiny_job(nnodes=2, nproc=2, checkpoint={"memory_every_steps": 2},
+                   cluster={"namespace": "training"})
+    rendered = render_segment(SegmentLaunch(job, end_step=20),
+                              _target(placement=Placement(node_selector={"pool": "h100"})))
+    container = _container(rendered)
+    pod = rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    (fast,) = [v for v in pod["volumes"] if "hostPath" in v]
+    assert fast["hostPath"] == {"path": "/dev/shm/fm-fast-tier", "type": "DirectoryOrCreate"}
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == fast["name"]]
+    assert _env(container)["FM_FAST_TIER_DIR"] == mount["mountPath"]
+    assert [o["kind"] for o in rendered.objects()] == ["ConfigMap", "JobSet", "DaemonSet"]
+    keeper = rendered.keeper
+    validate_object(keeper)
+    assert keeper["metadata"]["namespace"] == "training"
+    keeper_pod = keeper["spec"]["template"]["spec"]
+    assert keeper_pod["volumes"][0]["hostPath"]["path"] == "/dev/shm/fm-fast-tier"
+    assert keeper_pod["nodeSelector"] == {"pool": "h100"}  # wherever the trainers may run
+    command = keeper_pod["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "fm_pipeline.checkpoint.fast_keeper"]
+    assert command[command.index("--root") + 1] == mount["mountPath"]
+
+    # The pod's own /dev/shm instead (worker restarts only), by choice: no keeper.
+    plain = render_segment(SegmentLaunch(job, end_step=20), _target(fast_tier_host_path=""))
+    assert plain.keeper is None and "FM_FAST_TIER_DIR" not in _env(_container(plain))
+    assert not [v for v in _container(plain)["volumeMounts"] if v["name"] == "fast-tier"]
+    off = render_segment(SegmentLaunch(tiny_job(nnodes=2, nproc=2), end_step=20), _target())
+    assert off.keeper is None
+    with pytest.raises(ValueError, match="absolute path on the node"):
+        _target(fast_tier_host_path="fm-fast")

@@ -81,6 +81,26 @@ def test_submit_creates_owned_objects_with_strict_field_validation(api, jobsets,
     assert jobsets.status(rendered.name, NS).phase == "Deleted"
 
 
+def test_submit_creates_the_fast_tier_keeper_once_per_namespace(api, jobsets):
+    """Every job of a namespace that uses the fast tier shares one node keeper: the first
+    submit creates it, later ones leave it, and deleting a JobSet leaves it running."""
+    def render(name):
+        job = tiny_job(name=name, nnodes=2, nproc=1, cluster={"namespace": NS},
+                       checkpoint={"memory_every_steps": 2})
+        return render_segment(SegmentLaunch(job, end_step=20),
+                              KubernetesTarget(store_uri="s3://fm-bucket/fm",
+                                               shared_volume_claim="fm-runs"))
+
+    first, second = render("one"), render("two")
+    jobsets.submit(first)
+    jobsets.submit(second)
+    keepers = [(m, p) for m, p, _ in api.requests if p.endswith("/daemonsets")]
+    assert keepers == [("POST", f"/apis/apps/v1/namespaces/{NS}/daemonsets")] * 2
+    assert ("daemonsets", NS, first.keeper["metadata"]["name"]) in api.core
+    jobsets.delete(first.name, NS)
+    assert ("daemonsets", NS, first.keeper["metadata"]["name"]) in api.core
+
+
 def test_follow_reattaches_to_the_new_leader_after_a_restart(api, jobsets, rendered):
     name = rendered.name
 

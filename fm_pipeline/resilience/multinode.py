@@ -35,7 +35,8 @@ from pathlib import Path
 
 from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV
 from fm_pipeline.launch.jobset import RenderedSegment
-from fm_pipeline.launch.pod_local import pod_process
+from fm_pipeline.launch.pod import FAST_VOLUME
+from fm_pipeline.launch.pod_local import host_path_dir, pod_process
 from fm_pipeline.resilience.netns import NamespaceNetwork
 from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
@@ -79,21 +80,27 @@ class PodNodes:
 
     def node_env(self, index: int) -> tuple[dict[str, str], dict[str, str]]:
         """(hosts, env overrides) of node `index`."""
+        fast = {} if self._fast_host_path else {FAST_DIR_ENV: str(self.fast_dir(index))}
         if self.network is None:
             return ({self.rendered.leader_host: "127.0.0.1"},
-                    {**self.extra_env, FAST_DIR_ENV: str(self.fast_dir(index)),
+                    {**self.extra_env, **fast,
                      "PET_MASTER_PORT": self.port,
                      **({"PET_RDZV_CONF": self.rdzv_conf} if self.rdzv_conf else {})})
         node = self.network.nodes[index]
         return ({self.rendered.leader_host: self.network.nodes[0].address},
-                {**self.extra_env, FAST_DIR_ENV: str(self.fast_dir(index)),
+                {**self.extra_env, **fast,
                  "GLOO_SOCKET_IFNAME": node.interface,
                  "PET_LOCAL_ADDR": node.address,
                  "PET_RDZV_CONF": ",".join(filter(None, (
                      f"is_host={1 if index == 0 else 0}", self.rdzv_conf)))})
 
     def start(self, *, attempt: int = 0) -> PodNodes:
+        """Create every node's pod. Without a hostPath the fast tier stands for the pod's
+        /dev/shm, an emptyDir: a new pod starts with it empty."""
         self.started_at = time.time()
+        if not self._fast_host_path:
+            for i in range(self.n_nodes):
+                self.wipe_node_memory(i)
         for i in range(self.n_nodes):
             self.procs.append(None)
             self.logs.append(None)
@@ -122,12 +129,27 @@ class PodNodes:
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"node {index} still runs: kill_node({index}) "
                                    f"first") from None
-        shutil.rmtree(self.fast_dir(index), ignore_errors=True)
+        self.wipe_node_memory(index)
         self._start_node(index, attempt)
 
+    @property
+    def _fast_host_path(self) -> str | None:
+        """The fast tier's hostPath when the pod mounts one (launch/pod.py)."""
+        pod = self.rendered.jobset["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "template"]["spec"]
+        return next((v["hostPath"]["path"] for v in pod["volumes"]
+                     if v["name"] == FAST_VOLUME), None)
+
     def fast_dir(self, index: int) -> Path:
-        """The node's fast-tier memory: each node's own, as /dev/shm is on a real host."""
-        return self.root / f"node-{index}" / "shm"
+        """The node's fast-tier memory: each node's own, as /dev/shm is on a real host (the
+        pod's hostPath where it mounts one, which outlives the node's pods)."""
+        node_root = self.root / f"node-{index}"
+        host = self._fast_host_path
+        return host_path_dir(node_root, host) if host else node_root / "shm"
+
+    def wipe_node_memory(self, index: int) -> None:
+        """The node is replaced by a new one: nothing of its memory is left."""
+        shutil.rmtree(self.fast_dir(index), ignore_errors=True)
 
     def steps(self) -> list[dict]:
         if self.runs_dir is None:

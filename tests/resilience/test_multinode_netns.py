@@ -60,3 +60,15 @@ def test_fast_tier_survives_a_killed_worker_a_lost_node_and_both_copies_lost(cha
     assert result.passed, (result.failed_checks(), result.outcome, result.notes)
     assert result.steps_lost is not None and result.steps_lost > 0
     assert _ours() == []
+
+
+def test_fast_tier_outlives_a_jobset_restart_in_the_nodes_memory(chaos_ws):
+    """2 nodes x 2 ranks: node 1 lost, every pod recreated (node 1's on a new node): the
+    fast tier's hostPath outlives the pods, so the ranks restore from memory, the new
+    node's from node 0's replicas (fm_pipeline.resilience.scenarios.fast_recreate)."""
+    from fm_pipeline.resilience.scenarios.fast_recreate import recreate_pods_fast
+
+    with chaos_ws.active():
+        result = recreate_pods_fast(chaos_ws)
+    assert result.passed, (result.failed_checks(), result.outcome, result.notes)
+    assert _ours() == []

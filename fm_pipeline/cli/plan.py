@@ -339,6 +339,7 @@ def search(o: dict):
 
 def _write_spec(o: dict, inp: dict, result) -> str:
     """The job spec of plan --spec-rank, checked by the spec loader before it is written."""
+    import math
     from pathlib import Path
 
     from fm_pipeline.config.load import parse_job
@@ -354,11 +355,18 @@ def _write_spec(o: dict, inp: dict, result) -> str:
     est = run_estimate(inp["shape"], inp["cluster"], layout,
                        global_batch_tokens=inp["global_batch_tokens"],
                        training_tokens=inp["training_tokens"], precision=inp["precision"])
+    # The two-level plan where the fast tier gains goodput (more than one node: a peer
+    # holds the replicas), else the durable interval alone.
+    fast = est.fast_tier
+    two_level = bool(fast and fast.fast_interval_steps and math.isfinite(fast.goodput)
+                     and fast.goodput > fast.goodput_durable_only)
     spec = {"name": o["name"] or job_name(inp["shape"], layout),
             **spec_sections(inp["shape"], inp["cluster"], layout,
                             global_batch_tokens=inp["global_batch_tokens"],
                             precision=result.precision,  # canonical: fp8 -> fp8-tensorwise
-                            checkpoint_every_steps=est.reliability.interval_steps,
+                            checkpoint_every_steps=fast.durable_interval_steps if two_level
+                            else est.reliability.interval_steps,
+                            memory_every_steps=fast.fast_interval_steps if two_level else 0,
                             training_steps=est.cost.steps, estimate=est)}
     # The data mix is not the planner's: the embedded demo's sources stand in, named as such.
     spec["data"] = load_yaml(DEMO_JOB.read_text(), source=str(DEMO_JOB))["data"]

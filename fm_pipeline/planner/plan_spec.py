@@ -21,14 +21,20 @@ from fm_pipeline.planner.shape import ModelShape
 
 # A custom shape is written as this registry size with every shape field overridden.
 CUSTOM_BASE = "llama3-8b"
+# In-job restarts a written fast-tier plan allows per segment before the orchestrator's
+# durable path takes over (a fault that recurs at once is not one the fast tier cures).
+INPLACE_RESTARTS = 3
 
 
 def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
                   global_batch_tokens: int, precision: str, checkpoint_every_steps: int,
-                  training_steps: int | None = None, estimate=None) -> dict:
+                  training_steps: int | None = None, estimate=None,
+                  memory_every_steps: int = 0) -> dict:
     """The job spec sections for `layout`; PlanInputError names what the trainer cannot run.
     With the layout's `estimate`, segment length and preemption grace period are derived
-    from it as the critique would have them (planner.critique)."""
+    from it as the critique would have them (planner.critique). `memory_every_steps` > 0
+    turns the fast tier on, with in-job restarts to use it (the planner's two-level
+    intervals: then `checkpoint_every_steps` is the durable interval that goes with it)."""
     why = model_not_runnable(shape)
     if why:
         raise PlanInputError("model", why)
@@ -57,13 +63,17 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
         training["segment_steps"] = segment_steps_for(
             estimate, every_steps=every, total_steps=training_steps or every)
         training["preemption_grace_s"] = float(grace_s_for(estimate))
-    return {
+    sections = {
         "model": _model_section(shape),
         "parallelism": parallelism,
         "training": training,
         "checkpoint": {"every_steps": max(1, checkpoint_every_steps)},
         "cluster": _cluster_section(cluster),
     }
+    if memory_every_steps > 0:
+        sections["checkpoint"]["memory_every_steps"] = memory_every_steps
+        sections["resilience"] = {"inplace_restarts": INPLACE_RESTARTS}
+    return sections
 
 
 def _model_section(shape: ModelShape) -> dict:

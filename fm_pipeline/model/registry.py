@@ -40,6 +40,16 @@ _SIZES: dict[str, dict] = {
                              ffn_dim=18432, vocab_size=129280, max_seq_len=4096,
                              rope_theta=10000.0, n_experts=256, moe_top_k=8,
                              moe_ffn_dim=2048, moe_shared_experts=1, moe_first_dense=3),
+    # Qwen3 MoE (Qwen's published configs, Qwen/Qwen3-*/config.json): every layer MoE, no
+    # shared expert, 64 (32) query heads of 128 over a 4096 (2048) wide model. Qwen3's
+    # per-head q/k RMSNorms (256 weights a layer) are not built. 235.1B params, 22.2B active;
+    # 30.5B, 3.3B active.
+    "qwen3-235b-a22b": dict(n_layers=94, dim=4096, n_heads=64, n_kv_heads=4, attn_head_dim=128,
+                            ffn_dim=12288, vocab_size=151936, max_seq_len=4096,
+                            rope_theta=1e6, n_experts=128, moe_top_k=8, moe_ffn_dim=1536),
+    "qwen3-30b-a3b": dict(n_layers=48, dim=2048, n_heads=32, n_kv_heads=4, attn_head_dim=128,
+                          ffn_dim=6144, vocab_size=151936, max_seq_len=4096, rope_theta=1e6,
+                          n_experts=128, moe_top_k=8, moe_ffn_dim=768),
     # Llama 3 / 3.1 / 3.2 shapes (Meta's published configs).
     "llama3-1b": dict(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192,
                       vocab_size=LLAMA3_VOCAB, max_seq_len=8192, rope_theta=500000.0,

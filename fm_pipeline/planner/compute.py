@@ -127,7 +127,8 @@ def layer_times(
                     casts[j] = casts[j] + share * batch * a * b * prec.cast[j]
         return times
 
-    attn_gemms = gemms((((h + 2 * kv) / t, h), (h, h / t)))
+    q = shape.q_dim
+    attn_gemms = gemms((((q + 2 * kv) / t, h), (h, q / t)))
     dense_share = 1 - shape.moe_fraction if shape.experts else 1.0
     mlp_gemms = gemms(((up_width / t, h), (h, f / t)), share=dense_share)
     parts = [attn_gemms, mlp_gemms]

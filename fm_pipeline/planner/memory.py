@@ -99,7 +99,8 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
     h, kv, f = shape.hidden, shape.kv_dim, shape.ffn
     norms = 2 * 2 * h
     inputs = 2 * saved * h  # the attention's (QKV) input and the MLP's
-    attn = 2 * h + 2 * kv + 2 * kv + saved * h  # Q, K, V, projection input
+    q = shape.q_dim  # hidden unless the heads are wider (attn_head_dim)
+    attn = 2 * q + 2 * kv + 2 * kv + saved * q  # Q, K, V, projection input
 
     def swiglu(width):  # gate, up and SiLU outputs, and their product (the down input)
         return 6 * width + saved * width

@@ -85,7 +85,7 @@ def _model_section(shape: ModelShape) -> dict:
               "n_kv_heads": shape.kv_heads, "ffn_dim": shape.ffn, "vocab_size": shape.vocab,
               "tie_embeddings": shape.tie_embeddings,
               "max_seq_len": max(base.max_seq_len, shape.seq_len),
-              "n_experts": shape.experts}
+              "n_experts": shape.experts, "attn_head_dim": shape.attn_head_dim}
     if shape.experts and size != shape.name:  # a custom MoE: its MoE layers after the dense
         wanted.update(moe_top_k=shape.top_k, moe_ffn_dim=shape.expert_ffn,
                       moe_shared_experts=shape.shared_experts,

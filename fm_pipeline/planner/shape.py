@@ -90,11 +90,15 @@ class ModelShape:
     # 56-wide heads. Projections stay the stand-in's (its weights are within 1% of MLA's).
     qk_head_dim: int = 0
     v_head_dim: int = 0
+    # An attention head's width when it is not hidden / heads (Qwen3: 64 heads of 128 in a
+    # 4096-wide model): the query and output projections are heads x attn_head_dim wide.
+    # The model builds it too (ModelConfig.attn_head_dim). 0: hidden / heads.
+    attn_head_dim: int = 0
 
     def __post_init__(self) -> None:
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
             require_positive(field, getattr(self, field), integer=True)
-        if self.hidden % self.heads:
+        if not self.attn_head_dim and self.hidden % self.heads:
             raise PlanInputError(
                 "heads", f"hidden ({self.hidden}) must be divisible by heads ({self.heads})"
             )
@@ -128,7 +132,12 @@ class ModelShape:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.attn_head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """The queries' (and the attention output's) width: hidden unless attn_head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def score_dims(self) -> tuple[int, int]:
@@ -159,7 +168,7 @@ class ModelShape:
 
     def _attention_weights(self) -> int:
         h = self.hidden
-        return 2 * h * h + 2 * h * self.kv_dim
+        return 2 * h * self.q_dim + 2 * h * self.kv_dim
 
     def _moe_layer_base(self) -> int:
         """An MoE layer's matmul weights outside the routed experts: attention, the router,
@@ -181,7 +190,8 @@ class ModelShape:
         h = self.hidden
         norm_size = h if self.norm == "rmsnorm" else 2 * h
         biases = (
-            (2 * h + 2 * self.kv_dim + (self.mlp_matrices - 1) * self.ffn + h) if self.bias else 0
+            (self.q_dim + 2 * self.kv_dim + h + (self.mlp_matrices - 1) * self.ffn + h)
+            if self.bias else 0
         )
         per_layer_norms = 2 * norm_size
         dense = self._attention_weights() + self.mlp_matrices * h * self.ffn
@@ -324,6 +334,7 @@ def shape_from_model_config(cfg, *, seq_len: int, name: str = "custom") -> Model
         vocab=cfg.vocab_size,
         seq_len=seq_len,
         tie_embeddings=cfg.tie_embeddings,
+        attn_head_dim=cfg.attn_head_dim,
         name=name,
         **moe,
     )

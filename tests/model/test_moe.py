@@ -56,6 +56,19 @@ def test_counts_are_exact_and_flops_use_the_active_experts_only():
     assert count_params(cfg).active < count_params(cfg).total
 
 
+def test_heads_wider_than_dim_over_heads_are_built_and_counted():
+    """Qwen3's attention: query heads of attn_head_dim, not dim / n_heads (here 4 heads of
+    32 over a 64-wide model: queries 128 wide)."""
+    cfg = get_model_config("moe-debug", attn_head_dim=32)
+    model = Transformer(cfg)
+    model.init_weights(seed=0)
+    assert model.layers["0"].attention.wq.weight.shape == (4 * 32, 64)
+    assert sum(p.numel() for p in model.parameters()) == count_params(cfg).total
+    assert count_params(cfg).total > count_params(get_model_config("moe-debug")).total
+    logits = model(torch.randint(0, cfg.vocab_size, (2, 16)))
+    assert logits.shape == (2, 16, cfg.vocab_size) and torch.isfinite(logits).all()
+
+
 def test_the_balancing_loss_is_its_coefficient_when_routing_is_uniform():
     ffn = _moe()
     torch.nn.init.zeros_(ffn.router.weight)  # every expert equally likely

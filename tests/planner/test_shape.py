@@ -80,6 +80,13 @@ def test_moe_sizes_are_planned_with_their_published_counts():
     assert (ds.moe_layers, ds.dense_layers, ds.experts, ds.top_k) == (58, 3, 256, 8)
     # FLOPs count only the routed experts a token uses: ~6 x active, not 6 x total.
     assert ds.model_flops_per_token() < 7 * ds.params().active
+    # Qwen3 (Qwen's configs): 64 query heads of 128 over a 4096-wide model, all layers MoE.
+    qwen = named_shape("qwen3-235b-a22b", seq_len=4096)
+    assert qwen.params().total / 1e9 == pytest.approx(235.1, abs=0.05)  # Qwen: 235B
+    assert qwen.params().active / 1e9 == pytest.approx(22.2, abs=0.05)  # 22B active
+    assert (qwen.q_dim, qwen.kv_dim, qwen.moe_layers) == (8192, 512, 94)
+    small = named_shape("qwen3-30b-a3b").params()
+    assert (round(small.total / 1e9, 1), round(small.active / 1e9, 1)) == (30.5, 3.4)
 
 
 def test_moe_shape_refuses_inconsistent_fields_by_name():

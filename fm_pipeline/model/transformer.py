@@ -160,6 +160,14 @@ class Transformer(nn.Module):
         for m, load in zip(self.moe_layers(), loads, strict=True):
             m.update_bias(load)
 
+    def detach_moe_aux_loss(self) -> None:
+        """After the backward: each MoE layer keeps its aux loss as a value for the metrics,
+        not the graph behind it (the graph's nodes would keep the layer's FSDP state, and
+        with it the process groups, alive after the model is dropped)."""
+        for m in self.moe_layers():
+            if m.aux_loss is not None:
+                m.aux_loss = m.aux_loss.detach()
+
     def moe_aux_loss(self) -> torch.Tensor | None:
         """The load-balancing loss of the last forward, weighted by moe_aux_loss_coef: what
         training adds to the next-token loss; None for a dense model."""

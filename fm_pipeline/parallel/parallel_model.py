@@ -99,6 +99,8 @@ class ParallelModel:
                 aux = model.moe_aux_loss()
                 objective = loss if aux is None else loss + aux / len(micro_inputs)
                 (objective * grad_scale if grad_scale != 1.0 else objective).backward()
+                if aux is not None:
+                    model.detach_moe_aux_loss()
             total += _plain(loss)
         self._average_expert_grads()
         return total

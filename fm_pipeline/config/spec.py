@@ -343,6 +343,11 @@ class ResilienceSpec(_Strict):
         description="torchrun restarts the workers in place this many times per segment "
                     "(--max-restarts) before the segment fails to the orchestrator; each "
                     "restart restores from the fast tier when it can, else the durable one")
+    inprocess_restart: bool = Field(
+        default=True,
+        description="on gloo, a failure that leaves every process alive restarts the segment "
+                    "inside the processes first (no new workers: train/inprocess.py), within "
+                    "inplace_restarts; false: every restart is torchrun's")
     lease_ttl_s: float = Field(
         default=30.0, gt=0, le=3600,
         description="the job's one-writer lease expires this long after its holder's last "

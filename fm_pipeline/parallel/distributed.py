@@ -6,8 +6,10 @@ started as a plain `python` process it becomes a world of one on a free loopback
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import time
 from datetime import timedelta
 
 import torch
@@ -52,13 +54,64 @@ def _attempt_store(timeout: timedelta) -> dict:
     dynamic_rendezvous.py), so after an in-job restart gloo read the dead workers' addresses
     and failed with "connectFullMesh ... Connection refused" (pytorch/pytorch#167288).
     Prefixing the keys with the attempt gives each attempt a clean namespace."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    ranks = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+    if _rejoined:  # an in-process restart: the store every rank kept, a namespace of its own
+        generation, store = _rejoined["generation"], _rejoined["store"]
+        return {"store": dist.PrefixStore(f"fm/attempt_{attempt}/inproc_{generation}", store),
+                **ranks}
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return {}
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
-    return {"store": dist.PrefixStore(f"fm/attempt_{attempt}", store),
-            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+    return {"store": dist.PrefixStore(f"fm/attempt_{attempt}", store), **ranks}
+
+
+def _drop_dtensor_caches() -> None:
+    """DTensor's caches (sharding propagation in Python and C++, the redistribute planners,
+    mesh topology) hold DeviceMeshes and so their process groups after the model is gone; a
+    group alive keeps its connections open, and a peer blocked on it would wait out the
+    collective timeout instead of failing at once."""
+    from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+    gc.collect()
+
+
+# In-process restarts of this process (train.inprocess): the store kept from the first
+# group, and the generation. INPROCESS_ENV counts them for code that does not import torch.
+_rejoined: dict = {}
+INPROCESS_ENV = "FM_INPROCESS_RESTARTS"
+
+
+def leave_and_meet(*, wait_s: float) -> bool:
+    """An in-process restart's rendezvous, after a failure escaped the training loop: tear
+    down every process group of this process (gloo closes its connections once nothing
+    holds a group, so a peer blocked on this rank fails at once and comes here too), then
+    wait on the store the groups were made from until every rank has arrived. True:
+    init_distributed joins a new group in a namespace of its own. False: some rank did not
+    come within `wait_s` (its process died: torchrun's restart of the workers takes over)."""
+    store = _rejoined.get("store") or dist.distributed_c10d._get_default_store()
+    world = dist.get_world_size()
+    _drop_dtensor_caches()
+    dist.destroy_process_group()
+    generation = _rejoined.get("generation", 0) + 1
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = f"fm/attempt_{attempt}/inproc_{generation}/arrived"
+    store.add(key, 1)
+    deadline = time.monotonic() + wait_s
+    while int(store.add(key, 0)) < world:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    _rejoined.update(store=store, generation=generation)
+    os.environ[INPROCESS_ENV] = str(generation)
+    return True
 
 
 def world() -> tuple[int, int]:

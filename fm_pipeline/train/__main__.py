@@ -127,25 +127,37 @@ def main(argv: list[str] | None = None) -> None:
     @record  # an uncaught exception lands, with its traceback, in torchrun's error file
     def train():
         from fm_pipeline.rundir.lease import LeaseLost
+        from fm_pipeline.train.inprocess import InProcessRestarts
 
-        try:
-            return run_segment(job, end_step=args.end_step, resume_from=args.resume_from)
-        except SegmentSetupError as e:
-            # Raised before the first step (a missing data mix, an unusable checkpoint, a bad
-            # --end-step); errors while training fall through to @record (exit 1).
-            print(f"error: {e}", file=sys.stderr)
-            exit_with(exit_codes.BAD_CONFIG, str(e))
-        except SegmentRefused as e:  # another segment holds the job (or it cannot be told)
-            print(f"error: {e}", file=sys.stderr)
-            exit_with(e.exit_code, str(e))
-        except LeaseLost as e:  # taken over mid-segment: the other holder goes on
-            print(f"error: {e}", file=sys.stderr)
-            exit_with(exit_codes.LEASE_HELD, str(e))
-        except Exception as e:
-            if (why := permanent_reason(e)) is None:
-                raise  # retryable: @record keeps the traceback for the launcher
-            print(f"error: {why}", file=sys.stderr)
-            exit_with(exit_codes.BAD_CONFIG, why)
+        restarts = InProcessRestarts(job)
+        resume_from = args.resume_from
+        while True:
+            try:
+                return run_segment(job, end_step=args.end_step, resume_from=resume_from,
+                                   restart_cause=restarts.cause)
+            except SegmentSetupError as e:
+                # Raised before the first step (a missing data mix, an unusable checkpoint,
+                # a bad --end-step); errors while training fall through to @record (exit 1).
+                print(f"error: {e}", file=sys.stderr)
+                exit_with(exit_codes.BAD_CONFIG, str(e))
+            except SegmentRefused as e:  # another segment holds the job (or it cannot be told)
+                print(f"error: {e}", file=sys.stderr)
+                exit_with(e.exit_code, str(e))
+            except LeaseLost as e:  # taken over mid-segment: the other holder goes on
+                print(f"error: {e}", file=sys.stderr)
+                exit_with(exit_codes.LEASE_HELD, str(e))
+            except Exception as e:
+                if (why := permanent_reason(e)) is not None:
+                    print(f"error: {why}", file=sys.stderr)
+                    exit_with(exit_codes.BAD_CONFIG, why)
+                if not restarts.possible():
+                    raise  # retryable: @record keeps the traceback for the launcher
+                failure = restarts.failed(e)
+            # Outside the handler: the traceback, and the failed generation's groups with
+            # it, are gone, so their connections close and blocked peers fail too.
+            if not restarts.rejoin(failure):
+                raise failure.error()  # torchrun's restart of the workers
+            resume_from = None  # the fast tier's newest, else the durable tiers
 
     result = train()
     why = result.summary.get("preempt_reason")  # the stop's own reason (a straggler, ...)

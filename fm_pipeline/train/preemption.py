@@ -21,6 +21,13 @@ log = logging.getLogger(__name__)
 
 # A flag file older than this process is a leftover of an earlier segment, not a request.
 _PROCESS_START = time.time()
+# A signal this process received (a watcher's handler ran): a segment that failed after it
+# is not restarted in the process (train.inprocess); torchrun is tearing the workers down.
+_signalled: list[str] = []
+
+
+def signal_received() -> str | None:
+    return _signalled[0] if _signalled else None
 
 
 def preempt_file(runs_dir: Path) -> Path:
@@ -37,6 +44,7 @@ class PreemptionWatcher:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
+        _signalled.append(signal.Signals(signum).name)
         self._request(f"signal {signal.Signals(signum).name}")
 
     def request(self, reason: str) -> None:

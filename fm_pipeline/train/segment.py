@@ -160,10 +160,15 @@ def job_attempt() -> tuple[int, list[int]]:
 
 
 def in_job_restart_record(restored, *, restore_s: float, fast, attempt: int,
-                          joined: list[int], recreated: bool = False) -> dict:
-    from fm_pipeline.rundir.attempts import previous_attempt, restart_cause
+                          joined: list[int], recreated: bool = False,
+                          in_process_causes: list[str | None] | None = None) -> dict:
+    from fm_pipeline.rundir.attempts import is_peer_loss, previous_attempt, restart_cause
 
-    if recreated:
+    if in_process_causes:
+        ranked = [(r, c) for r, c in enumerate(in_process_causes) if c]
+        rank, why = next(((r, c) for r, c in ranked if not is_peer_loss(c)), ranked[0])
+        cause = f"rank {rank}: {why.splitlines()[0][:300]} (restarted in the process)"
+    elif recreated:
         cause = ("the pods were recreated inside the launch (a JobSet restart); this run's "
                  "snapshots were still in node memory")
     elif joined:
@@ -171,7 +176,7 @@ def in_job_restart_record(restored, *, restore_s: float, fast, attempt: int,
     else:
         cause = restart_cause(previous_attempt())
     record = {"attempt": attempt, "cause": cause, "joined_nodes": joined,
-              "pods_recreated": recreated,
+              "pods_recreated": recreated, "in_process": bool(in_process_causes),
               "tier": _tier_of(restored), "restored_step": restored.step if restored else 0,
               "restore_s": round(restore_s, 3), "steps_redone": None, "from_peer": [],
               "skipped": []}
@@ -258,7 +263,7 @@ class _Setup:
 
 
 def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
-           resume_from: str | None, store, lease) -> _Setup:
+           resume_from: str | None, store, lease, restart_cause: str | None = None) -> _Setup:
     from fm_pipeline.data import open_job_mix
 
     dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
@@ -283,9 +288,14 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     restore_s = time.perf_counter() - t0
     target = segment_target(job, trainer.state.step, end_step)
     restart = None
+    # In the process (train.inprocess) every rank knows its own failure; the cause is the
+    # first that is not a consequence of another's.
+    causes = comm.all_gather(restart_cause)
+    in_process = any(c is not None for c in causes)
     if attempt > 0 or recreated:
-        restart = in_job_restart_record(restored, restore_s=restore_s, fast=fast,
-                                        attempt=attempt, joined=joined, recreated=recreated)
+        restart = in_job_restart_record(
+            restored, restore_s=restore_s, fast=fast, attempt=attempt, joined=joined,
+            recreated=recreated, in_process_causes=causes if in_process else None)
     # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
     watcher = PreemptionWatcher(preempt_file(runs_dir(job.name)))
     return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,
@@ -293,28 +303,31 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
                   target=target, fast=fast, restart=restart, attempt=attempt)
 
 
-def run_segment(job: JobSpec, *, end_step: int | None = None,
-                resume_from: str | None = None) -> SegmentResult:
-    """Train this segment on every rank of the (possibly new) default process group."""
+def run_segment(job: JobSpec, *, end_step: int | None = None, resume_from: str | None = None,
+                restart_cause: str | None = None) -> SegmentResult:
+    """Train this segment on every rank of the (possibly new) default process group.
+    `restart_cause`: this rank's failure, when the process runs the segment again in place
+    (train.inprocess)."""
     owns_process_group = not dist.is_initialized()
     device = init_distributed(timeout_s=job.resilience.collective_timeout_s)
     store = open_store(store_uri())
     lease = take_lease(job, store)  # one live segment per job, before anything is read
     try:
         return _run_leased(job, device=device, end_step=end_step, resume_from=resume_from,
-                           store=store, lease=lease, owns_process_group=owns_process_group)
+                           store=store, lease=lease, owns_process_group=owns_process_group,
+                           restart_cause=restart_cause)
     finally:
         if lease is not None:
             lease.release()
 
 
 def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
-                resume_from: str | None, store, lease,
-                owns_process_group: bool) -> SegmentResult:
+                resume_from: str | None, store, lease, owns_process_group: bool,
+                restart_cause: str | None = None) -> SegmentResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         setup = _setup(job, device=device, end_step=end_step, resume_from=resume_from,
-                       store=store, lease=lease)
+                       store=store, lease=lease, restart_cause=restart_cause)
     except ValueError as e:  # bad input of any kind, found before the first step
         raise SegmentSetupError(f"{type(e).__name__}: {e}") from e
     dims, mesh, trainer, manager, watcher = (setup.dims, setup.mesh, setup.trainer,
@@ -335,6 +348,7 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
     summary: dict[str, Any] = {
         "start_step": start, "target_step": target, "world_size": world,
         "attempt": setup.attempt,  # torchrun's in-job restarts before this one
+        "worker_pid": os.getpid(),  # rank 0's: the same after a restart in the process
         "parallelism": dict(zip(("dp_replicate", "dp_shard", "pp", "tp"), dims.shape),
                             **({"ep": dims.ep} if dims.ep > 1 else {})),
         "restored_from": restored.source if restored else None,

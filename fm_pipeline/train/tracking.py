@@ -128,8 +128,12 @@ class MlflowSink:
 
 class PipesSink:
     def __init__(self):
-        from dagster_pipes import open_dagster_pipes
+        from dagster_pipes import PipesContext, open_dagster_pipes
 
+        if PipesContext.is_initialized() and PipesContext.get().is_closed:
+            # A segment run again in the process (train.inprocess): a new session, as a
+            # restarted worker process would open; dagster_pipes keeps one per process.
+            PipesContext._instance = None
         self.pipes = open_dagster_pipes()
 
     def log(self, message: str) -> None:

@@ -57,7 +57,9 @@ def test_a_killed_worker_restarts_in_place_from_memory_and_matches_the_straight_
         # restarted one.
         killed, segment = chaos_ws.segments("killed")
         assert (killed["attempt"], killed["exit_reason"]) == (0, "failed")
+        assert killed["worker_pid"] != segment["worker_pid"]  # torchrun's new workers
         restart = segment["inplace_restart"]
+        assert not restart["in_process"]
         assert segment["attempt"] == 1 and restart["tier"] == "memory", restart
         assert restart["restored_step"] in (4, 6), restart
         assert restart["steps_redone"] <= 2, restart  # at most one fast interval
@@ -73,6 +75,41 @@ def test_a_killed_worker_restarts_in_place_from_memory_and_matches_the_straight_
             assert torch.equal(a["model"][key], b["model"][key]), key
         # A clean end frees the memory: the next segment restores from the durable tier.
         assert not any(fast_dir.rglob("*.snap"))
+
+
+def test_a_failure_that_leaves_every_process_alive_restarts_in_the_processes(
+        chaos_ws, live_segment, fast_dir):
+    """Rank 1 raises after step 5 (FM_FAULT_FAIL_AT): rank 0's collective fails on the closed
+    connection, both tear their groups down, meet again on the store and run the segment on
+    in the same processes (train/inprocess.py): no new worker, the newest snapshot restored,
+    the weights bitwise those of an uninterrupted run."""
+    with chaos_ws.active():
+        straight = chaos_ws.job("straight-inproc", **FAST)
+        chaos_ws.prepare(straight)
+        assert live_segment(straight).result().outcome == Outcome.SUCCEEDED
+
+        job = chaos_ws.job("inproc", **FAST)
+        result = live_segment(job, env={"FM_FAULT_FAIL_AT": "1:5"}).result()
+        assert result.outcome == Outcome.SUCCEEDED, result.reason
+        failed, segment = chaos_ws.segments("inproc")
+        assert failed["exit_reason"] == "failed"  # rank 0's record: its peer went away
+        assert failed["worker_pid"] == segment["worker_pid"]  # the same process
+        restart = segment["inplace_restart"]
+        assert restart["in_process"] and restart["tier"] == "memory", restart
+        assert restart["cause"].startswith("rank 1: InjectedFault"), restart["cause"]
+        assert restart["restored_step"] in (4, 5) and restart["steps_redone"] <= 2, restart
+        assert segment["attempt"] == 1 and segment["end_step"] == STEPS
+        a, b = _final_state(chaos_ws, "straight-inproc"), _final_state(chaos_ws, "inproc")
+        for key in a["model"]:
+            assert torch.equal(a["model"][key], b["model"][key]), key
+
+        # Switched off, the same fault is torchrun's: new worker processes.
+        job = chaos_ws.job("inproc-off", **FAST, **{"resilience.inprocess_restart": False})
+        result = live_segment(job, env={"FM_FAULT_FAIL_AT": "1:5"}).result()
+        assert result.outcome == Outcome.SUCCEEDED, result.reason
+        failed, segment = chaos_ws.segments("inproc-off")
+        assert failed["worker_pid"] != segment["worker_pid"]
+        assert not segment["inplace_restart"]["in_process"]
 
 
 def test_a_corrupt_fast_copy_falls_back_to_the_durable_tier_with_the_reason(

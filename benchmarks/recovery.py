@@ -30,10 +30,13 @@ same intake, queue, launch and trainer start, no failure, no restore). Target on
 durable_resume_s <= 30.
 
 In-job restart (the fast tier, docs/checkpoints.md), same daemon, same job and fault, with
-`checkpoint.memory_every_steps` 2 and `resilience.inplace_restarts` 1: torchrun restarts
-the worker inside the same run, which restores the newest in-memory snapshot:
+`checkpoint.memory_every_steps` 2 and `resilience.inplace_restarts` 1: the worker's
+process, still alive, runs the segment again inside the same run (train/inprocess.py) and
+restores the newest in-memory snapshot; and the same with `resilience.inprocess_restart`
+off, torchrun's restart of the worker process (what a killed worker gets):
 
-  inplace_resume_s     fault -> the restarted attempt's first step completed
+  inplace_resume_s     fault -> the restarted attempt's first step completed (in-process)
+  inplace_process_resume_s   the same through torchrun's new worker process
   inplace_steps_redone steps trained again after the restore
   inplace_restore_s    the restarted worker's restore (from memory)
   snapshot_block_ratio loop time blocked by snapshots / step time, over the restarted
@@ -168,13 +171,17 @@ def measure(instance, job_name: str, submitted_at: float) -> dict:
     }
 
 
-def measure_inplace(job_name: str) -> dict:
-    """The in-job restart of one job: both attempts are one Dagster run, one launch."""
+def measure_inplace(job_name: str, *, in_process: bool) -> dict:
+    """The in-job restart of one job: both attempts are one Dagster run, one launch; the
+    restart took the path asked for (in the process, or torchrun's new worker)."""
     attempts = _steps(job_name)
     first, restarted = attempts[0], attempts[1]
     fault_at = first[-1]["time"]
     segment = next(s for s in _segment_records(job_name) if s.get("inplace_restart"))
     restart, fast = segment["inplace_restart"], segment["fast_tier"] or {}
+    if restart["in_process"] != in_process:
+        raise RuntimeError(f"{job_name}: the restart was {'not ' * in_process}in the "
+                           f"process: {restart}")
     step_time = sum(r["step_time_s"] for r in restarted)
     return {
         "inplace_resume_s": restarted[0]["time"] - fault_at,
@@ -255,19 +262,28 @@ def main(argv: list[str] | None = None) -> dict:
             submit_run(store, job)
             _wait_done(instance, job.name)
             run = measure(instance, job.name, submitted_at)
-            inplace = small_job(**{"name": f"recovery-inplace-{i}", "training.steps": STEPS,
-                                   "training.segment_steps": STEPS,
-                                   "checkpoint.every_steps": 2,
-                                   "checkpoint.memory_every_steps": 2,
-                                   "resilience.inplace_restarts": 1})
-            register_training_job(instance, inplace, store=store)
-            plant_fault(store, inplace.name, FAULT)
-            submit_run(store, inplace)
-            _wait_done(instance, inplace.name)
-            runs.append({**run, **measure_inplace(inplace.name)})
+            measured = {}
+            for label, in_process in (("inplace", True), ("process", False)):
+                inplace = small_job(**{"name": f"recovery-{label}-{i}", "training.steps": STEPS,
+                                       "training.segment_steps": STEPS,
+                                       "checkpoint.every_steps": 2,
+                                       "checkpoint.memory_every_steps": 2,
+                                       "resilience.inplace_restarts": 1,
+                                       "resilience.inprocess_restart": in_process})
+                register_training_job(instance, inplace, store=store)
+                plant_fault(store, inplace.name, FAULT)
+                submit_run(store, inplace)
+                _wait_done(instance, inplace.name)
+                figures = measure_inplace(inplace.name, in_process=in_process)
+                if in_process:
+                    measured.update(figures)
+                else:
+                    measured["inplace_process_resume_s"] = figures["inplace_resume_s"]
+            runs.append({**run, **measured})
             progress.update(task, advance=1, description=(
                 f"durable_resume_s {runs[-1]['durable_resume_s']:.1f}, "
-                f"inplace_resume_s {runs[-1]['inplace_resume_s']:.1f}"))
+                f"inplace_resume_s {runs[-1]['inplace_resume_s']:.1f}, "
+                f"process {runs[-1]['inplace_process_resume_s']:.1f}"))
         instance.dispose()
         for i, run in enumerate(runs):
             run.update(measure_node_loss(root / f"node-loss-{i}"))

@@ -4,12 +4,46 @@ Torch-free: the launchers and the multi-node harness name the same directory the
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 FAST_DIR_ENV = "FM_FAST_TIER_DIR"
 RACK_ENV = "FM_RACK"
+# On Kubernetes (launch/pod.py): the node label that names a failure domain, and the pod's
+# node (downward API); the label is read from the API, which the downward API does not give.
+RACK_LABEL_ENV = "FM_RACK_LABEL"
+NODE_NAME_ENV = "FM_NODE_NAME"
+
+
+def node_rack(api=None) -> str | None:
+    """This node's failure domain: $FM_RACK, else on Kubernetes the value of the node's
+    $FM_RACK_LABEL label (the pod's service account may get nodes: launch/keeper.py renders
+    the ClusterRole); None when unknown, with the reason logged (the ring then follows the
+    nodes' order). `api`: a kubernetes CoreV1Api (default: the in-cluster one)."""
+    if os.environ.get(RACK_ENV):
+        return os.environ[RACK_ENV]
+    label, node = os.environ.get(RACK_LABEL_ENV), os.environ.get(NODE_NAME_ENV)
+    if not (label and node):
+        return None
+    try:
+        if api is None:
+            from kubernetes import client, config
+
+            config.load_incluster_config()
+            api = client.CoreV1Api()
+        labels = api.read_node(node).metadata.labels or {}
+    except Exception as e:  # noqa: BLE001 - any API failure leaves the domain unknown
+        log.warning("fast tier: node %s's %s label is unknown (%s); replicas follow the "
+                    "nodes' order", node, label, str(e).splitlines()[0][:200])
+        return None
+    if label not in labels:
+        log.warning("fast tier: node %s has no %s label; replicas follow the nodes' order",
+                    node, label)
+    return labels.get(label)
 
 
 def fast_root() -> Path:

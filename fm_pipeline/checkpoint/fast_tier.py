@@ -26,7 +26,8 @@ replicas per peer. A snapshot is restored only by the same rank of the same topo
 run: it is the rank's local shards, not a resharding checkpoint.
 
 Replicas: each node's ranks send every snapshot to the same local rank of the next node in
-a ring that alternates racks where the placement names them (`$FM_RACK`), so one lost node
+a ring that alternates racks where the placement names them (`$FM_RACK`, or on Kubernetes
+the node label `$FM_RACK_LABEL`: fast_paths.node_rack), so one lost node
 or rack leaves a copy elsewhere. The exchange runs in the snapshot's background thread on
 the tier's own gloo group. With one node there is no replica (reported).
 
@@ -58,7 +59,7 @@ import torch.distributed as dist
 
 from fm_pipeline.catalog.manifest import atomic_write
 from fm_pipeline.checkpoint import comm
-from fm_pipeline.checkpoint.fast_paths import RACK_ENV, fast_root, replica_peers
+from fm_pipeline.checkpoint.fast_paths import fast_root, node_rack, replica_peers
 from fm_pipeline.checkpoint.fast_snapshot import (
     SnapshotMismatch,
     apply_snapshot,
@@ -137,7 +138,7 @@ class FastTier:
         # that died mid-exchange fails the snapshot instead of hanging it for 30 minutes.
         self._group = dist.new_group(backend="gloo", timeout=timedelta(
             seconds=job.resilience.collective_timeout_s)) if comm.initialized() else None
-        where = comm.all_gather((self.node, os.environ.get(RACK_ENV)))
+        where = comm.all_gather((self.node, node_rack()))
         self.nodes = [w[0] for w in where]  # each rank's node
         self.peers = replica_peers(self.nodes, [w[1] for w in where])
         self.peer = self.peers[self.rank]

@@ -57,6 +57,10 @@ def render(
         FAST_HOST_PATH, "--fast-tier-host-path",
         help="node directory (in node memory) for the fast tier's snapshots when "
              "checkpoint.memory_every_steps > 0; '' keeps them in the pod's /dev/shm"),
+    rack_label: str = typer.Option(
+        "", "--rack-label",
+        help="node label naming a node's failure domain (e.g. topology.kubernetes.io/zone): "
+             "the fast tier's replicas go to another; writes the ClusterRole to read nodes"),
     overrides: list[str] = typer.Option([], "--set", help="job spec override dotted.key=value"),
 ) -> None:
     """Write the ConfigMap and JobSet of one training segment (and, with the fast tier on,
@@ -77,6 +81,7 @@ def render(
         namespace=namespace or None,
         max_restarts=max_restarts,
         fast_tier_host_path=fast_tier_host_path,
+        rack_label=rack_label,
         placement=Placement(
             required_topology=required_topology or None,
             preferred_topology=preferred_topology or None,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from fm_pipeline.launch.k8s_validate import validate_object
-from fm_pipeline.launch.keeper import keeper_daemonset
+from fm_pipeline.launch.k8s_validate import label_key_errors, validate_object
+from fm_pipeline.launch.keeper import keeper_daemonset, node_reader_rbac
 from fm_pipeline.launch.pod import (
     FAST_HOST_PATH,
     RDZV_PORT,
@@ -61,6 +61,9 @@ class KubernetesTarget:
         snapshots when checkpoint.memory_every_steps > 0, so that they outlive a JobSet
         restart; empty keeps them in the pod's /dev/shm (worker restarts only). Namespaces
         whose Pod Security level is baseline or restricted refuse hostPath volumes.
+    rack_label: a node label naming the node's failure domain (rack, block, zone), read by
+        each rank so that the fast tier's replicas go to another one; render writes the
+        ClusterRole that lets the pods get nodes (launch/keeper.py).
     """
 
     store_uri: str
@@ -76,6 +79,7 @@ class KubernetesTarget:
     placement: Placement = field(default_factory=Placement)
     extra_env: dict[str, str] = field(default_factory=dict)
     fast_tier_host_path: str = FAST_HOST_PATH
+    rack_label: str = ""
 
     def __post_init__(self):
         if not self.store_uri.startswith("s3://"):
@@ -86,6 +90,8 @@ class KubernetesTarget:
             )
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.rack_label and (why := label_key_errors(self.rack_label)):
+            raise ValueError(f"rack_label {self.rack_label!r}: not a node label key: {why}")
         if self.fast_tier_host_path and not self.fast_tier_host_path.startswith("/"):
             raise ValueError(f"fast_tier_host_path {self.fast_tier_host_path!r}: a hostPath "
                              "is an absolute path on the node (or empty for the pod's /dev/shm)")
@@ -98,6 +104,7 @@ class RenderedSegment:
     config_map: dict
     jobset: dict
     keeper: dict | None = None  # the fast tier's node keeper DaemonSet (launch/keeper.py)
+    cluster_rbac: tuple[dict, ...] = ()  # for a cluster admin to apply; never the client's
 
     def objects(self) -> list[dict]:
         """What the client creates, in order. No Service: the JobSet controller creates the
@@ -106,6 +113,10 @@ class RenderedSegment:
         race it into a 409."""
         return [self.config_map, self.jobset, *([self.keeper] if self.keeper else [])]
 
+    def written(self) -> list[dict]:
+        """What `write` puts in the directory: the objects and the cluster-scoped RBAC."""
+        return [*self.objects(), *self.cluster_rbac]
+
     @property
     def leader_host(self) -> str:
         return f"{self.name}-{REPLICATED_JOB}-0-0.{self.name}"
@@ -113,7 +124,7 @@ class RenderedSegment:
     def write(self, out_dir: Path) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         written = []
-        for obj in self.objects():
+        for obj in self.written():
             path = out_dir / f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
             path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
             written.append(path)
@@ -154,6 +165,7 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
         launch, image=target.image or job.cluster.image,
         master_addr=f"{name}-{REPLICATED_JOB}-0-0.{name}", env=env,
         master_port=target.master_port, fast_tier_host_path=target.fast_tier_host_path,
+        rack_label=target.rack_label,
     )
     if target.credentials_secret:
         container["envFrom"] = [{"secretRef": {"name": target.credentials_secret}}]
@@ -175,9 +187,13 @@ def render_segment(launch: SegmentLaunch, target: KubernetesTarget) -> RenderedS
         keeper = keeper_daemonset(namespace=namespace, image=target.image or job.cluster.image,
                                   host_path=target.fast_tier_host_path,
                                   placement=target.placement)
+    rbac = ()
+    if target.rack_label and job.checkpoint.memory_every_steps > 0:
+        rbac = tuple(node_reader_rbac(namespace=namespace,
+                                      service_account=target.service_account))
     rendered = RenderedSegment(name=name, namespace=namespace, config_map=config_map,
-                               jobset=jobset, keeper=keeper)
-    for obj in rendered.objects():
+                               jobset=jobset, keeper=keeper, cluster_rbac=rbac)
+    for obj in rendered.written():
         validate_object(obj)
     return rendered
 

@@ -86,6 +86,11 @@ def _is_subdomain(value: str) -> bool:
     return len(value) <= 253 and all(_DNS_LABEL.match(part) for part in value.split("."))
 
 
+def label_key_errors(key: str) -> str | None:
+    """Why `key` is not a valid label key (the API server's rule), or None."""
+    return _key_errors(key)
+
+
 def _key_errors(key: str) -> str | None:
     prefix, _, name = key.rpartition("/")
     if prefix and not _is_subdomain(prefix):
@@ -160,7 +165,11 @@ def validate_object(obj: dict) -> None:
     """Raise ManifestInvalid unless the API server would accept `obj` with strict validation."""
     api_version = obj.get("apiVersion", "")
     kind = obj.get("kind", "")
-    if "/" in api_version and "." in api_version.split("/")[0]:
+    group = api_version.split("/")[0] if "/" in api_version else ""
+    # Built-in API groups are named *.k8s.io (rbac.authorization.k8s.io, ...); custom
+    # resources live elsewhere (jobset.x-k8s.io, kueue.x-k8s.io, kubeflow.org).
+    builtin = group.endswith(".k8s.io") and not group.endswith(".x-k8s.io")
+    if "." in group and not builtin:
         group, version = api_version.split("/")
         validator = _crd_validator(group, kind, version)
         errors = [

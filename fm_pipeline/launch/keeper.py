@@ -1,9 +1,15 @@
-"""The fast tier's node keeper, rendered: a DaemonSet that runs
-`python -m fm_pipeline.checkpoint.fast_keeper` on every node the training pods may use,
-on the same hostPath, and deletes the snapshots of runs whose pods are gone for good
-(idle past `idle_s`). One per namespace and host path: every job of the namespace that
-uses the fast tier shares it, so the client creates it when missing and leaves it alone
-when it is there.
+"""The fast tier's node-level objects, rendered.
+
+The keeper: a DaemonSet that runs `python -m fm_pipeline.checkpoint.fast_keeper` on every
+node the training pods may use, on the same hostPath, and deletes the snapshots of runs
+whose pods are gone for good (idle past `idle_s`). One per namespace and host path: every
+job of the namespace that uses the fast tier shares it, so the client creates it when
+missing and leaves it alone when it is there.
+
+The node reader: with a rack label (`--rack-label`), each rank reads its node's failure
+domain from the API (checkpoint/fast_paths.node_rack), which needs `get` on nodes for the
+pods' service account: a ClusterRole and its binding, cluster-scoped, so `fm k8s render`
+writes them for a cluster admin to apply once; the client does not create them.
 """
 
 from __future__ import annotations
@@ -44,3 +50,22 @@ def keeper_daemonset(*, namespace: str, image: str, host_path: str, placement: P
             "template": {"metadata": {"labels": dict(KEEPER_LABELS)}, "spec": pod},
         },
     }
+
+
+NODE_READER = "fm-node-reader"
+
+
+def node_reader_rbac(*, namespace: str, service_account: str | None) -> list[dict]:
+    """The ClusterRole that may get nodes, bound to the pods' service account."""
+    labels = {"app.kubernetes.io/name": "fm-pipeline",
+              "app.kubernetes.io/component": "node-reader"}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": NODE_READER, "labels": labels},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": f"{NODE_READER}-{namespace}", "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": NODE_READER},
+               "subjects": [{"kind": "ServiceAccount", "name": service_account or "default",
+                             "namespace": namespace}]}
+    return [role, binding]

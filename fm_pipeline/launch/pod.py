@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from fm_pipeline.accelerators import get_accelerator
-from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV
+from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV, NODE_NAME_ENV, RACK_LABEL_ENV
 from fm_pipeline.launch.spec import PREEMPT_FLAG_ENV, SegmentLaunch, SegmentPaths
 
 CONTAINER = "trainer"
@@ -100,9 +100,11 @@ def env_list(values: dict[str, str]) -> list[dict]:
 def trainer_container(
     launch: SegmentLaunch, *, image: str, master_addr: str, env: dict[str, str],
     master_port: int = RDZV_PORT, fast_tier_host_path: str | None = FAST_HOST_PATH,
+    rack_label: str | None = None,
 ) -> dict:
     """`fast_tier_host_path`: the node directory the fast tier keeps its snapshots in; None
-    or empty keeps them in the pod's /dev/shm (they then survive worker restarts only)."""
+    or empty keeps them in the pod's /dev/shm (they then survive worker restarts only).
+    `rack_label`: the node label naming its failure domain, for the fast tier's replicas."""
     job = launch.job
     paths = pod_paths()
     grace = math.ceil(job.training.preemption_grace_s)
@@ -129,6 +131,10 @@ def trainer_container(
     if fast_tier_host_path and job.checkpoint.memory_every_steps > 0:
         base_env[FAST_DIR_ENV] = str(FAST_MOUNT)
         mounts.append({"name": FAST_VOLUME, "mountPath": str(FAST_MOUNT)})
+    if rack_label and job.checkpoint.memory_every_steps > 0:
+        base_env[RACK_LABEL_ENV] = rack_label
+        pet.append({"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {
+            "fieldPath": "spec.nodeName"}}})
     if is_gpu(job.cluster.accelerator):
         resources = {"limits": {"nvidia.com/gpu": str(job.parallelism.nproc_per_node)}}
     else:

@@ -75,6 +75,8 @@ def pod_process(
         elif (item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
               == COMPLETION_INDEX_FIELD):
             env[item["name"]] = str(node_rank)
+        elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+            env[item["name"]] = f"node-{node_rank}"  # the node this pod stands on
         else:
             raise ValueError(f"env {item['name']}: only values and the completion index are "
                              f"emulated locally, got {item.get('valueFrom')}")

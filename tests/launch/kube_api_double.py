@@ -9,7 +9,8 @@ plays the kubelet: it starts the pods the Job controller made (`start_pod`), wri
 logs, ends them (`terminate_pod`) and finishes the ones being deleted (`delete_pod`), or
 lets `instant_kubelet` end a deleted running pod at once.
 
-Endpoints: JobSet create/get/delete; ConfigMap, Service and DaemonSet create/delete; pod list and
+Endpoints: JobSet create/get/delete; ConfigMap, Service and DaemonSet create/delete; node
+get (`add_node`); pod list and
 watch by label selector; pod log (with follow: the response stays open until the pod
 terminates). Every write takes the next revision as the object's resourceVersion (one
 counter, as etcd's); a watch resumes after a resourceVersion, starts from the current pods
@@ -52,6 +53,7 @@ class KubeApiDouble:
         self.jobs: dict[tuple[str, str], dict] = {}
         self.core: dict[tuple[str, str, str], dict] = {}  # (kind plural, ns, name)
         self.pods: dict[tuple[str, str], dict] = {}
+        self.nodes: dict[str, dict] = {}  # name -> Node (add_node): read by the pods' ranks
         self.workloads: dict[tuple[str, str], dict] = {}  # Kueue's, per JobSet
         self.pod_events: list[dict] = []  # watch events, each with the revision it made
         self.revision = 0  # etcd's: one counter over every write, every object's resourceVersion
@@ -341,6 +343,12 @@ class KubeApiDouble:
             "deletionTimestamp"), f"pod {pod} deleted", timeout_s)
         return self.pods[(ns, pod)]["metadata"]["deletionGracePeriodSeconds"]
 
+    def add_node(self, name: str, labels: dict[str, str]) -> None:
+        with self.lock:
+            self.nodes[name] = {"apiVersion": "v1", "kind": "Node",
+                                "metadata": {"name": name, "labels": dict(labels),
+                                             "resourceVersion": str(self.revision)}}
+
     # -- request handling -------------------------------------------------------------------
 
     def handle(self, method: str, path: str, query: dict, body: dict | None):
@@ -356,6 +364,10 @@ class KubeApiDouble:
                 ns, _, rest = path[len(DAEMONSETS):].partition("/daemonsets")
                 return self._core(method, "daemonsets", ns, rest.strip("/"), body)
             parts = path.strip("/").split("/")  # api v1 namespaces NS KIND [NAME [log]]
+            if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4 and method == "GET":
+                node = self.nodes.get(parts[3])
+                return (200, node) if node else (404, _status(404, f'nodes "{parts[3]}" '
+                                                                   "not found"))
             if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 5:
                 return 404, _status(404, f"no such endpoint {path}")
             ns, kind, name = parts[3], parts[4], "/".join(parts[5:])

@@ -268,3 +268,30 @@ def test_the_fast_tier_lives_in_node_memory_that_outlives_the_pods_with_its_keep
     assert off.keeper is None
     with pytest.raises(ValueError, match="absolute path on the node"):
         _target(fast_tier_host_path="fm-fast")
+
+
+def test_a_rack_label_reaches_the_ranks_with_the_rbac_to_read_it(tmp_path):
+    """With --rack-label the pods learn their node (downward API) and the label key; the
+    ClusterRole that lets them get nodes is written beside the objects for an admin, and
+    is not among what the client creates. A key the API server would refuse is refused."""
+    job = tiny_job(nnodes=2, nproc=2, checkpoint={"memory_every_steps": 2},
+                   cluster={"namespace": "training"})
+    rendered = render_segment(SegmentLaunch(job, end_step=20), _target(
+        rack_label="topology.kubernetes.io/zone", service_account="trainer"))
+    env = _env(_container(rendered))
+    assert env["FM_RACK_LABEL"] == "topology.kubernetes.io/zone"
+    assert env["FM_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    role, binding = rendered.cluster_rbac
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer",
+                                    "namespace": "training"}]
+    for obj in rendered.cluster_rbac:
+        validate_object(obj)
+    assert not any(o["kind"].startswith("ClusterRole") for o in rendered.objects())
+    written = sorted(p.name for p in rendered.write(tmp_path))
+    assert "clusterrole-fm-node-reader.yaml" in written
+    assert "clusterrolebinding-fm-node-reader-training.yaml" in written
+    plain = render_segment(SegmentLaunch(job, end_step=20), _target())
+    assert "FM_RACK_LABEL" not in _env(_container(plain)) and not plain.cluster_rbac
+    with pytest.raises(ValueError, match="not a node label key"):
+        _target(rack_label="rack label")

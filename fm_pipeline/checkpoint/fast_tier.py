@@ -138,9 +138,11 @@ class FastTier:
         # that died mid-exchange fails the snapshot instead of hanging it for 30 minutes.
         self._group = dist.new_group(backend="gloo", timeout=timedelta(
             seconds=job.resilience.collective_timeout_s)) if comm.initialized() else None
-        where = comm.all_gather((self.node, node_rack()))
+        # One read per node (on Kubernetes an API call): local rank 0's, for all its ranks.
+        where = comm.all_gather((self.node, node_rack() if comm.local_rank() == 0 else None))
         self.nodes = [w[0] for w in where]  # each rank's node
-        self.peers = replica_peers(self.nodes, [w[1] for w in where])
+        rack_of = {node: rack for node, rack in where if rack is not None}
+        self.peers = replica_peers(self.nodes, [rack_of.get(n) for n in self.nodes])
         self.peer = self.peers[self.rank]
         sources = [r for r, p in enumerate(self.peers) if p == self.rank]
         self.source = sources[0] if sources else None

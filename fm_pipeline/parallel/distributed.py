@@ -84,9 +84,8 @@ def _drop_dtensor_caches() -> None:
 
 
 # In-process restarts of this process (train.inprocess): the store kept from the first
-# group, and the generation. INPROCESS_ENV counts them for code that does not import torch.
+# group, and the generation (also in rundir.attempts.INPROCESS_ENV, read without torch).
 _rejoined: dict = {}
-INPROCESS_ENV = "FM_INPROCESS_RESTARTS"
 
 
 def leave_and_meet(*, wait_s: float) -> bool:
@@ -110,6 +109,8 @@ def leave_and_meet(*, wait_s: float) -> bool:
             return False
         time.sleep(0.01)
     _rejoined.update(store=store, generation=generation)
+    from fm_pipeline.rundir.attempts import INPROCESS_ENV
+
     os.environ[INPROCESS_ENV] = str(generation)
     return True
 

@@ -25,6 +25,9 @@ from pathlib import Path
 from fm_pipeline.rundir import exit_codes
 
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# Restarts this worker made inside its process (train.inprocess; set by
+# parallel.distributed.leave_and_meet), for code that must not import torch.
+INPROCESS_ENV = "FM_INPROCESS_RESTARTS"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 _DELIBERATE = (exit_codes.PREEMPTED, exit_codes.BAD_CONFIG, exit_codes.LEASE_HELD)
 TEARDOWN = "signal SIGTERM"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 SLOW_RANKS_ENV = "FM_FAULT_SLOW_RANKS"
-INPROCESS_ENV = "FM_INPROCESS_RESTARTS"  # set by parallel.distributed.leave_and_meet
 FAIL_AT_ENV = "FM_FAULT_FAIL_AT"
 
 
@@ -39,7 +38,7 @@ def injected_failure_step(rank: int) -> int | None:
     """The step after which this rank fails (FM_FAULT_FAIL_AT), None when not this rank or
     in a restarted attempt, of the workers or in the process (the fault happened; the
     restart is what is being tested)."""
-    from fm_pipeline.rundir.attempts import restart_attempt
+    from fm_pipeline.rundir.attempts import INPROCESS_ENV, restart_attempt
 
     spec = os.environ.get(FAIL_AT_ENV, "").strip()
     if not spec or restart_attempt() > 0 or os.environ.get(INPROCESS_ENV, "0") != "0":

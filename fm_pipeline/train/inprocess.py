@@ -30,7 +30,6 @@ on GPUs every restart is torchrun's.
 
 from __future__ import annotations
 
-import gc
 import logging
 import traceback
 from dataclasses import dataclass
@@ -80,7 +79,6 @@ class InProcessRestarts:
 
         log.warning("in-process restart %d of %d after %s", self.made + 1, self.budget,
                     failure.cause.splitlines()[0][:200])
-        gc.collect()  # the failed generation's model, optimizer and groups
         if not leave_and_meet(wait_s=WAIT_S):
             log.error("in-process restart: not every rank came within %.0f s", WAIT_S)
             return False

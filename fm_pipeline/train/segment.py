@@ -288,14 +288,13 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     restore_s = time.perf_counter() - t0
     target = segment_target(job, trainer.state.step, end_step)
     restart = None
-    # In the process (train.inprocess) every rank knows its own failure; the cause is the
-    # first that is not a consequence of another's.
-    causes = comm.all_gather(restart_cause)
-    in_process = any(c is not None for c in causes)
-    if attempt > 0 or recreated:
+    if attempt > 0 or recreated:  # agreed by every rank: the gather below is collective
+        # In the process (train.inprocess) every rank knows its own failure; the cause is
+        # the first that is not a consequence of another's.
+        causes = comm.all_gather(restart_cause)
         restart = in_job_restart_record(
             restored, restore_s=restore_s, fast=fast, attempt=attempt, joined=joined,
-            recreated=recreated, in_process_causes=causes if in_process else None)
+            recreated=recreated, in_process_causes=causes if any(causes) else None)
     # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
     watcher = PreemptionWatcher(preempt_file(runs_dir(job.name)))
     return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,

@@ -187,6 +187,10 @@ SHARED_OPTIONS: dict[str, object] = {
     "route_nodes": Annotated[int | None, typer.Option(
         help="MoE, planner only: node-limited routing (DeepSeek-V3: 4), a token sent once "
              "per node it reaches (DeepEP); default unlimited, every copy sent")],
+    "ep_overlap": Annotated[str | None, typer.Option(
+        help="MoE, planner only: the all-to-all's overlap with compute: none (default; "
+             "torchtitan, this trainer), 1f1b (Megatron-Core's, the share it hides fitted on "
+             "its published runs), dualpipe (DeepSeek-V3's: all of it)")],
     "global_batch_tokens": Int, "training_tokens": Float, "gpus": Int, "gpu_type": Str,
     "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(
         help="bf16 | fp32 | fp8 (= fp8-tensorwise) | fp8-rowwise | fp8-blockwise; FP8 runs "
@@ -228,7 +232,7 @@ SHARDING_HELP = "fsdp (default), fsdp/N (hybrid: shard in N, replicate across), 
 
 @plan_command(
     micro_batch=Int, tp=Int, pp=Int, dp=Int, cp=Int, virtual_stages=Int,
-    recompute=Annotated[str | None, typer.Option(help="none|selective|half|full")],
+    recompute=Annotated[str | None, typer.Option(help="none|norm_act|selective|half|full")],
     sharding=Annotated[str | None, typer.Option(help=SHARDING_HELP)],
     layout=Annotated[str | None, typer.Option(
         help="a layout as `fm plan search` prints it: \"tp=8 pp=16 dp=16 mb=1 fsdp/64\"")])
@@ -254,6 +258,7 @@ def estimate(o: dict):
         precision=inp["precision"],
         async_checkpoint=inp.get("async_checkpoint", True),
         checkpoints_kept=inp.get("checkpoints_kept", 3),
+        ep_overlap=o["ep_overlap"] or "none",
     )
     payload = est.to_dict()
     if o["job"]:  # what the spec declares, argued with the plan's numbers
@@ -274,7 +279,8 @@ def estimate(o: dict):
     pp=Annotated[int | None, typer.Option(help="pin pp")],
     cp=Annotated[int | None, typer.Option(help="pin cp")],
     ep=Annotated[int | None, typer.Option(help="pin ep (Mixture of Experts)")],
-    recompute=Annotated[str | None, typer.Option(help="pin: none|selective|half|full")],
+    recompute=Annotated[str | None, typer.Option(
+        help="pin: none|norm_act|selective|half|full")],
     sharding=Annotated[str | None, typer.Option(help="pin: ddp|zero1|zero2|fsdp")],
     top=(Annotated[int, typer.Option(help="plans to show")], 5),
     any_layout=(Annotated[bool, typer.Option(
@@ -304,6 +310,7 @@ def search(o: dict):
         fixed=fixed,
         precision=inp["precision"],
         runnable_only=not o["any_layout"],
+        ep_overlap=o["ep_overlap"] or "none",
     )
     payload = {
         "evaluated": result.evaluated,

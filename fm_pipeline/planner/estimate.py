@@ -75,7 +75,7 @@ class Estimate:
 
 def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, global_batch_tokens: int,
              training_tokens: float | None = None, precision: str = "bf16", dp_overlap: bool = True,
-             ep_overlap: bool = False, sequence_parallel: bool = True,
+             ep_overlap: bool | str = "none", sequence_parallel: bool = True,
              tp_overlap: bool = True, async_checkpoint: bool = True,
              checkpoints_kept: int = 3) -> Estimate:
     require_positive("global_batch_tokens", global_batch_tokens, integer=True)

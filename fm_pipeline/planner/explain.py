@@ -130,8 +130,8 @@ def _ep_reason(shape: ModelShape, c: Candidates, ev: Evaluation, i: int, versus)
     local = shape.experts // ep
     where = LEVEL_NAMES[int(ev.ep_level[i])]
     a2a = ev.ep_comm_s[i] / ev.step_time_s[i]
-    head = (f"ep={ep}: {local} of {shape.experts} experts per GPU, the all-to-all inside the "
-            f"{where} ({a2a:.0%} of the step)") if ep > 1 else (
+    head = (f"ep={ep}{_fold(c, i)}: {local} of {shape.experts} experts per GPU, the "
+            f"all-to-all inside the {where} ({a2a:.0%} of the step)") if ep > 1 else (
             f"ep=1: every GPU holds all {shape.experts} experts (sharded by FSDP), no all-to-all")
     smaller, larger = versus(c.ep < ep), versus(c.ep > ep)
     parts = [head]
@@ -142,3 +142,17 @@ def _ep_reason(shape: ModelShape, c: Candidates, ev: Evaluation, i: int, versus)
     if larger:
         parts.append(larger.replace("alternative", "plan with larger ep"))
     return "; ".join(parts)
+
+
+def _fold(c: Candidates, i: int) -> str:
+    """" folded over tp 2 x dp 16" where the ep group takes in tensor- or context-parallel
+    ranks (ep consecutive ranks of a stage, tp innermost); "" when it is data-parallel only."""
+    left, parts = int(c.ep[i]), []
+    for name, degree in (("tp", int(c.tp[i])), ("cp", int(c.cp[i])), ("dp", int(c.dp_shard[i]))):
+        take = min(degree, left)
+        if take > 1:
+            parts.append(f"{name} {take}")
+        left //= max(take, 1)
+    if not parts or parts[0].startswith("dp"):
+        return ""
+    return " folded over " + " x ".join(parts)

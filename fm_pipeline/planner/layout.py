@@ -3,17 +3,21 @@ a struct of arrays of many layouts, which the cost model evaluates in one vector
 
     Layout(tp=8, pp=16, dp=128, micro_batch=1, virtual_stages=4, recompute="full")
     Layout(dp=256, ep=32, sharding="fsdp")  # MoE: experts split over 32 data-parallel ranks
+    Layout(tp=2, pp=8, dp=16, ep=32)  # MoE, folded: ep over tp 2 x dp 16 (Megatron-Core)
 
 Rules every layout obeys (checked one by one with the offending flag named, or as a mask
 over thousands of candidates in `valid_mask`): the degrees multiply to the GPU count; tp
 divides heads, kv_heads and ffn; tp x cp divides seq_len (sequence parallelism splits the
 sequence over tp, context parallelism over cp); the global batch splits evenly into dp x
 micro_batch; a pipeline has at least pp micro-batches (a multiple of pp when interleaved);
-every pipeline chunk has at least one layer. Expert parallelism (ep) is carved out of data
-parallelism, as in torchtitan and Megatron-Core: ep consecutive data-parallel ranks split an
-MoE layer's experts (ep divides experts and the shard group, so it needs sharding) and
-exchange tokens all-to-all;
-experts are FSDP/ZeRO-sharded over the shard group / ep ranks that hold the same experts.
+every pipeline chunk has at least one layer. Expert parallelism (ep) folds over the tensor-,
+context- and data-parallel ranks of a pipeline stage, as Megatron-Core's MoE parallel folding
+does with expert tensor parallelism 1 (its expert rank order etp-ep-edp-pp): ep consecutive
+ranks of the stage split an MoE layer's experts and exchange tokens all-to-all (ep divides
+experts and tp x cp x the shard group, so it needs sharding); the attention keeps tp and cp.
+Experts are whole on their rank and FSDP/ZeRO-sharded over the tp x cp x shard group / ep
+ranks that hold the same ones (the expert data-parallel group). With tp = cp = 1, as the
+trainer runs MoE, ep is carved out of the shard group, as in torchtitan.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ import numpy as np
 from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.shape import ModelShape
 
-# "half": full recomputation of every other layer (torchtitan's selective_ac_option "2",
-# Megatron's --recompute-num-layers at half the stage). Ordered by how much is recomputed.
-RECOMPUTE = ("none", "selective", "half", "full")
+# "norm_act": the norms' outputs and the routed experts' SwiGLU recomputed from what is kept
+# (Megatron-Core's --recompute-granularity selective --recompute-modules layernorm moe_act,
+# its MoE recipes' default); "half": full recomputation of every other layer (torchtitan's
+# selective_ac_option "2", Megatron's --recompute-num-layers at half the stage). Ordered by
+# how much is recomputed.
+RECOMPUTE = ("none", "norm_act", "selective", "half", "full")
 SHARDING = ("ddp", "zero1", "zero2", "fsdp")
 SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe")
 
@@ -44,7 +51,12 @@ class Layout:
     sharding: str = "zero1"
     dp_shard: int = 0  # ranks an optimizer/FSDP shard group spans; 0: all of dp
     schedule: str = ""  # "": Interleaved1F1B when virtual_stages > 1, else 1F1B
-    ep: int = 1  # expert-parallel degree, within dp
+    ep: int = 1  # expert-parallel degree, folded over tp x cp x the shard group
+
+    @property
+    def expert_fold(self) -> int:
+        """Ranks of a pipeline stage that ep folds over: tp x cp x the shard group."""
+        return self.tp * self.cp * self.shard_group
 
     @property
     def gpus(self) -> int:
@@ -115,11 +127,15 @@ def _check_ep(shape: ModelShape, layout: Layout) -> None:
     if shape.experts % layout.ep:
         raise PlanInputError("ep", f"experts ({shape.experts}) must be divisible by ep "
                              f"({layout.ep})")
-    if layout.sharding == "ddp" or layout.shard_group % layout.ep:
-        raise PlanInputError("ep", f"ep ({layout.ep}) must divide the shard group "
-                             f"({layout.shard_group if layout.sharding != 'ddp' else 'none: ddp'}"
-                             "): expert parallelism is carved out of the sharded data-parallel "
-                             "ranks, the rest of the group shards each expert")
+    if layout.sharding == "ddp":
+        raise PlanInputError("ep", f"ep ({layout.ep}) needs sharding (zero1, zero2 or fsdp), "
+                             "got ddp: the ranks that hold the same experts shard their state")
+    if layout.expert_fold % layout.ep:
+        raise PlanInputError("ep", f"ep ({layout.ep}) must divide tp x cp x the shard group "
+                             f"({layout.tp} x {layout.cp} x {layout.shard_group} = "
+                             f"{layout.expert_fold}): expert parallelism folds over a stage's "
+                             "tensor-, context- and data-parallel ranks, the rest of them shard "
+                             "each expert")
 
 
 def microbatches(*, global_batch_tokens: int, seq_len: int, dp: int, micro_batch: int) -> int:
@@ -275,7 +291,8 @@ def valid_mask(shape: ModelShape, c: Candidates, *, global_batch_tokens: int) ->
     ok &= ~interleaved | (m % c.pp == 0)
     if shape.experts:
         ddp = c.sharding == SHARDING.index("ddp")
-        ok &= (shape.experts % c.ep == 0) & (c.dp_shard % c.ep == 0) & (~ddp | (c.ep == 1))
+        fold = c.tp * c.cp * c.dp_shard
+        ok &= (shape.experts % c.ep == 0) & (fold % c.ep == 0) & (~ddp | (c.ep == 1))
     else:
         ok &= c.ep == 1
     return ok

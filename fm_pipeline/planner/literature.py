@@ -49,6 +49,13 @@ Sources
   scaling (per-tensor). Its recipe (scripts/performance, deepseek_v3 H100 config): DeepEP
   dispatch (once per node), the all-to-all overlapped across micro-batches, MLA's up
   projections and the MLP recomputed.
+- [MOEZOO25] NVIDIA Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md and
+  run_h100_235b.sh: Qwen3-235B-A22B on 256 H100 (NVLink 4, 8 x 50 GB/s InfiniBand per
+  node), BF16, sequence 4,096, global batch 2,048, expert tp 1; DeepEP, tp 2 x pp 8 (vp 4)
+  x ep 32, micro-batch 1, norms and the experts' activation recomputed, routing
+  force-balanced: 19.7 s a step, 17.6 s with the 1F1B all-to-all overlap; tp 4 x pp 8 (vp
+  4) x ep 8, no recomputation: 29.0 s; tp 2 x ep 8 x FSDP over dp 128, micro-batch 4, full
+  recomputation: 17.6 s; the all-to-all dispatcher, tp 2 x pp 32 (vp 3) x ep 8: 24.2 s.
 - [DSV3] DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437: 2,048 H800 (NVLink
   160 GB/s measured, 8 x 400 Gb/s InfiniBand per node), pp 16 (DualPipe), ep 64 over 8
   nodes, ZeRO-1 data parallelism, no tp; FP8 GEMMs with 1x128 / 128x128 scales; tokens
@@ -85,14 +92,14 @@ class PublishedRun:
     inter_node_gbps: float | None = None
     precision: str = "bf16"  # fm_pipeline.planner.precision; "fp8_speedup" rows: the FP8 one
     training_tokens: float = 0.0  # "gpu_hours" rows: the budget the hours trained
-    ep_overlap: bool = False  # the all-to-all hidden behind compute (DualPipe)
+    ep_overlap: str = "none"  # the all-to-all's overlap: "none", "1f1b" (Megatron-Core's), "dualpipe"
     shape_overrides: dict = field(default_factory=dict)  # e.g. node-limited routing
 
     @property
     def tuning(self) -> bool:
-        """The rows the two chosen constants (compute.K_HALF, ELEMENTWISE_PASSES) were
-        picked on; every other row is validation."""
-        return self.source.startswith("KOR22")
+        """The rows the chosen constants (compute.K_HALF, ELEMENTWISE_PASSES; step's
+        EP_OVERLAP_1F1B) were picked on; every other row is validation."""
+        return self.source.startswith("KOR22") or self.key in MOEZOO25_OVERLAP_PAIR
 
     @property
     def production(self) -> bool:
@@ -218,7 +225,7 @@ PUBLISHED_RUNS.append(PublishedRun(
     gpu_type="h800", gpus=2048, tp=1, pp=16, dp=128, global_batch=15360, metric="gpu_hours",
     value=2.664e6, pinned={"ep": 64, "sharding": "zero1", "micro_batch": 1},
     inter_node_gbps=50.0, precision="fp8-blockwise", training_tokens=14.8e12,
-    ep_overlap=True, shape_overrides=DSV3_SYSTEM))
+    ep_overlap="dualpipe", shape_overrides=DSV3_SYSTEM))
 
 # TITAN24 memory (GiB per GPU, torchtitan's logged peak reserved by the caching allocator,
 # the fullest rank; torch.compile + Float8 tensorwise, full activation checkpointing):
@@ -265,5 +272,33 @@ PUBLISHED_RUNS.append(PublishedRun(
     model="deepseek-v3-like", seq_len=4096, gpu_type="h100-sxm", gpus=1024, tp=2, pp=8, dp=64,
     global_batch=8192, metric="iteration_s", value=8192 * 4096 / (1024 * 1297),
     pinned={"ep": 64, "sharding": "zero1", "micro_batch": 1, "virtual_stages": 4},
-    inter_node_gbps=50.0, precision="fp8-tensorwise", ep_overlap=True,
+    inter_node_gbps=50.0, precision="fp8-tensorwise", ep_overlap="1f1b",
     shape_overrides={**DSV3_SYSTEM, "expert_imbalance": 1.0}))
+
+# MOEZOO25: Qwen3-235B-A22B (exact shape) on 256 H100, BF16, 2,048 x 4,096-token batches,
+# routing force-balanced; expert tp 1, ep folded over tp x dp (layout.py). DeepEP sends a
+# token once per node it reaches (route_nodes as large as the ep group's nodes). The pair
+# with and without the 1F1B all-to-all overlap is what step.EP_OVERLAP_1F1B is fitted on.
+# The fourth published layout (tp 2, pp 32, vp 3: 96 pipeline chunks for 94 layers, the
+# embedding and the loss counted as layers) is not a layout the planner can state.
+MOEZOO25_OVERLAP_PAIR = ("moezoo25-qwen3-235b-256-h100", "moezoo25-qwen3-235b-256-h100-overlap")
+MOEZOO25_SYSTEM = {"expert_imbalance": 1.0, "route_nodes": 32}
+_INTERLEAVED_NORM_ACT = {"sharding": "zero1", "micro_batch": 1, "virtual_stages": 4}
+PUBLISHED_RUNS += [
+    PublishedRun(key=key, source="MOEZOO25 (Megatron-MoE-ModelZoo)", model="qwen3-235b-a22b",
+                 seq_len=4096, gpu_type="h100-sxm", gpus=256, tp=tp, pp=pp, dp=256 // (tp * pp),
+                 global_batch=2048, metric="iteration_s", value=seconds,
+                 pinned={"ep": ep, **pinned}, inter_node_gbps=50.0, ep_overlap=overlap,
+                 shape_overrides=MOEZOO25_SYSTEM)
+    for key, tp, pp, ep, pinned, overlap, seconds in (
+        (MOEZOO25_OVERLAP_PAIR[0], 2, 8, 32, {**_INTERLEAVED_NORM_ACT, "recompute": "norm_act"},
+         "none", 19.7),
+        (MOEZOO25_OVERLAP_PAIR[1], 2, 8, 32, {**_INTERLEAVED_NORM_ACT, "recompute": "norm_act"},
+         "1f1b", 17.6),
+        ("moezoo25-qwen3-235b-256-h100-tp4", 4, 8, 8, {**_INTERLEAVED_NORM_ACT,
+                                                       "recompute": "none"}, "none", 29.0),
+        ("moezoo25-qwen3-235b-256-h100-fsdp", 2, 1, 8, {"sharding": "fsdp", "dp_shard": 0,
+                                                        "micro_batch": 4, "recompute": "full"},
+         "none", 17.6),
+    )
+]

@@ -33,8 +33,8 @@ the last backward reduce-scatters them, so only the 12 optimizer bytes stay shar
 
 Mixture of Experts: per-layer terms are the mean over dense and MoE layers. A rank holds
 experts / ep of each MoE layer's routed experts, whole (not split by tp: expert tensor
-parallelism 1, Megatron-Core's default), their state sharded over the shard group / ep
-ranks that hold the same experts. An MoE layer keeps, per token, its shared experts'
+parallelism 1, Megatron-Core's default), their state sharded over the tp x cp x shard
+group / ep ranks that hold the same experts (ep folds over tp, cp and dp, layout.py). An MoE layer keeps, per token, its shared experts'
 SwiGLU activations and, for each of its top-k copies (times the busiest rank's imbalance),
 the dispatched input, the expert's SwiGLU activations and its output before the combine.
 
@@ -58,7 +58,7 @@ FRAGMENTATION = 0.10  # caching-allocator fragmentation and transient buffers, x
 RUNTIME_RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, cuBLAS workspaces (0 on CPU)
 LOSS_BYTES_PER_LOGIT = 14  # bf16 logits 2, fp32 log-softmax 4, its gradient 4, the logits' 4
 
-NONE, SELECTIVE, HALF, FULL = (RECOMPUTE.index(x) for x in RECOMPUTE)
+NONE, NORM_ACT, SELECTIVE, HALF, FULL = (RECOMPUTE.index(x) for x in RECOMPUTE)
 DDP, ZERO1, ZERO2, FSDP = (SHARDING.index(x) for x in SHARDING)
 ONE_F_ONE_B, INTERLEAVED, GPIPE = (SCHEDULES.index(x) for x in SCHEDULES)
 
@@ -83,6 +83,7 @@ class LayerActivations:
     linear: np.ndarray  # everything but the attention scores
     core: np.ndarray  # softmax / dropout over the s x s scores (0 with flash attention)
     layer_input: np.ndarray  # what full recomputation keeps
+    norm_act: np.ndarray  # of `linear`, what "norm_act" recomputes instead of keeping
 
 
 def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
@@ -106,11 +107,14 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
         return 6 * width + saved * width
 
     mlp = swiglu(f) if shape.mlp == "swiglu" else 2 * f + saved * f
+    act = 0.0  # the routed experts' SiLU output and product; their gate and up outputs stay
     if shape.experts:
         ef = shape.expert_ffn
-        routed = shape.top_k * shape.expert_imbalance * (saved * h + swiglu(ef) + 2 * h)
+        copies = shape.top_k * shape.expert_imbalance
+        routed = copies * (saved * h + swiglu(ef) + 2 * h)
         moe = 2 * h - saved * h + shape.shared_experts * swiglu(ef) + routed
         mlp = (1 - shape.moe_fraction) * mlp + shape.moe_fraction * moe
+        act = shape.moe_fraction * copies * (2 * ef + saved * ef)
     masks = 2 * h if shape.dropout else 0  # one byte each, after attention and after the MLP
     outside = (norms + inputs) * unit + masks  # outside the tensor-parallel regions
     split = 1 if sequence_parallel else c.tp
@@ -122,7 +126,10 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
         per_score = 2 * unit + ((1 + 2 * unit) if shape.dropout else 0)
         core = scores * per_score / c.tp
     layer_input = 2 * unit * sb * h * split / c.tp
-    return LayerActivations(linear=linear, core=core, layer_input=layer_input)
+    # The norms' outputs are the attention's and the MLP's inputs.
+    norm_act = sb * (inputs * unit * split + act * unit) / c.tp
+    return LayerActivations(linear=linear, core=core, layer_input=layer_input,
+                            norm_act=norm_act)
 
 
 @dataclass
@@ -169,7 +176,7 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
     last_params = layers * (layer_params + expert_layer) + head
 
     shard = (c.dp_shard * c.cp).astype(np.float64)
-    expert_shard = shard / c.ep  # ranks holding the same experts
+    expert_shard = c.tp * shard / c.ep  # ranks holding the same experts (ep folds over tp)
     # FSDP inside a pipeline keeps weights gathered and gradients unsharded all step.
     fsdp_resharding = (c.sharding == FSDP) & single
 
@@ -191,12 +198,15 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
                              sequence_parallel=sequence_parallel)
     everything = acts.linear + acts.core
     stored = np.select(
-        [c.recompute == NONE, c.recompute == SELECTIVE, c.recompute == HALF],
-        [everything, acts.linear, (everything + acts.layer_input) / 2],
+        [c.recompute == NONE, c.recompute == NORM_ACT, c.recompute == SELECTIVE,
+         c.recompute == HALF],
+        [everything, everything - acts.norm_act, acts.linear,
+         (everything + acts.layer_input) / 2],
         default=acts.layer_input,
     )
     recompute_working = np.select(
-        [c.recompute == SELECTIVE, c.recompute >= HALF], [acts.core, everything], default=0.0
+        [c.recompute == NORM_ACT, c.recompute == SELECTIVE, c.recompute >= HALF],
+        [acts.norm_act, acts.core, everything], default=0.0
     )
     fsdp_working = np.where(
         fsdp_resharding, 2 * (layer_params + moe_layer_experts) * (state.weights + state.grads),

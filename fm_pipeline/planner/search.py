@@ -10,7 +10,9 @@ Degrees: tp divides heads, kv_heads and ffn (at most 64); cp is a power of two u
 divides the sequence with tp; pp divides what is left of the GPUs and is at most the layer
 count; dp takes the rest. Sharded optimizers / FSDP shard over all of dp or, hybrid-sharded
 (HSDP), over groups of 8 or 64 data-parallel ranks replicated across the rest. An MoE model
-adds ep, a power of two dividing its experts (at most 256) and the shard group. Pinning any
+adds ep, a power of two dividing its experts (at most 256) and tp x cp x the shard group
+(folded, layout.py), and the "norm_act" recomputation (norms and the experts' SwiGLU,
+Megatron-Core's MoE default; dense models are not offered it). Pinning any
 field (`fixed={"tp": 8}`) restricts the search to it.
 
 Plans are ranked by predicted throughput, less planner.evidence's discount for a layout
@@ -53,7 +55,7 @@ MAX_CP = 32
 HSDP_SHARD_GROUPS = (8, 64)  # besides sharding over all of dp: shard in 8 or 64, replicate across
 MAX_EP = 256
 SEARCH_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages", "recompute",
-                 "sharding")
+                 "sharding", "dp_shard")
 
 
 @dataclass
@@ -136,12 +138,14 @@ def enumerate_candidates(shape: ModelShape, *, gpus: int, global_batch_tokens: i
     recompute = [
         RECOMPUTE.index(r)
         for r in options("recompute", RECOMPUTE)
-        if not (flash and r == "selective" and "recompute" not in fixed)
+        if "recompute" in fixed or not (
+            (flash and r == "selective") or (not shape.experts and r == "norm_act"))
     ]
     sharding = [SHARDING.index(s) for s in options("sharding", SHARDING)]
-    shard_groups = (
+    # dp_shard pinned: that shard group (0: all of dp).
+    shard_groups = options("dp_shard", (
         [0] if "sharding" in fixed and fixed["sharding"] == "ddp" else [0, *HSDP_SHARD_GROUPS]
-    )
+    ))
     axes = [
         np.arange(len(triples)),
         options("micro_batch", MICRO_BATCHES),
@@ -182,7 +186,7 @@ def search(
     fixed: dict | None = None,
     precision: str = "bf16",
     dp_overlap: bool = True,
-    ep_overlap: bool = False,
+    ep_overlap: bool | str = "none",
     sequence_parallel: bool = True,
     tp_overlap: bool = True,
     runnable_only: bool = True,

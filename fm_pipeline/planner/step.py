@@ -36,10 +36,17 @@ BF16 peak.
 Expert parallelism: per MoE layer and micro-batch, the rank's top-k token copies are
 dispatched and combined all-to-all over the ep group forward, and again backward (and once
 more per recomputed forward); exposed, as in torchtitan and Megatron-Core without their
-optional overlap (`ep_overlap` hides it behind compute, as DualPipe does). A shape with
-node-limited routing sends each token over the network once per node it reaches. Expert
-gradients and weights move over the shard group / ep ranks that hold the same experts, as
-the trainer's expert FSDP mesh does.
+optional overlap. `ep_overlap` "1f1b" is Megatron-Core's (--overlap-moe-expert-parallel-comm):
+in the pipeline's steady state a micro-batch's forward runs beside another's backward, each
+one's all-to-all behind the other's compute, while the first stage's warm-up forwards and
+cool-down backwards have no partner and stay exposed; of what pairs, EP_OVERLAP_1F1B hides
+(fitted on Megatron's published pair, literature.py MOEZOO25). "dualpipe" (DeepSeek-V3's
+DualPipe) hides it all behind compute. A shape with
+node-limited routing sends each token over the network once per node it reaches. The ep
+group is ep consecutive ranks of a stage, folded over tp, cp and dp (Megatron-Core's expert
+rank order etp-ep-edp-pp, expert tp 1); expert gradients and weights move over the tp x cp x
+shard group / ep ranks that hold the same experts, every ep-th rank (with tp = cp = 1 the
+trainer's expert FSDP mesh).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from fm_pipeline.planner.collectives import (
     ring_pass_time,
 )
 from fm_pipeline.planner.compute import MEMORY_BW_EFFICIENCY, layer_times
+from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.layout import Candidates
 from fm_pipeline.planner.memory import (
     DDP,
@@ -64,6 +72,8 @@ from fm_pipeline.planner.memory import (
     FULL,
     GPIPE,
     HALF,
+    INTERLEAVED,
+    NORM_ACT,
     SELECTIVE,
     ZERO2,
     MemoryArrays,
@@ -72,6 +82,13 @@ from fm_pipeline.planner.memory import (
 from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.shape import ModelShape
 
+EP_OVERLAPS = ("none", "1f1b", "dualpipe")
+# Share of the paired all-to-all that Megatron-Core's 1F1B overlap hides: fitted so that the
+# planner's ratio of Qwen3-235B's step without and with it matches the published 19.7 s /
+# 17.6 s (MOEZOO25, the same layout both ways). Communication kernels take SMs from the
+# compute they hide behind, and a layer's dispatch waits on its own router: far from all of
+# it. Checked against Megatron-Bridge's DeepSeek-V3 row, which was not used to fit it.
+EP_OVERLAP_1F1B = 0.3
 GRAD_REDUCE_BYTES = 4  # fp32 gradient reduction (torchtitan's reduce_dtype, Megatron's default)
 OPTIMIZER_BYTES_PER_PARAM = 34  # AdamW: read/write master, grad, two moments, write bf16 copy
 
@@ -112,14 +129,39 @@ class Evaluation:
         return part / self.step_time_s
 
 
+def ep_overlap_mode(value) -> str:
+    """"none", "1f1b" or "dualpipe"; True and False are "dualpipe" and "none"."""
+    if isinstance(value, bool) or value is None:
+        return "dualpipe" if value else "none"
+    if value not in EP_OVERLAPS:
+        raise PlanInputError("ep_overlap", f"must be one of {', '.join(EP_OVERLAPS)}, "
+                             f"got {value!r}")
+    return value
+
+
+def paired_share(c: Candidates, m: np.ndarray) -> np.ndarray:
+    """Share of the first pipeline stage's micro-batch chunks that run forward beside another's
+    backward: all but its warm-up (Megatron-Core's schedule: pp - 1 forwards, or 2 (pp - 1)
+    + (v - 1) pp interleaved; with no pipeline, the first forward) and as many cool-down
+    backwards. GPipe runs all forwards before any backward: nothing pairs."""
+    v = c.virtual_stages.astype(np.float64)
+    pp = c.pp.astype(np.float64)
+    chunks = np.maximum(m * v, 1.0)
+    warmup = np.select([c.pp == 1, c.schedule == INTERLEAVED],
+                       [1.0, 2 * (pp - 1) + (v - 1) * pp], default=pp - 1)
+    share = 1.0 - np.minimum(warmup, chunks) / chunks
+    return np.where(c.schedule == GPIPE, 0.0, share)
+
+
 def _hides(comm, window, buckets):
     """Exposed part of `comm` overlapped with `window` of compute; the last bucket never hides."""
     return np.maximum(comm - window, comm / np.maximum(buckets, 1))
 
 
 def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global_batch_tokens: int,
-             precision: str = "bf16", dp_overlap: bool = True, ep_overlap: bool = False,
+             precision: str = "bf16", dp_overlap: bool = True, ep_overlap: bool | str = "none",
              sequence_parallel: bool = True, tp_overlap: bool = True) -> Evaluation:
+    mode = ep_overlap_mode(ep_overlap)
     acc = cluster.accelerator
     on_cpu = acc.name.startswith("cpu")
     prec = get_precision(precision)
@@ -134,7 +176,8 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     pp = c.pp.astype(np.float64)
 
     redone = np.select([c.recompute == FULL, c.recompute == HALF], [1.0, 0.5], default=0.0)
-    recompute = redone * lt.fwd + np.where(c.recompute == SELECTIVE, lt.attn_fwd, 0.0)
+    recompute = (redone * lt.fwd + np.where(c.recompute == SELECTIVE, lt.attn_fwd, 0.0)
+                 + np.where(c.recompute == NORM_ACT, lt.norm_act_fwd, 0.0))
     fwd_window = layers * lt.fwd
     bwd_window = layers * (lt.bwd + recompute)
     compute_mb = fwd_window + bwd_window + lt.head_fwd + lt.head_bwd
@@ -169,10 +212,10 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     p2p = p2p_time(act_bytes / c.tp, pp_link, active=c.pp > 1)
     pp_mb = 2 * v * p2p
 
-    # Expert parallel: ep consecutive data-parallel ranks next to tp and cp (Megatron-Core's
-    # rank order tp-cp-ep-dp-pp: a pipeline's stages are outermost, so an ep group stays on
-    # as few nodes as it can; with pp 1, as the trainer runs MoE, it is the trainer's order).
-    ep_stride = c.tp * c.cp
+    # Expert parallel: ep consecutive ranks of a stage, folded over tp, cp and dp (Megatron-
+    # Core's expert rank order etp-ep-edp-pp: a pipeline's stages are outermost, so an ep
+    # group stays on as few nodes as it can; with tp = cp = pp = 1 it is the trainer's order).
+    ep_stride = 1
     ep_link = group_link(cluster, c.ep, ep_stride)
     ep_mb = np.zeros(len(c))
     if shape.experts:
@@ -193,10 +236,12 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
         # recomputed forward; backward, the gradients both ways in BF16.
         dispatch, combine = a2a(prec.dispatch_bytes), a2a(dtype_bytes)
         ep_mb = shape.moe_fraction * layers * ((1 + redone) * (dispatch + combine) + 2 * combine)
-        if ep_overlap:
-            # Overlapped with the other micro-batch's compute (DualPipe, Megatron-Core's
-            # --overlap-moe-expert-parallel-comm): only what outlasts that compute shows.
-            ep_mb = np.maximum(ep_mb - compute_mb, 0.0)
+        # Overlapped with the other micro-batch's compute: at most that compute hides.
+        hideable = np.minimum(ep_mb, compute_mb)
+        if mode == "dualpipe":
+            ep_mb = ep_mb - hideable
+        elif mode == "1f1b":
+            ep_mb = ep_mb - paired_share(c, m) * EP_OVERLAP_1F1B * hideable
 
     t_micro = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
     bubble_slots = np.where(c.schedule == GPIPE, pp - 1, (pp - 1) / v)
@@ -219,13 +264,13 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
     gather_dense = (linear_dense * prec.gather_bytes
                     + (params - experts - linear_dense) * dtype_bytes)
     # One collective per layer (FSDP units, gradient buckets): latency is paid per layer.
-    # Dense weights over the shard group; an MoE model's routed experts over the shard
-    # group / ep ranks that hold the same ones (stride ep further out).
+    # Dense weights over the shard group; an MoE model's routed experts over the tp x cp x
+    # shard group / ep ranks that hold the same ones: every ep-th rank of the stage's fold.
     dense, expert = params - experts, experts
-    expert_shard = np.maximum(shard_size // c.ep, 1)
-    expert_link = group_link(cluster, expert_shard, c.tp * c.cp * c.pp * c.ep,
-                             span=c.tp * c.cp * c.pp * c.dp_shard,
-                             per_node=np.maximum(per_node_cp * per_node_dp // c.ep, 1))
+    # A dense model has no expert collectives (size 1: neither bytes nor latency).
+    expert_shard = np.maximum(c.tp * shard_size // c.ep, 1) if shape.experts else np.ones(len(c))
+    expert_link = group_link(cluster, expert_shard, c.ep, span=c.tp * shard_size,
+                             per_node=np.clip(gpn // c.ep, 1, expert_shard))
     rs_grads = (ring_pass_time(dense * GRAD_REDUCE_BYTES, shard_size, shard_link, calls=layers)
                 + ring_pass_time(expert * GRAD_REDUCE_BYTES, expert_shard, expert_link,
                                  calls=layers))

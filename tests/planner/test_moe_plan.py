@@ -11,7 +11,7 @@ import pytest
 from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.collectives import LEVEL_NAMES
 from fm_pipeline.planner.errors import PlanInputError
-from fm_pipeline.planner.layout import Candidates, Layout, check_layout, parse_layout
+from fm_pipeline.planner.layout import RECOMPUTE, Candidates, Layout, check_layout, parse_layout
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
 from fm_pipeline.planner.step import evaluate
@@ -93,7 +93,9 @@ def test_a_dense_search_never_tries_ep():
 
 @pytest.mark.parametrize("layout,shape,message", [
     (Layout(dp=64, ep=3, sharding="fsdp"), MIXTRAL, r"experts \(8\) must be divisible by ep"),
-    (Layout(dp=64, ep=8, sharding="ddp"), MIXTRAL, "shard group"),
+    (Layout(dp=64, ep=8, sharding="ddp"), MIXTRAL, "needs sharding"),
+    (Layout(tp=2, dp=32, ep=16, sharding="fsdp", dp_shard=4), DEEPSEEK,
+     r"ep \(16\) must divide tp x cp x the shard group \(2 x 1 x 4 = 8\)"),
     (Layout(dp=64, ep=16, sharding="fsdp", dp_shard=8), DEEPSEEK, r"ep \(16\) must divide"),
     (Layout(dp=64, ep=2, sharding="fsdp"), named_shape("llama3-8b", seq_len=4096),
      "needs a Mixture of Experts"),
@@ -159,3 +161,99 @@ def test_an_ep_group_stays_on_the_fewest_nodes_under_a_pipeline():
     ev = _eval(DEEPSEEK, [Layout(pp=16, dp=128, ep=8, sharding="zero1", recompute="full")],
                batch)
     assert LEVEL_NAMES[int(ev.ep_level[0])] == "node"
+
+
+QWEN3 = named_shape("qwen3-235b-a22b", seq_len=4096)
+
+
+def test_ep_folds_over_tp_and_the_ranks_left_share_the_experts_state():
+    """Megatron-Core's MoE parallel folding (expert tp 1): ep consecutive ranks of a stage,
+    tp innermost. Qwen3-235B's published tp 2 x dp 16 x ep 32 is a layout; ep 32 spans 4
+    nodes, ep 8 one node (the tp pair and 4 data-parallel ranks), ep 2 the tp pair alone."""
+    batch = 2048 * 4096
+    lays = [Layout(tp=2, pp=8, dp=16, ep=ep, virtual_stages=4, sharding="zero1",
+                   recompute="norm_act") for ep in (2, 8, 32)]
+    for lay in lays:
+        check_layout(QWEN3, lay, gpus=256, global_batch_tokens=batch)
+    ev = _eval(QWEN3, lays, batch)
+    assert [LEVEL_NAMES[int(x)] for x in ev.ep_level] == ["node", "node", "rack"]
+    # The experts on a GPU: experts / ep of each layer, whole (not split by tp).
+    experts = QWEN3.params().routed
+    layers = ev.memory.layers_per_rank[0]
+    assert ev.memory.stage_expert_params[2] == pytest.approx(experts / QWEN3.layers * layers / 32)
+    # ZeRO-1 shards their optimizer state over the tp x dp / ep ranks holding the same
+    # experts: 16, 4, 1 ranks of experts / 2, / 8, / 32; the same bytes per GPU each time.
+    assert ev.memory.optimizer[0] == pytest.approx(ev.memory.optimizer[2], rel=1e-6)
+    held = ev.memory.weights + ev.memory.grads  # kept whole under ZeRO-1: shrink with ep
+    assert held[0] > held[1] > held[2]
+
+
+def test_norm_act_recomputation_keeps_less_than_none_for_a_little_time():
+    """Megatron-Core's MoE default: the norms' outputs and the experts' SwiGLU recomputed
+    from what is kept, elementwise work only: far cheaper than recomputing half the layers."""
+    batch = 2048 * 4096
+    lays = [Layout(tp=2, pp=8, dp=16, ep=32, virtual_stages=4, sharding="zero1", recompute=r)
+            for r in ("none", "norm_act", "half")]
+    ev = _eval(QWEN3, lays, batch)
+    acts = ev.memory.activations
+    assert acts[0] > acts[1] > acts[2]
+    assert ev.memory.total_gib[0] - ev.memory.total_gib[1] > 10  # GiB on this layout
+    steps = ev.step_time_s
+    assert steps[0] < steps[1] < steps[0] * 1.02 and steps[1] < steps[2]
+    result = search(QWEN3, H100, gpus=256, global_batch_tokens=batch, top=1,
+                    fixed={"tp": 2, "pp": 8, "ep": 32, "virtual_stages": 4})
+    dense = search(named_shape("llama3-8b", seq_len=4096), H100, gpus=8,
+                   global_batch_tokens=64 * 4096, top=1, runnable_only=False)
+    assert "norm_act" not in {RECOMPUTE[int(r)] for r in dense.candidates.recompute}
+    assert RECOMPUTE.index("norm_act") in set(result.candidates.recompute.tolist())
+
+
+def test_megatrons_1f1b_overlap_hides_part_of_what_pairs_and_nothing_under_gpipe():
+    """Megatron's overlap pairs a micro-batch's forward with another's backward in the
+    pipeline's steady state: the warm-up and cool-down stay exposed, and of what pairs
+    EP_OVERLAP_1F1B is hidden. DualPipe hides all of it; GPipe pairs nothing."""
+    from fm_pipeline.planner.step import EP_OVERLAP_1F1B, paired_share
+
+    batch = 2048 * 4096
+    base = {"tp": 2, "pp": 8, "dp": 16, "ep": 32, "sharding": "zero1", "recompute": "norm_act"}
+    c = Candidates.from_layouts([Layout(**base, virtual_stages=4),
+                                 Layout(**base, schedule="GPipe")])
+    runs = {mode: evaluate(QWEN3, H100, c, global_batch_tokens=batch, ep_overlap=mode)
+            for mode in ("none", "1f1b", "dualpipe")}
+    none, f1b, dual = (runs[m].ep_comm_s for m in ("none", "1f1b", "dualpipe"))
+    assert none[0] > f1b[0] > dual[0]
+    assert f1b[1] == pytest.approx(none[1])  # GPipe: every forward before any backward
+    # 128 micro-batches x 4 chunks on the first stage, 2 x 7 + 3 x 8 of them warm-up.
+    share = paired_share(c, runs["none"].microbatches)
+    assert share[0] == pytest.approx(1 - 38 / 512) and share[1] == 0
+    # At most the partner's compute hides (here the all-to-all outlasts it).
+    hideable = min(none[0], runs["none"].compute_s[0])
+    assert none[0] - f1b[0] == pytest.approx(EP_OVERLAP_1F1B * share[0] * hideable, rel=1e-6)
+    assert dual[0] == pytest.approx(none[0] - hideable, rel=1e-6)
+    with pytest.raises(PlanInputError, match="ep_overlap"):
+        evaluate(QWEN3, H100, c, global_batch_tokens=batch, ep_overlap="always")
+
+
+def test_the_cli_states_a_folded_layout_and_the_all_to_all_overlap():
+    import json
+
+    from typer.testing import CliRunner
+
+    from fm_pipeline.cli.plan import app
+
+    common = ["--model", "qwen3-235b-a22b", "--gpus", "256", "--gpu-type", "h100",
+              "--seq-len", "4096", "--global-batch-tokens", str(2048 * 4096), "--json",
+              "--layout", "tp=2 pp=8 dp=16 ep=32 mb=1 v=4 recompute=norm_act zero1"]
+    steps = {}
+    for mode in ("none", "1f1b", "dualpipe"):
+        out = CliRunner().invoke(app, ["estimate", *common, "--ep-overlap", mode])
+        assert out.exit_code == 0, out.output
+        steps[mode] = json.loads(out.output)["step_time_s"]
+    assert steps["none"] > steps["1f1b"] > steps["dualpipe"]
+    out = CliRunner().invoke(app, ["estimate", *common, "--ep-overlap", "always"])
+    assert out.exit_code != 0 and "--ep-overlap: must be one of none, 1f1b, dualpipe" in out.output
+    out = CliRunner().invoke(app, ["search", *common[:-2], "--tp", "2", "--pp", "8",
+                                   "--any-layout", "--top", "1"])
+    assert out.exit_code == 0, out.output
+    (plan,) = json.loads(out.output)["plans"]
+    assert any("folded over tp 2" in why for why in plan["reasons"]), plan["reasons"]

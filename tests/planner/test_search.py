@@ -7,7 +7,7 @@ import pytest
 
 from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.errors import PlanInputError
-from fm_pipeline.planner.layout import check_layout
+from fm_pipeline.planner.layout import RECOMPUTE, check_layout
 from fm_pipeline.planner.runnable import not_runnable, runnable_mask
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
@@ -54,7 +54,7 @@ def test_pinned_fields_are_respected():
     result = search(shape, H100, gpus=512, global_batch_tokens=4 * 2**20,
                     fixed={"tp": 8, "recompute": "full", "sharding": "fsdp"})
     c = result.candidates
-    assert set(c.tp) == {8} and set(c.recompute) == {3} and len(result.plans) > 0
+    assert set(c.tp) == {8} and set(c.recompute) == {RECOMPUTE.index("full")} and len(result.plans) > 0
     assert {p.layout.sharding for p in result.plans} == {"fsdp"}
 
 

@@ -31,6 +31,11 @@ _SIZES: dict[str, dict] = {
     "mixtral-8x7b": dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336,
                          vocab_size=32000, max_seq_len=32768, rope_theta=1e6, n_experts=8,
                          moe_top_k=2),
+    # Mixtral 8x22B (Mistral AI's published config): 140.6B parameters, 39.2B active
+    # (published: 141B, 39B).
+    "mixtral-8x22b": dict(n_layers=56, dim=6144, n_heads=48, n_kv_heads=8, ffn_dim=16384,
+                          vocab_size=32768, max_seq_len=65536, rope_theta=1e6, n_experts=8,
+                          moe_top_k=2),
     # DeepSeek-V3's shape (its technical report, Table and Appendix): 61 layers, the first 3
     # dense (ffn 18432), 58 MoE layers of 256 routed experts (width 2048, top 8) + 1 shared.
     # Multi-head latent attention is not built here: grouped-query attention with 64 kv

@@ -56,6 +56,12 @@ Sources
   force-balanced: 19.7 s a step, 17.6 s with the 1F1B all-to-all overlap; tp 4 x pp 8 (vp
   4) x ep 8, no recomputation: 29.0 s; tp 2 x ep 8 x FSDP over dp 128, micro-batch 4, full
   recomputation: 17.6 s; the all-to-all dispatcher, tp 2 x pp 32 (vp 3) x ep 8: 24.2 s.
+  best_practice/Mixtral/run_mixtral_8x22B.sh with runtime_configs/benchmarking/runtime.conf
+  and model_configs/benchmarking/Mixtral-8x22B.yaml: Mixtral 8x22B (Llama 2's 32,000-token
+  vocabulary) on 128 H100, BF16, tp 2 x pp 8 x ep 8, micro-batch 1, global batch 256 x
+  4,096 tokens, the all-to-all dispatcher, dropless with the auxiliary loss, no
+  recomputation, expandable segments: "around 455 TFLOPS" per GPU by Megatron's FLOP count
+  of the time (training.py num_floating_point_operations, the whole attention matrix).
 - [DSV3] DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437: 2,048 H800 (NVLink
   160 GB/s measured, 8 x 400 Gb/s InfiniBand per node), pp 16 (DualPipe), ep 64 over 8
   nodes, ZeRO-1 data parallelism, no tp; FP8 GEMMs with 1x128 / 128x128 scales; tokens
@@ -302,3 +308,30 @@ PUBLISHED_RUNS += [
          "none", 17.6),
     )
 ]
+
+
+def megatron_step_s(tflops_per_gpu: float, *, gpus: int, sequences: int, seq_len: int,
+                    layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, top_k: int,
+                    vocab: int, head_dim: int = 0, causal: bool = False) -> float:
+    """The step time behind a TFLOP/s per GPU that Megatron-LM logged: training.py's
+    num_floating_point_operations, 12 B s L h^2 ((1 + g/a + s/h) q + ffn/h top_k 3/2 +
+    V / (2 L h)) for SwiGLU with q = heads x head_dim / h; `causal` halves the s/h term, as
+    Megatron has counted since 2025 (before, the whole attention matrix)."""
+    q = heads * (head_dim or hidden // heads) / hidden
+    scores = seq_len / hidden * (0.5 if causal else 1.0)
+    per_seq = 12 * seq_len * layers * hidden * hidden * (
+        (1 + kv_heads / heads + scores) * q + ffn / hidden * top_k * 1.5
+        + vocab / (2 * layers * hidden))
+    return sequences * per_seq / (tflops_per_gpu * 1e12 * gpus)
+
+
+# MOEZOO25's Mixtral 8x22B, its 455 TFLOP/s as a step time (4.51 s).
+PUBLISHED_RUNS.append(PublishedRun(
+    key="moezoo25-mixtral-8x22b-128-h100", source="MOEZOO25 (Megatron-MoE-ModelZoo)",
+    model="mixtral-8x22b", seq_len=4096, gpu_type="h100-sxm", gpus=128, tp=2, pp=8, dp=8,
+    global_batch=256, metric="iteration_s",
+    value=megatron_step_s(455, gpus=128, sequences=256, seq_len=4096, layers=56, hidden=6144,
+                          heads=48, kv_heads=8, ffn=16384, top_k=2, vocab=32000),
+    pinned={"ep": 8, "sharding": "zero1", "micro_batch": 1, "virtual_stages": 1,
+            "recompute": "none"},
+    inter_node_gbps=50.0, shape_overrides={"vocab": 32000}))

@@ -73,6 +73,8 @@ def test_moe_sizes_are_planned_with_their_published_counts():
     mixtral = named_shape("mixtral-8x7b").params()
     assert mixtral.total / 1e9 == pytest.approx(46.7, abs=0.05)  # Mistral AI: 46.7B
     assert mixtral.active / 1e9 == pytest.approx(12.9, abs=0.05)  # 12.9B active
+    big = named_shape("mixtral-8x22b").params()
+    assert (round(big.total / 1e9), round(big.active / 1e9)) == (141, 39)  # Mistral AI
     ds = named_shape("deepseek-v3-like")
     # DeepSeek-V3: 671B / 37B; GQA stands in for MLA (docs/planner.md), within 1% / 5%.
     assert ds.params().total == pytest.approx(671e9, rel=0.01)

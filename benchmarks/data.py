@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fm_pipeline.data import MixLoader, open_mix, pipeline
+from fm_pipeline.data import MixLoader, open_mix, pipeline, shard_stages
 from fm_pipeline.data.corpus import iter_clean_texts
-from fm_pipeline.data.manifest import mix_key, shards_receipt_key
+from fm_pipeline.data.manifest import mix_key, mix_prefix, shards_receipt_key
 from fm_pipeline.data.testing import small_job
 from fm_pipeline.data.tokenizer import flatten_encodings
 from fm_pipeline.storage import open_store
@@ -102,11 +102,12 @@ def main() -> None:
         log(f"preparing {args.mb} MB of stdlib code (clean + tokenizer)")
         pipeline.clean_stage(job, store)
         pipeline.tokenizer_stage(job, store)
-        tok = pipeline.load_tokenizer(store, key)
+        tok = shard_stages.load_tokenizer(store, key)
         texts = [t for batch in iter_clean_texts(store, key, "code") for t in batch]
 
         def ours():
-            store.delete(shards_receipt_key(key))  # force the stage to run again
+            store.delete(shards_receipt_key(key))  # force the stage and its tasks to run again
+            store.delete_prefix(f"{mix_prefix(key)}/shards/tasks/")
             pipeline.shards_stage(job, store)
 
         def raw():

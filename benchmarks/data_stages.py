@@ -13,9 +13,9 @@ anywhere later in the corpus, in any file.
 workers_speedup      wall of the whole prepare (clean, tokenizer, shards, publish and the
                      Great Expectations checks, through Dagster) with 1 worker (in-process
                      executor) / with 2 (multiprocess executor); median of per-round ratios
-worker_peak_rss_mb   the largest peak RSS of any cleaning step process (clean_file_group,
-                     lsh_buckets, write_clean_part) at a quarter of the corpus and at all of
-                     it, same data.task_bytes; memory_growth_4x = full / quarter
+worker_peak_rss_mb   the largest peak RSS (MiB) of any task's step process (clean_file_group,
+                     lsh_buckets, write_clean_part, tokenize_part) at a quarter of the corpus
+                     and at all of it, same data.task_bytes; memory_growth_4x = full / quarter
 dedup_recall         planted pairs at Jaccard >= 0.8 whose later copy was removed
 dedup_false_removal  documents removed without a planted partner at Jaccard >= 0.5
 datatrove_agreement  documents with the same keep/remove decision as datatrove's four
@@ -129,9 +129,9 @@ def run_dagster(job, root: Path, assets: list[str] | None = None) -> dict:
         rss: dict[str, float] = {}
         for e in instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_OUTPUT):
             meta = e.dagster_event.step_output_data.metadata
-            if "peak_rss_mb" in meta:
+            if "peak_rss_mib" in meta:
                 kind = e.dagster_event.step_key.split(".")[-1].split("[")[0]
-                rss[kind] = max(rss.get(kind, 0.0), float(meta["peak_rss_mb"].value))
+                rss[kind] = max(rss.get(kind, 0.0), float(meta["peak_rss_mib"].value))
     return {"wall_s": wall, "rss": rss, "store": store}
 
 
@@ -232,7 +232,7 @@ def main() -> None:
         qdir = root / "run-quarter"
         qdir.mkdir()
         rss_quarter = run_dagster(job_spec(root / "quarter", task_bytes, 2), qdir,
-                                  ["clean_documents"])["rss"]
+                                  ["clean_documents", "tokenizer", "token_shards"])["rss"]
         shutil.rmtree(qdir)
 
         versus = {}

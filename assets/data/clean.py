@@ -10,9 +10,6 @@ objects and receipt to the store: a run that stopped half-way resumes task by ta
 pass only task numbers between them.
 """
 
-import re
-import resource
-
 from dagster import (
     DynamicOut,
     DynamicOutput,
@@ -23,22 +20,13 @@ from dagster import (
     op,
 )
 from fm_pipeline.assets.data.markdown import markdown_table
+from fm_pipeline.assets.data.steps import mapping_key, peak_rss_mib
 from fm_pipeline.resources.job_spec import JobSpecResource
 from fm_pipeline.resources.store import ObjectStoreResource
 
 from fm_pipeline.data import clean_stages as stages
 
 GROUP = "data"
-
-
-def _mapping_key(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", name)
-
-
-def _peak_rss_mb() -> float:
-    """The peak resident memory of the process running the step (KiB on Linux): per task
-    under the multiprocess executor, the whole run's under the in-process one."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 @op(out=DynamicOut(int))
@@ -53,7 +41,7 @@ def plan_cleaning_tasks(context: OpExecutionContext, job_spec: JobSpecResource,
     context.log.info(f"{len(plan.tasks)} cleaning task(s) over "
                      f"{sum(len(t.files) for t in plan.tasks):,} files")
     for i, task in enumerate(plan.tasks):
-        yield DynamicOutput(i, mapping_key=_mapping_key(task.name))
+        yield DynamicOutput(i, mapping_key=mapping_key(task.name))
 
 
 @op
@@ -66,7 +54,7 @@ def clean_file_group(context: OpExecutionContext, job_spec: JobSpecResource,
     context.log.info(f"{plan.tasks[task].name}: read {receipt.read}, kept {receipt.kept}, "
                      f"dropped {receipt.dropped or 'none'}")
     return Output(receipt.kept, metadata={"read": receipt.read, "kept": receipt.kept,
-                                          "peak_rss_mb": _peak_rss_mb()})
+                                          "peak_rss_mib": peak_rss_mib()})
 
 
 @op(out=DynamicOut(list))
@@ -87,7 +75,7 @@ def lsh_buckets(context: OpExecutionContext, job_spec: JobSpecResource,
     job, target = job_spec.load(), store.open()
     pairs = stages.bucket_task(job, target, stages.plan_clean(job, target), range(*bands))
     context.log.info(f"bands {bands[0]}-{bands[1] - 1}: {pairs:,} similar pairs")
-    return Output(pairs, metadata={"pairs": pairs, "peak_rss_mb": _peak_rss_mb()})
+    return Output(pairs, metadata={"pairs": pairs, "peak_rss_mib": peak_rss_mib()})
 
 
 @op(out=DynamicOut(int))
@@ -101,7 +89,7 @@ def cluster_duplicates(context: OpExecutionContext, job_spec: JobSpecResource,
     dedup = stages.cluster_stage(job, target, plan)
     context.log.info(f"{dedup.documents:,} documents, removed {dedup.removed or 'none'}")
     for i, task in enumerate(plan.tasks):
-        yield DynamicOutput(i, mapping_key=_mapping_key(task.name))
+        yield DynamicOutput(i, mapping_key=mapping_key(task.name))
 
 
 @op
@@ -109,7 +97,7 @@ def write_clean_part(job_spec: JobSpecResource, store: ObjectStoreResource, task
     job, target = job_spec.load(), store.open()
     plan = stages.plan_clean(job, target)
     kept = stages.filter_task(job, target, plan, plan.tasks[task]).counts.kept
-    return Output(kept, metadata={"kept": kept, "peak_rss_mb": _peak_rss_mb()})
+    return Output(kept, metadata={"kept": kept, "peak_rss_mib": peak_rss_mib()})
 
 
 @op

@@ -14,26 +14,14 @@ outputs a `MixRef` (store URI + mix key) that downstream assets take as an input
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, Output, asset
 from fm_pipeline.assets.data.clean import GROUP, clean_documents
 from fm_pipeline.assets.data.markdown import markdown_table
+from fm_pipeline.assets.data.shards import token_shards
+from fm_pipeline.assets.data.steps import LogProgress
 from fm_pipeline.resources.job_spec import JobSpecResource
 from fm_pipeline.resources.store import ObjectStoreResource
 
 from fm_pipeline.data import pipeline
 from fm_pipeline.data.manifest import mix_key
 from fm_pipeline.data.mix import MixRef
-from fm_pipeline.data.progress import ProgressSink
-
-
-class LogProgress(ProgressSink):
-    """Pipeline progress as run log lines (the UI shows them under each step)."""
-
-    def __init__(self, context: AssetExecutionContext):
-        self._log = context.log
-
-    def start(self, task: str, *, total=None, unit: str = "") -> None:
-        self._log.info(f"{task}: started" + (f" ({total:,} {unit})" if total else ""))
-
-    def finish(self, task: str, summary: str = "") -> None:
-        self._log.info(f"{task}: {summary or 'done'}")
 
 
 @asset(group_name=GROUP, deps=[clean_documents], kinds={"python"})
@@ -46,22 +34,6 @@ def tokenizer(context: AssetExecutionContext, job_spec: JobSpecResource,
     return MaterializeResult(metadata={
         "mix_key": mix_key(job), "vocab_size": entry.vocab_size, "eos_id": entry.eos_id,
         "sha256": entry.sha256, "uri": MetadataValue.path(target.uri_of(entry.key)),
-    })
-
-
-@asset(group_name=GROUP, deps=[tokenizer], kinds={"python"})
-def token_shards(context: AssetExecutionContext, job_spec: JobSpecResource,
-                 store: ObjectStoreResource) -> MaterializeResult:
-    """Fixed-size shards of token ids (uint16 when the vocabulary fits), each with SHA-256."""
-    job = job_spec.load()
-    receipt = pipeline.shards_stage(job, store.open(), progress=LogProgress(context))
-    return MaterializeResult(metadata={
-        "mix_key": receipt.mix_key, "dtype": receipt.dtype, "shard_tokens": receipt.capacity,
-        "shards": sum(len(v) for v in receipt.shards.values()),
-        "tokens_per_source": MetadataValue.json({
-            s: {"train": receipt.tokens(s, "train"), "heldout": receipt.tokens(s, "heldout")}
-            for s in receipt.shards}),
-        "tokens": sum(e.tokens for v in receipt.shards.values() for e in v),
     })
 
 

@@ -2,6 +2,7 @@
 
     fm data prepare --job configs/demo.yaml            # clean, tokenize, shard, publish, check
     fm data prepare --job JOB.yaml --store s3://bucket/prefix --endpoint-url http://127.0.0.1:9000
+    fm data prepare --job JOB.yaml --workers 2         # as data_mix_job, tasks over 2 processes
     fm data show --job configs/demo.yaml               # the published mix's summary
     fm data verify --job configs/demo.yaml             # re-hash every shard against the manifest
     fm data sample --job configs/demo.yaml -n 2        # decode the first global samples
@@ -52,13 +53,26 @@ def prepare(
     checks: bool = typer.Option(True, "--checks/--no-checks", help="run the data-quality checks"),
     plot: Path | None = typer.Option(None, "--plot",
                                      help="write a PNG of what cleaning kept and dropped"),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1,
+        help="run data_mix_job in the project's Dagster instance with this many processes "
+             "(its tasks fanned out; default: every stage in this process)"),
 ) -> None:
     """Prepare the job's data mix (idempotent) and print its summary."""
-    from fm_pipeline.data.pipeline import prepare_mix
+    from fm_pipeline.data.pipeline import prepare_mix, unpublish
     from fm_pipeline.data.validate import validate_published
 
     spec = load_job(job)
     target = _store(store, endpoint_url)
+    if workers and workers > 1:
+        from fm_pipeline.cli.data_workers import run_data_mix_job
+        from fm_pipeline.data import mix_key
+
+        if force:
+            unpublish(target, mix_key(spec))
+        run_data_mix_job(spec, job, store_uri=target.uri, endpoint_url=endpoint_url,
+                         workers=workers, console=console)
+        force = False  # published by the run; prepare_mix below only opens it
     with RichProgress(console) as progress:
         manifest = prepare_mix(spec, target, force=force, progress=progress)
     outcomes = validate_published(target, manifest) if checks else None

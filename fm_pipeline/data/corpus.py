@@ -49,6 +49,10 @@ class ShardsReceipt(BaseModel):
     def tokens(self, source: str, split: str) -> int:
         return sum(s.tokens for s in self.shards[source] if s.split == split)
 
+    def windows(self, source: str, split: str, window: int) -> int:
+        """Whole sample windows: each shard's (a part's last shard ends with a remainder)."""
+        return sum(s.tokens // window for s in self.shards[source] if s.split == split)
+
 
 def read_receipt(store: ObjectStore, key: str, model: type[BaseModel]):
     """The receipt at `key`, or None when the stage has not finished."""
@@ -80,10 +84,11 @@ def iter_clean_texts(
 ) -> Iterator[list[str]]:
     """Batches of a source's clean document texts, in corpus order, optionally one split."""
     for key in clean_parts(store, mix_key, source):
-        yield from _part_texts(store, key, split=split, batch_docs=batch_docs)
+        yield from part_texts(store, key, split=split, batch_docs=batch_docs)
 
 
-def _part_texts(store: ObjectStore, key: str, *, split: str | None, batch_docs: int):
+def part_texts(store: ObjectStore, key: str, *, split: str | None, batch_docs: int = 1024):
+    """Batches of one clean part's document texts, in order, optionally one split."""
     import pyarrow.parquet as pq
 
     missing = DataError(f"clean corpus {store.uri_of(key)} is missing; re-run clean_documents")

@@ -70,8 +70,9 @@ def clean_receipt_key(key: str) -> str:
     return f"{mix_prefix(key)}/clean/receipt.json"
 
 
-def shard_key(key: str, source: str, split: str, index: int) -> str:
-    return f"{mix_prefix(key)}/shards/{source}/{split}-{index:05d}.bin"
+def shard_key(key: str, source: str, split: str, index: int, part: int = 0) -> str:
+    """A shard of one clean part's stream (token_shards cuts each part on its own)."""
+    return f"{mix_prefix(key)}/shards/{source}/{split}-p{part:05d}-{index:05d}.bin"
 
 
 def shards_receipt_key(key: str) -> str:

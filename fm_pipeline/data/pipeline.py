@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from fm_pipeline.config import JobSpec
 from fm_pipeline.data import clean_stages as stages
+from fm_pipeline.data import shard_stages
 from fm_pipeline.data.corpus import (
     CleanReceipt,
     ShardsReceipt,
     iter_clean_texts,
     read_receipt,
-    write_receipt,
 )
 from fm_pipeline.data.errors import DataError
 from fm_pipeline.data.manifest import (
@@ -37,21 +36,19 @@ from fm_pipeline.data.manifest import (
     mix_prefix,
     sample_index_key,
     shards_receipt_key,
-    token_dtype,
     tokenizer_key,
 )
 from fm_pipeline.data.mix import open_mix
 from fm_pipeline.data.progress import NO_PROGRESS, ProgressSink
 from fm_pipeline.data.sample_index import SOURCE_SHIFT, build_sample_index, samples_per_source
-from fm_pipeline.data.shards import ShardWriter, shard_capacity
+from fm_pipeline.data.shard_stages import tokenizer_entry as _tokenizer_entry
 from fm_pipeline.data.sources import fingerprint, list_source_files
-from fm_pipeline.data.tokenizer import encode_stream, eos_id, train_bpe
-from fm_pipeline.storage import ObjectNotFound, ObjectStore
+from fm_pipeline.data.tokenizer import train_bpe
+from fm_pipeline.storage import ObjectStore
 
 # The tokenizer learns from at most this many characters (split across sources by weight):
 # BPE merges converge long before a web-scale corpus is read.
 TOKENIZER_TRAIN_CHARS = 200_000_000
-ENCODE_BATCH_DOCS = 128
 
 
 def prepare_mix(
@@ -126,10 +123,8 @@ def _check_fingerprints(job: JobSpec, recorded: dict[str, str], key: str) -> Non
 
 def tokenizer_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> TokenizerEntry:
     key = mix_key(job)
-    try:
+    if store.exists(tokenizer_key(key)):
         return _tokenizer_entry(store, key)
-    except ObjectNotFound:
-        pass
     _require(store, clean_receipt_key(key), CleanReceipt, "clean_documents")
     progress.start("train tokenizer", total=None)
     tok = train_bpe(_tokenizer_corpus(job, store, key), vocab_size=job.model_cfg.vocab_size)
@@ -150,59 +145,19 @@ def _tokenizer_corpus(job: JobSpec, store: ObjectStore, key: str):
                 break
 
 
-def _tokenizer_entry(store: ObjectStore, key: str) -> TokenizerEntry:
-    from tokenizers import Tokenizer
-
-    data = store.get_bytes(tokenizer_key(key))
-    tok = Tokenizer.from_str(data.decode("utf-8"))
-    return TokenizerEntry(key=tokenizer_key(key), sha256=hashlib.sha256(data).hexdigest(),
-                          vocab_size=tok.get_vocab_size(), eos_id=eos_id(tok))
-
-
-def load_tokenizer(store: ObjectStore, key: str):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(store.get_bytes(tokenizer_key(key)).decode("utf-8"))
-
-
 # --- stage 3: token shards -------------------------------------------------------------
 
 def shards_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> ShardsReceipt:
-    key = mix_key(job)
-    try:
-        tok_entry = _tokenizer_entry(store, key)
-    except ObjectNotFound:
-        raise DataError(f"mix {key} has no tokenizer yet; run the tokenizer stage first") from None
-    done = read_receipt(store, shards_receipt_key(key), ShardsReceipt)
-    if done is not None and done.tokenizer_sha256 == tok_entry.sha256:
+    """Every shard task (one per clean part) in this process, then the receipt; Dagster's
+    token_shards runs the same tasks as steps (shard_stages)."""
+    done = shard_stages.shards_done(job, store)
+    if done is not None:
         return done
-    clean = _require(store, clean_receipt_key(key), CleanReceipt, "clean_documents")
-    tok = load_tokenizer(store, key)
-    tok.encode_special_tokens = True  # a literal "<|endoftext|>" in a document is text, not EOS
-    dtype = token_dtype(job.model_cfg.vocab_size)
-    capacity = shard_capacity(job.data.shard_tokens, job.training.seq_len + 1)
-    shards = {}
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="shard-upload") as uploader:
-        for source in job.data.sources:
-            task = f"tokenize {source.name}"
-            progress.start(task, total=clean.sources[source.name].kept, unit="docs")
-            entries = []
-            for split in ("train", "heldout"):
-                writer = ShardWriter(store, mix_key=key, source=source.name, split=split,
-                                     capacity=capacity, dtype=dtype, uploader=uploader)
-                batches = iter_clean_texts(store, key, source.name, split=split,
-                                           batch_docs=ENCODE_BATCH_DOCS)
-                for ids, docs in encode_stream(tok, batches, eos=tok_entry.eos_id, dtype=dtype):
-                    writer.append(ids)
-                    progress.advance(task, docs)
-                entries += writer.close()
-            shards[source.name] = entries
-            tokens = sum(e.tokens for e in entries)
-            progress.finish(task, f"{tokens:,} tokens in {len(entries)} shards")
-    receipt = ShardsReceipt(mix_key=key, tokenizer_sha256=tok_entry.sha256, dtype=dtype,
-                            capacity=capacity, shards=shards)
-    write_receipt(store, shards_receipt_key(key), receipt)
-    return receipt
+    _require(store, clean_receipt_key(mix_key(job)), CleanReceipt, "clean_documents")
+    tasks = shard_stages.shard_tasks(job, store)
+    for task in tasks:
+        shard_stages.shard_part(job, store, task, progress=progress)
+    return shard_stages.finish_shards(job, store, tasks)
 
 
 # --- stage 4: publish ------------------------------------------------------------------
@@ -222,7 +177,7 @@ def publish_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = 
     progress.start("publish mix", total=None)
     window = job.training.seq_len + 1
     sources = job.data.sources
-    windows = {s.name: shards.tokens(s.name, "train") // window for s in sources}
+    windows = {s.name: shards.windows(s.name, "train", window) for s in sources}
     counts = samples_per_source(windows, {s.name: s.weight for s in sources})
     index = build_sample_index(counts, windows, seed=job.data.seed)
     index_bytes = index.astype("<i8").tobytes()
@@ -234,7 +189,8 @@ def publish_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = 
             name=s.name, uri=s.uri, format=s.format, weight=s.weight,
             documents=clean.sources[s.name],
             train_tokens=train, heldout_tokens=heldout,
-            train_windows=windows[s.name], heldout_windows=heldout // window,
+            train_windows=windows[s.name],
+            heldout_windows=shards.windows(s.name, "heldout", window),
             samples=counts[s.name], epochs=round(counts[s.name] * window / train, 6),
             shards=shards.shards[s.name],
         ))

@@ -1,7 +1,8 @@
 """Token shards: fixed-size files of little-endian token ids, each with a SHA-256 and count.
 
 A shard holds a whole number of sample windows (seq_len + 1 tokens), so a sample never
-straddles two files; only a stream's last shard is shorter. Uploads run on a small thread
+straddles two files; only a stream's last shard is shorter (a stream is one clean part's
+split: token_shards cuts each part on its own, fm_pipeline.data.shard_stages). Uploads run on a small thread
 pool so that tokenization never waits on the store.
 """
 
@@ -63,8 +64,10 @@ class ShardWriter:
         capacity: int,
         dtype: str,
         uploader: ThreadPoolExecutor,
+        part: int = 0,
     ):
         self.store, self.mix_key, self.source, self.split = store, mix_key, source, split
+        self.part = part
         self.capacity, self.dtype, self._uploader = capacity, np.dtype(dtype), uploader
         self._buffer = np.empty(capacity, dtype=self.dtype)
         self._filled = 0
@@ -87,7 +90,7 @@ class ShardWriter:
         if not self._filled:
             return
         tokens = self._buffer[:self._filled].copy()
-        key = shard_key(self.mix_key, self.source, self.split, len(self._pending))
+        key = shard_key(self.mix_key, self.source, self.split, len(self._pending), self.part)
         self._pending.append(self._uploader.submit(_upload, self.store, key, self.split, tokens))
         self._filled = 0
 

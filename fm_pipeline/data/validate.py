@@ -333,7 +333,7 @@ def clean_checks(job, store: ObjectStore) -> list[CheckOutcome]:
 
 def tokenizer_checks(job, store: ObjectStore) -> list[CheckOutcome]:
     from fm_pipeline.data.manifest import mix_key
-    from fm_pipeline.data.pipeline import _tokenizer_entry
+    from fm_pipeline.data.shard_stages import tokenizer_entry as _tokenizer_entry
 
     try:
         entry = _tokenizer_entry(store, mix_key(job))

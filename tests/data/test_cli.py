@@ -70,3 +70,34 @@ def test_verify_checks_every_artifact_the_manifest_lists(tmp_path):
         assert bad.exit_code == 2, bad.output
         assert f"corrupted {what} data/{mix_dir.name}/{name}" in said(bad)
         path.write_bytes(original)
+
+
+def test_prepare_with_workers_runs_data_mix_job_over_that_many_processes(tmp_path):
+    """`--workers 2`: data_mix_job in the project's instance under the multiprocess executor
+    (max_concurrent 2), its steps in processes of their own; the mix it publishes is the one
+    the in-process prepare publishes, shard for shard."""
+    from dagster import DagsterEventType, DagsterInstance, RunsFilter
+
+    from fm_pipeline.config import load_job
+    from fm_pipeline.data import open_job_mix
+    from fm_pipeline.storage import open_store
+
+    job = tmp_path / "small.yaml"
+    job.write_text(yaml.safe_dump(SMALL_JOB))
+    result = runner.invoke(app, ["prepare", "--job", str(job), "--store", str(tmp_path / "dag"),
+                                 "--workers", "2"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "data_mix_job run " in said(result) and "checks: 8/8 passed" in said(result)
+    instance = DagsterInstance.get()
+    (record,) = instance.get_run_records(RunsFilter(job_name="data_mix_job"))
+    config = record.dagster_run.run_config["execution"]["config"]["multiprocess"]
+    assert config["max_concurrent"] == 2
+    pids = {e.dagster_event.pid for e in instance.all_logs(record.dagster_run.run_id,
+                                             of_type=DagsterEventType.STEP_START)}
+    assert len(pids) > 2  # a process per step, none of them this one
+    assert runner.invoke(app, ["prepare", "--job", str(job), "--store",
+                               str(tmp_path / "inproc")]).exit_code == 0
+    spec = load_job(job)
+    dag, inproc = (open_job_mix(spec, open_store(tmp_path / d)).manifest for d in ("dag", "inproc"))
+    assert [(s.name, [(e.tokens, e.sha256) for e in s.shards]) for s in dag.sources] == [
+        (s.name, [(e.tokens, e.sha256) for e in s.shards]) for s in inproc.sources]

@@ -8,7 +8,7 @@ A mix lives in the object store under `data/<mix_key>/`:
     data/<key>/tokenizer.json              byte-level BPE (the `tokenizers` format)
     data/<key>/shards/<source>/<split>-00000.bin   token ids, little-endian, `dtype`
     data/<key>/shards/receipt.json         shard table (stage done)
-    data/<key>/sample_index.bin            the pre-shuffled global sample index (int64)
+    data/<key>/sample_index/NNNNN.bin      the pre-shuffled global sample index (int64), in shards
     data/<key>/manifest.json               written LAST: a mix without it is not published
 
 `mix_key(job)` is a content hash of the data spec, the vocabulary size and the sequence
@@ -80,7 +80,12 @@ def shards_receipt_key(key: str) -> str:
 
 
 def sample_index_key(key: str) -> str:
-    return f"{mix_prefix(key)}/sample_index.bin"
+    """The sample index's prefix; shard j is sample_index_shard_key(key, j)."""
+    return f"{mix_prefix(key)}/sample_index"
+
+
+def sample_index_shard_key(key: str, shard: int) -> str:
+    return f"{sample_index_key(key)}/{shard:05d}.bin"
 
 
 class _Frozen(BaseModel):
@@ -130,12 +135,26 @@ class SourceEntry(_Frozen):
         return [s for s in self.shards if s.split == split]
 
 
-class SampleIndexEntry(_Frozen):
+class IndexShard(_Frozen):
     key: str
     samples: int
+    bytes: int
     sha256: str
+
+
+class SampleIndexEntry(_Frozen):
+    key: str = Field(description="the index's prefix (its shards' folder); for a mix published "
+                                 "before the index was sharded, its one file")
+    samples: int
+    sha256: str = Field(description="SHA-256 of the shards' bytes, in order")
     bytes: int
     source_shift: int = Field(description="entry = source_id << source_shift | window")
+    shards: list[IndexShard] = Field(default_factory=list)
+
+    def parts(self) -> list[IndexShard]:
+        """The index's files in order (one, at `key`, for a mix without shards)."""
+        return self.shards or [IndexShard(key=self.key, samples=self.samples, bytes=self.bytes,
+                                          sha256=self.sha256)]
 
 
 class TokenizerEntry(_Frozen):

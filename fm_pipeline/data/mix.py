@@ -41,6 +41,7 @@ from fm_pipeline.storage import ObjectNotFound, ObjectStore, sha256_file
 
 log = logging.getLogger(__name__)
 PREFETCH_WORKERS = 4  # concurrent speculative downloads per process (parallel GETs)
+INDEX_CACHE = 4  # index shards a reader keeps
 
 
 def open_mix(store: ObjectStore, key: str, *, cache_dir: str | Path | None = None) -> "Mix":
@@ -92,10 +93,13 @@ class Mix:
         self._pending: dict[str, Future] = {}  # shard key -> the one fetch in flight
         self._speculative: set[str] = set()  # of those, the ones prefetch_samples queued
         self._lock = threading.Lock()  # guards _arrays/_pending, never held over I/O
-        self._index: np.ndarray | None = None
+        index = manifest.sample_index.parts()
+        self._index_parts = index
+        self._index_starts = np.cumsum([0] + [p.samples for p in index]).astype(np.int64)
+        self._index_cache: dict[int, np.ndarray] = {}  # the last few index shards read
         self._tokenizer = None
         self._executor: ThreadPoolExecutor | None = None
-        self.remote = store.local_path(manifest.sample_index.key) is None
+        self.remote = store.local_path(index[0].key) is None
         # started: speculative downloads; waited: a reader found its shard still being
         # fetched; on_demand: a remote shard the reader itself had to download (a stall
         # the prefetch did not prevent).
@@ -123,10 +127,14 @@ class Mix:
     def index_entries(self, start: int, count: int) -> np.ndarray:
         if start < 0 or count < 0:
             raise ValueError(f"sample range must be non-negative, got start={start} count={count}")
-        index = self._sample_index()
-        positions = pass_positions(np.arange(start, start + count, dtype=np.int64), len(index),
+        positions = pass_positions(np.arange(start, start + count, dtype=np.int64), len(self),
                                    seed=self.manifest.seed)
-        return np.asarray(index[positions])
+        shard_ids = np.searchsorted(self._index_starts, positions, side="right") - 1
+        out = np.empty(len(positions), dtype=np.int64)
+        for j in np.unique(shard_ids):
+            rows = shard_ids == j
+            out[rows] = self._index_shard(int(j))[positions[rows] - self._index_starts[j]]
+        return out
 
     def sample_sources(self, start: int, count: int) -> list[str]:
         """Which source each global sample comes from (for per-domain metrics)."""
@@ -232,7 +240,8 @@ class Mix:
             raise CorruptShardError(entry.key, "does not match its manifest SHA-256",
                                     what="tokenizer")
         index = self.manifest.sample_index
-        self._load_verified(index.key, index.bytes, index.sha256, "<i8", what="sample index")
+        for part in index.parts():
+            self._load_verified(part.key, part.bytes, part.sha256, "<i8", what="sample index")
         total = len(data) + index.bytes
         for s in self.manifest.sources:
             for shard in s.shards:
@@ -255,13 +264,20 @@ class Mix:
             out[rows] = tokens[: n * self.window].reshape(n, self.window)[windows[rows] - stream.starts[sh]]
         return out
 
-    def _sample_index(self) -> np.ndarray:
-        if self._index is None:
-            e = self.manifest.sample_index
-            with self._lock:
-                self._index = self._load_verified(e.key, e.bytes, e.sha256, "<i8",
-                                                  what="sample index")
-        return self._index
+    def _index_shard(self, j: int) -> np.ndarray:
+        """Index shard j, verified; a reader keeps the last INDEX_CACHE of them (a rank reads
+        its samples in order, so one shard serves ~shard_samples / world samples)."""
+        with self._lock:
+            cached = self._index_cache.get(j)
+        if cached is not None:
+            return cached
+        part = self._index_parts[j]
+        array = self._load_verified(part.key, part.bytes, part.sha256, "<i8", what="sample index")
+        with self._lock:
+            self._index_cache[j] = array
+            while len(self._index_cache) > INDEX_CACHE:
+                self._index_cache.pop(next(iter(self._index_cache)))
+        return array
 
     def _load(self, key: str, size: int, sha256: str, dtype: str | None = None) -> np.ndarray:
         dtype = dtype or self.manifest.dtype

@@ -26,6 +26,7 @@ from fm_pipeline.data.corpus import (
 )
 from fm_pipeline.data.errors import DataError
 from fm_pipeline.data.manifest import (
+    IndexShard,
     MixManifest,
     SampleIndexEntry,
     SourceEntry,
@@ -35,12 +36,13 @@ from fm_pipeline.data.manifest import (
     mix_key,
     mix_prefix,
     sample_index_key,
+    sample_index_shard_key,
     shards_receipt_key,
     tokenizer_key,
 )
 from fm_pipeline.data.mix import open_mix
 from fm_pipeline.data.progress import NO_PROGRESS, ProgressSink
-from fm_pipeline.data.sample_index import SOURCE_SHIFT, build_sample_index, samples_per_source
+from fm_pipeline.data.sample_index import SOURCE_SHIFT, index_shards, samples_per_source
 from fm_pipeline.data.shard_stages import tokenizer_entry as _tokenizer_entry
 from fm_pipeline.data.sources import fingerprint, list_source_files
 from fm_pipeline.data.tokenizer import train_bpe
@@ -162,6 +164,22 @@ def shards_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = N
 
 # --- stage 4: publish ------------------------------------------------------------------
 
+def _write_index(store: ObjectStore, key: str, counts: dict[str, int], windows: dict[str, int],
+                 *, seed: int) -> SampleIndexEntry:
+    """The global sample index, built and uploaded one shard at a time."""
+    whole = hashlib.sha256()
+    shards = []
+    for j, entries in enumerate(index_shards(counts, windows, seed=seed)):
+        data = entries.astype("<i8").tobytes()
+        whole.update(data)
+        store.put_bytes(data, sample_index_shard_key(key, j))
+        shards.append(IndexShard(key=sample_index_shard_key(key, j), samples=len(entries),
+                                 bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    return SampleIndexEntry(key=sample_index_key(key), samples=sum(s.samples for s in shards),
+                            bytes=sum(s.bytes for s in shards), sha256=whole.hexdigest(),
+                            source_shift=SOURCE_SHIFT, shards=shards)
+
+
 def publish_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO_PROGRESS) -> MixManifest:
     key = mix_key(job)
     if store.exists(manifest_key(key)):
@@ -179,9 +197,7 @@ def publish_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = 
     sources = job.data.sources
     windows = {s.name: shards.windows(s.name, "train", window) for s in sources}
     counts = samples_per_source(windows, {s.name: s.weight for s in sources})
-    index = build_sample_index(counts, windows, seed=job.data.seed)
-    index_bytes = index.astype("<i8").tobytes()
-    store.put_bytes(index_bytes, sample_index_key(key))
+    index = _write_index(store, key, counts, windows, seed=job.data.seed)
     entries = []
     for s in sources:
         train, heldout = shards.tokens(s.name, "train"), shards.tokens(s.name, "heldout")
@@ -200,16 +216,13 @@ def publish_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = 
         seq_len=job.training.seq_len, window=window, vocab_size=job.model_cfg.vocab_size,
         dtype=shards.dtype, shard_tokens=job.data.shard_tokens, seed=job.data.seed,
         tokenizer=tok, sources=entries,
-        sample_index=SampleIndexEntry(
-            key=sample_index_key(key), samples=len(index), bytes=len(index_bytes),
-            sha256=hashlib.sha256(index_bytes).hexdigest(), source_shift=SOURCE_SHIFT,
-        ),
+        sample_index=index,
         data_spec=job.data.model_dump(mode="json"),
         provenance={"fingerprints": clean.fingerprints, "python": sys.version.split()[0],
                     "dedup_ratio": round(clean.dedup_ratio(), 6)},
     )
     store.put_bytes(manifest.to_json(), manifest_key(key))  # the commit point
-    progress.finish("publish mix", f"{len(index):,} samples, key {key}")
+    progress.finish("publish mix", f"{index.samples:,} samples, key {key}")
     return manifest
 
 

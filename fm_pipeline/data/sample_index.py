@@ -9,11 +9,18 @@ Size: the largest mix that honours the weights without repeating any window, i.e
 N = min over sources of (windows_s / weight_s); source s contributes round(weight_s * N)
 windows, drawn at random. Past N the sequence keeps going: pass p > 0 revisits the same N
 samples in an order given by a seeded affine permutation (cheap, no extra storage).
+
+Stored and built in shards of at most INDEX_SHARD_SAMPLES entries, one at a time, so that
+neither the publish stage nor a reader holds the whole index: shard j takes
+floor(count_s (j+1) / K) - floor(count_s j / K) entries of source s (K shards), the next
+ones of the source's pseudo-random order of its windows (a keyed Feistel permutation,
+computed where needed, never materialised), shuffled within the shard.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -21,6 +28,9 @@ from fm_pipeline.data.errors import DataError
 
 SOURCE_SHIFT = 40  # window ids below 2**40 (1.1e12 windows per source); up to 2**23 sources
 WINDOW_MASK = (1 << SOURCE_SHIFT) - 1
+INDEX_SHARD_SAMPLES = 1 << 24  # 128 MiB of int64 entries per index shard
+FEISTEL_ROUNDS = 4
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def samples_per_source(windows: dict[str, int], weights: dict[str, float]) -> dict[str, int]:
@@ -35,18 +45,74 @@ def samples_per_source(windows: dict[str, int], weights: dict[str, float]) -> di
     return {s: min(windows[s], max(1, round(weights[s] * total))) for s in windows}
 
 
-def build_sample_index(counts: dict[str, int], windows: dict[str, int], *, seed: int) -> np.ndarray:
-    """int64 entries `source_id << SOURCE_SHIFT | window`, globally shuffled.
+def shard_plan(counts: dict[str, int], *, shard_samples: int | None = None) -> np.ndarray:
+    """int64 [K, sources]: how many entries of each source index shard j holds (each
+    source spread evenly over the K shards; a shard holds at most ~shard_samples, default
+    INDEX_SHARD_SAMPLES)."""
+    shard_samples = shard_samples or INDEX_SHARD_SAMPLES
+    total = sum(counts.values())
+    k = max(1, -(-total // shard_samples))
+    edges = np.arange(k + 1, dtype=object)
+    return np.stack([np.diff((edges * c) // k).astype(np.int64) for c in counts.values()],
+                    axis=1)
+
+
+def index_shards(counts: dict[str, int], windows: dict[str, int], *, seed: int,
+                 shard_samples: int | None = None) -> Iterator[np.ndarray]:
+    """The index, shard by shard: int64 entries `source_id << SOURCE_SHIFT | window`.
 
     `counts` and `windows` are keyed by source name in mix order (source_id = position).
-    """
-    parts = []
-    for source_id, (name, count) in enumerate(counts.items()):
-        rng = np.random.default_rng([seed, source_id])
-        chosen = rng.permutation(windows[name])[:count].astype(np.int64)
-        parts.append(chosen | (np.int64(source_id) << SOURCE_SHIFT))
-    entries = np.concatenate(parts)
-    return entries[np.random.default_rng([seed, 1 << 20]).permutation(len(entries))]
+    Source s's entries are the first counts[s] of a seeded permutation of its windows, so no
+    window repeats within a pass."""
+    plan = shard_plan(counts, shard_samples=shard_samples)
+    taken = np.zeros(len(counts), dtype=np.int64)
+    names = list(counts)
+    for j, row in enumerate(plan):
+        parts = []
+        for source_id, n in enumerate(row):
+            order = np.arange(taken[source_id], taken[source_id] + n, dtype=np.int64)
+            chosen = permute(order, windows[names[source_id]], key=(seed, source_id))
+            parts.append(chosen | (np.int64(source_id) << SOURCE_SHIFT))
+        taken += row
+        entries = np.concatenate(parts)
+        yield entries[np.random.default_rng([seed, 1 << 20, j]).permutation(len(entries))]
+
+
+def build_sample_index(counts: dict[str, int], windows: dict[str, int], *, seed: int,
+                       shard_samples: int | None = None) -> np.ndarray:
+    """The whole index at once (small mixes, tests): the shards, concatenated."""
+    return np.concatenate(list(index_shards(counts, windows, seed=seed,
+                                            shard_samples=shard_samples)))
+
+
+def permute(k: np.ndarray, n: int, *, key: tuple[int, int]) -> np.ndarray:
+    """A keyed pseudo-random bijection of [0, n), at positions `k`: a balanced Feistel
+    network over the smallest even power of two >= n, cycle-walked back into range
+    (each walk step stays a bijection; fewer than 4 steps expected)."""
+    if n <= 0:
+        raise DataError(f"cannot permute an empty range (n={n})")
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    keys = [np.uint64(int(x)) for x in np.random.default_rng(list(key)).integers(
+        0, 1 << 62, size=FEISTEL_ROUNDS)]
+    out = np.asarray(k, dtype=np.uint64).copy()
+    todo = np.ones(len(out), dtype=bool)
+    while todo.any():
+        x = out[todo]
+        left, right = x >> np.uint64(half), x & mask
+        for rk in keys:
+            left, right = right, left ^ (_mix(right ^ rk) & mask)
+        out[todo] = (left << np.uint64(half)) | right
+        todo &= out >= np.uint64(n)
+    return out.astype(np.int64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: every input bit reaches every output bit."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9) & _M64
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB) & _M64
+        return x ^ (x >> np.uint64(31))
 
 
 def split_entries(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

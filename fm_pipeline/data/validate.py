@@ -181,12 +181,8 @@ def check_data_mix(store: ObjectStore, manifest: MixManifest) -> list[CheckOutco
     import pandas as pd
 
     gxe = _gxe()
-    index, index_sha = _read_index(store, manifest)
-    source_ids, _ = split_entries(index)
-    drawn = np.bincount(source_ids, minlength=len(manifest.sources))
-    rows, corrupt = [], []
-    if index_sha != manifest.sample_index.sha256:
-        corrupt.append(f"sample index {manifest.sample_index.key}: sha256 differs from the manifest")
+    drawn, samples, corrupt = _read_index(store, manifest)
+    rows = []
     for i, s in enumerate(manifest.sources):
         shard_tokens = 0
         for entry in s.shards:
@@ -195,13 +191,13 @@ def check_data_mix(store: ObjectStore, manifest: MixManifest) -> list[CheckOutco
             except CorruptShardError as e:
                 corrupt.append(str(e))
         rows.append({
-            "source": s.name, "weight": s.weight, "fraction": drawn[i] / max(1, len(index)),
+            "source": s.name, "weight": s.weight, "fraction": drawn[i] / max(1, samples),
             "manifest_samples": s.samples, "index_samples": int(drawn[i]),
             "manifest_tokens": s.train_tokens + s.heldout_tokens, "shard_tokens": shard_tokens,
             "manifest_docs": s.documents.kept, "corpus_docs": _parquet_rows(store, manifest.key, s.name),
         })
     table = pd.DataFrame(rows)
-    tolerance = max(0.01, 2.0 / max(1, len(index)))
+    tolerance = max(0.01, 2.0 / max(1, samples))
     table["weight_error"] = (table.fraction - table.weight).abs()
     weights_ok, weights_facts = _validate(
         table,
@@ -224,10 +220,11 @@ def check_data_mix(store: ObjectStore, manifest: MixManifest) -> list[CheckOutco
             metadata={"weight_sum": float(table.weight.sum()), **weights_facts},
         ),
         CheckOutcome(
-            "source_counts_match_manifest", counts_ok and not corrupt and len(index) == manifest.sample_index.samples,
+            "source_counts_match_manifest",
+            counts_ok and not corrupt and samples == manifest.sample_index.samples,
             "index entries, shard tokens and documents per source equal the manifest"
             + (f"; {len(corrupt)} corrupt file(s): {corrupt[:3]}" if corrupt else ""),
-            metadata={"samples": len(index), "corrupt": len(corrupt), **counts_facts},
+            metadata={"samples": samples, "corrupt": len(corrupt), **counts_facts},
         ),
     ]
 
@@ -282,12 +279,23 @@ def _read_tokens(store: ObjectStore, entry, dtype: str, *, verify: bool = False)
     return decode_shard(data, dtype)
 
 
-def _read_index(store: ObjectStore, manifest: MixManifest) -> tuple[np.ndarray, str | None]:
-    try:
-        data = store.get_bytes(manifest.sample_index.key)
-    except ObjectNotFound:
-        return np.zeros(0, dtype="<i8"), None
-    return np.frombuffer(data, dtype="<i8"), hashlib.sha256(data).hexdigest()
+def _read_index(store: ObjectStore, manifest: MixManifest) -> tuple[np.ndarray, int, list[str]]:
+    """Entries drawn per source over every index shard, one shard in memory at a time; the
+    entries read; the shards that are missing or differ from their SHA-256."""
+    drawn = np.zeros(len(manifest.sources), dtype=np.int64)
+    samples, corrupt = 0, []
+    for part in manifest.sample_index.parts():
+        try:
+            data = store.get_bytes(part.key)
+        except ObjectNotFound:
+            corrupt.append(f"sample index {part.key}: missing")
+            continue
+        if hashlib.sha256(data).hexdigest() != part.sha256:
+            corrupt.append(f"sample index {part.key}: sha256 differs from the manifest")
+        source_ids, _ = split_entries(np.frombuffer(data, dtype="<i8"))
+        drawn += np.bincount(source_ids, minlength=len(drawn))[:len(drawn)]
+        samples += len(data) // 8
+    return drawn, samples, corrupt
 
 
 def _parquet_rows(store: ObjectStore, key: str, source: str) -> int:

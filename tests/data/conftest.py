@@ -79,3 +79,38 @@ def kept_texts(job, store, source: str, split: str | None = None) -> list[str]:
     from fm_pipeline.data.corpus import iter_clean_texts
 
     return [t for b in iter_clean_texts(store, mix_key(job), source, split=split) for t in b]
+
+
+KILL_AT_RECEIPT = """
+import importlib, json, os, signal, sys
+from fm_pipeline.config import parse_job
+from fm_pipeline.storage import open_store
+
+stages = importlib.import_module(sys.argv[1])
+stage = getattr(importlib.import_module("fm_pipeline.data.pipeline"), sys.argv[2])
+kind, nth, spec, store = sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
+seen, write = [], stages.write_receipt
+
+def write_receipt(store, key, receipt):  # killed just before the nth receipt of a kind
+    if type(receipt).__name__ == kind:
+        seen.append(key)
+        if len(seen) == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+    write(store, key, receipt)
+
+stages.write_receipt = write_receipt
+stage(parse_job(json.loads(spec), source="<killed run>"), open_store(store))
+"""
+
+
+def run_killed(job, store_dir, *, stages: str, stage: str, kind: str, nth: int):
+    """`fm_pipeline.data.pipeline.<stage>` in a subprocess, SIGKILLed just before module
+    `stages` writes its `nth` receipt of type `kind`."""
+    import json
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", KILL_AT_RECEIPT, stages, stage, kind, str(nth),
+         json.dumps(job.model_dump(mode="json", by_alias=True)), str(store_dir)],
+        capture_output=True, text=True, timeout=300, check=False)

@@ -5,11 +5,7 @@ issue's recall, the same documents survive with 1 and with 4 tasks, and a run ki
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
-import textwrap
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,7 +15,7 @@ from fm_pipeline.data.pipeline import clean_stage
 from fm_pipeline.data.planted import planted_near_duplicates
 from fm_pipeline.data.progress import ProgressSink
 from fm_pipeline.storage import open_store
-from tests.data.conftest import clean_corpus, corpus_job
+from tests.data.conftest import clean_corpus, corpus_job, run_killed
 
 TASK_BYTES = 300_000  # the planted corpus (~1.2 MB of files) in 4 groups
 
@@ -74,28 +70,6 @@ def test_four_tasks_keep_what_one_task_keeps(planted, one_task, tmp_path):
     assert four.sources == one.sources
 
 
-KILLER = textwrap.dedent("""
-    import json, os, signal, sys
-    from fm_pipeline.config import parse_job
-    from fm_pipeline.data import clean_stages
-    from fm_pipeline.data.pipeline import clean_stage
-    from fm_pipeline.storage import open_store
-
-    spec, store, kind, nth = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    seen, write = [], clean_stages.write_receipt
-
-    def write_receipt(store, key, receipt):  # killed just before the nth receipt of a kind
-        if type(receipt).__name__ == kind:
-            seen.append(key)
-            if len(seen) == nth:
-                os.kill(os.getpid(), signal.SIGKILL)
-        write(store, key, receipt)
-
-    clean_stages.write_receipt = write_receipt
-    clean_stage(parse_job(json.loads(spec), source="<killed run>"), open_store(store))
-""")
-
-
 class ReadCounter(ProgressSink):
     def __init__(self):
         self.documents = 0
@@ -115,9 +89,8 @@ def test_a_killed_stage_resumes_task_by_task_to_the_same_result(
     _, store1, one = one_task
     job = corpus_job(tmp_path, {"web": planted[0]}, near_dedup={}, task_bytes=TASK_BYTES)
     store_dir = tmp_path / "killed"
-    run = subprocess.run(
-        [sys.executable, "-c", KILLER, json.dumps(job.model_dump(mode="json", by_alias=True)),
-         str(store_dir), kind, str(nth)], capture_output=True, text=True, timeout=300, check=False)
+    run = run_killed(job, store_dir, stages="fm_pipeline.data.clean_stages", stage="clean_stage",
+                     kind=kind, nth=nth)
     assert run.returncode == -signal.SIGKILL, run.stderr
     store = open_store(store_dir)
     assert not store.exists(f"data/{mix_key(job)}/clean/receipt.json")

@@ -60,7 +60,7 @@ def test_verify_checks_every_artifact_the_manifest_lists(tmp_path):
     ok = runner.invoke(app, ["verify", *args], env={"COLUMNS": "160"})
     assert ok.exit_code == 0 and "tokenizer, sample index and" in said(ok)
     (mix_dir,) = (tmp_path / "store" / "data").iterdir()
-    for name, what in (("tokenizer.json", "tokenizer"), ("sample_index.bin", "sample index")):
+    for name, what in (("tokenizer.json", "tokenizer"), ("sample_index/00000.bin", "sample index")):
         path = mix_dir / name
         original = path.read_bytes()
         tampered = bytearray(original)

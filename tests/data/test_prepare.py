@@ -74,10 +74,13 @@ def test_failed_publish_leaves_nothing_published_and_resumes(tmp_path, monkeypat
     store = open_store(tmp_path / "store")
     key = mix_key(job)
 
-    def boom(*args, **kwargs):
+    real = pipeline.index_shards
+
+    def boom(*args, **kwargs):  # the first index shard is written, then the disk is full
+        yield next(real(*args, **kwargs))
         raise RuntimeError("disk full while writing the index")
 
-    monkeypatch.setattr(pipeline, "build_sample_index", boom)
+    monkeypatch.setattr(pipeline, "index_shards", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         prepare_mix(job, store)
     assert not store.exists(manifest_key(key))

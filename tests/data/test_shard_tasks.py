@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -21,7 +18,7 @@ from fm_pipeline.data.progress import ProgressSink
 from fm_pipeline.data.shard_stages import finish_shards, part_receipt_key, shard_tasks
 from fm_pipeline.data.shards import decode_shard
 from fm_pipeline.storage import open_store
-from tests.data.conftest import clean_corpus, corpus_job
+from tests.data.conftest import clean_corpus, corpus_job, run_killed
 
 TASK_BYTES = 300_000  # the planted corpus (~1.2 MB of files) in 4 groups, so 4 clean parts
 
@@ -90,28 +87,6 @@ def test_finishing_refuses_a_part_that_has_not_run(four, tmp_path, docs):
         finish_shards(job, store, shard_tasks(job, store))
 
 
-KILLER = textwrap.dedent("""
-    import json, os, signal, sys
-    from fm_pipeline.config import parse_job
-    from fm_pipeline.data import shard_stages
-    from fm_pipeline.data.pipeline import shards_stage
-    from fm_pipeline.storage import open_store
-
-    spec, store, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    seen, write = [], shard_stages.write_receipt
-
-    def write_receipt(store, key, receipt):  # killed just before the nth part's receipt
-        if type(receipt).__name__ == "ShardPartReceipt":
-            seen.append(key)
-            if len(seen) == nth:
-                os.kill(os.getpid(), signal.SIGKILL)
-        write(store, key, receipt)
-
-    shard_stages.write_receipt = write_receipt
-    shards_stage(parse_job(json.loads(spec), source="<killed run>"), open_store(store))
-""")
-
-
 class Encoded(ProgressSink):
     def __init__(self):
         self.parts: list[str] = []
@@ -130,9 +105,8 @@ def test_a_killed_shard_stage_resumes_part_by_part(docs, four, tmp_path):
 
     clean_stage(job, store)
     tokenizer_stage(job, store)
-    run = subprocess.run(
-        [sys.executable, "-c", KILLER, json.dumps(job.model_dump(mode="json", by_alias=True)),
-         str(store_dir), "3"], capture_output=True, text=True, timeout=300, check=False)
+    run = run_killed(job, store_dir, stages="fm_pipeline.data.shard_stages",
+                     stage="shards_stage", kind="ShardPartReceipt", nth=3)
     assert run.returncode == -signal.SIGKILL, run.stderr
     assert not store.exists(f"data/{mix_key(job)}/shards/receipt.json")
     encoded = Encoded()

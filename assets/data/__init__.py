@@ -9,7 +9,15 @@ configs/demo.yaml). Downstream areas take `data_mix` (a MixRef) as an input.
 
 from __future__ import annotations
 
-from dagster import AssetSelection, Definitions, define_asset_job, multi_or_in_process_executor
+from dagster import (
+    AssetSelection,
+    Definitions,
+    ExecutorDefinition,
+    Permissive,
+    define_asset_job,
+    multi_or_in_process_executor,
+)
+from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
 from fm_pipeline.assets.data.checks import DATA_CHECKS
 from fm_pipeline.assets.data.mix import GROUP, clean_documents, data_mix, token_shards, tokenizer
 from fm_pipeline.resources.job_spec import JobSpecResource
@@ -27,6 +35,28 @@ data_mix_job = define_asset_job(
     description="Prepare the job's data mix: clean, tokenize, shard, publish, with blocking checks.",
 )
 
+
+
+
+def _k8s_job_executor(init_context):
+    # Imported when a run starts: dagster-k8s brings the kubernetes client (~0.8 s), which
+    # every other process loading the code location would pay.
+    from dagster_k8s import k8s_job_executor
+
+    return k8s_job_executor.executor_creation_fn(init_context)
+
+
+# Past one machine: each step a Kubernetes Job (dagster-k8s's k8s_job_executor, its config
+# checked against that executor's own schema by `fm k8s render-data`, launch/data_k8s.py).
+k8s_executor = ExecutorDefinition(
+    name="k8s", config_schema=Permissive(), executor_creation_fn=_k8s_job_executor,
+    requirements=multiple_process_executor_requirements(),
+    description="dagster-k8s's k8s_job_executor, imported when a run starts")
+data_mix_job_k8s = define_asset_job(
+    "data_mix_job_k8s", executor_def=k8s_executor, selection=AssetSelection.groups(GROUP),
+    description="data_mix_job with each step a Kubernetes Job (fm k8s render-data writes its "
+                "run config).",
+)
 
 CODE_LOCATION = "fm_pipeline.definitions"  # what workspace.yaml loads
 
@@ -48,6 +78,6 @@ def data_run_config(job) -> dict:
 defs = Definitions(
     assets=DATA_ASSETS,
     asset_checks=DATA_CHECKS,
-    jobs=[data_mix_job],
+    jobs=[data_mix_job, data_mix_job_k8s],
     resources={"store": ObjectStoreResource(), "job_spec": JobSpecResource()},
 )

@@ -1,7 +1,8 @@
-"""`fm k8s`: Kubernetes manifests for a training segment.
+"""`fm k8s`: Kubernetes manifests for a training segment and for the data mix.
 
     fm k8s render --job configs/demo.yaml --out manifests/ --store-uri s3://bucket/fm
     kubectl apply -f manifests/          # ConfigMap, headless Service, JobSet (Kueue-queued)
+    fm k8s render-data --job configs/demo.yaml --out data/ --store-uri s3://bucket/fm
 
 Every object is validated strictly (unknown fields rejected, as `kubectl apply
 --validate=strict` would) before anything is written; an invalid job spec writes nothing.
@@ -25,7 +26,7 @@ console = Console()
 
 @app.callback()
 def k8s() -> None:
-    """Kubernetes manifests for training segments (JobSet, queued by Kueue)."""
+    """Kubernetes manifests for training segments (JobSet, queued by Kueue) and the data mix."""
 
 
 @app.command("render")
@@ -105,3 +106,40 @@ def render(
     )
 
 
+
+
+@app.command("render-data")
+@user_errors
+def render_data(
+    job: Path = JOB,
+    out: Path = typer.Option(..., "--out", help="directory for the manifests"),
+    store_uri: str = typer.Option("", "--store-uri",
+                                  help="object store s3://bucket/prefix (default $FM_STORE_URI)"),
+    s3_endpoint: str = typer.Option("", "--s3-endpoint", help="S3 endpoint URL for the pods"),
+    credentials_secret: str = typer.Option("", "--credentials-secret",
+                                           help="Secret with AWS_* keys for the pods"),
+    image: str = typer.Option("", "--image", help="container image (default: cluster.image)"),
+    namespace: str = typer.Option("", "--namespace", help="default: cluster.namespace"),
+    step_cpu: str = typer.Option("1", "--step-cpu", help="CPU request of each step's pod"),
+    step_memory: str = typer.Option("4Gi", "--step-memory",
+                                    help="memory request and limit of each step's pod"),
+    overrides: list[str] = typer.Option([], "--set", help="job spec override dotted.key=value"),
+) -> None:
+    """Write the run config of data_mix_job_k8s (each data task a Kubernetes Job, at most
+    data.workers at once), the job spec's ConfigMap and the Job one step becomes."""
+    from fm_pipeline.config import load_job, parse_overrides
+    from fm_pipeline.launch.data_k8s import DataK8sTarget, render_data_job
+
+    spec = load_job(job, **parse_overrides(overrides, where="--set"))
+    rendered = render_data_job(spec, DataK8sTarget(
+        store_uri=store_uri or os.environ.get("FM_STORE_URI", ""),
+        s3_endpoint_url=s3_endpoint or None, credentials_secret=credentials_secret or None,
+        image=image or None, namespace=namespace or None, step_cpu=step_cpu,
+        step_memory=step_memory))
+    for path in rendered.write(out):
+        console.print(f"wrote {path}", highlight=False)
+    console.print(
+        f"[green]data mix of {spec.name}[/]: data_mix_job_k8s in namespace {rendered.namespace}, "
+        f"at most {spec.data.workers} step Job(s) at once; kubectl apply -f the ConfigMap, "
+        f"then launch with the run config (dagster job launch -j data_mix_job_k8s -c "
+        f"{out / 'data-run-config.yaml'})", highlight=False)

@@ -189,9 +189,31 @@ def validate_object(obj: dict) -> None:
             errors = [f"{path}: {e.message}"]
         except kubernetes_validate.utils.SchemaNotFoundError as e:
             errors = [f"no schema for {api_version} {kind}: {e}"]
-    errors = metadata_errors(obj) + errors
+    errors = metadata_errors(obj) + quantity_errors(obj) + errors
     if errors:
         raise ManifestInvalid(_ref(obj), errors)
+
+
+# The API server's resource.Quantity: a signed decimal with a binary (Ki..Ei), decimal
+# (m, k, M..E) or exponent suffix. The OpenAPI schemas type it as a bare string.
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+
+
+def quantity_errors(node, path: str = "") -> list[str]:
+    """Container resource requests and limits that are not quantities, anywhere in `node`."""
+    out = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key in ("requests", "limits") and isinstance(value, dict) and path.endswith("resources"):
+                out += [f"{here}.{name}: {q!r} is not a quantity (e.g. 4Gi, 500m)"
+                        for name, q in value.items() if not _QUANTITY.match(str(q))]
+            else:
+                out += quantity_errors(value, here)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            out += quantity_errors(item, f"{path}.{i}")
+    return out
 
 
 def validate_all(objs: list[dict]) -> None:

@@ -127,6 +127,7 @@ def render_data(
 ) -> None:
     """Write the run config of data_mix_job_k8s (each data task a Kubernetes Job, at most
     data.workers at once), the job spec's ConfigMap and the Job one step becomes."""
+    from fm_pipeline.assets.data.k8s import check_k8s_run_config
     from fm_pipeline.config import load_job, parse_overrides
     from fm_pipeline.launch.data_k8s import DataK8sTarget, render_data_job
 
@@ -136,6 +137,7 @@ def render_data(
         s3_endpoint_url=s3_endpoint or None, credentials_secret=credentials_secret or None,
         image=image or None, namespace=namespace or None, step_cpu=step_cpu,
         step_memory=step_memory))
+    check_k8s_run_config(rendered.run_config)
     for path in rendered.write(out):
         console.print(f"wrote {path}", highlight=False)
     console.print(

@@ -4,10 +4,10 @@ dagster-k8s's k8s_job_executor (the run itself launched by the deployment's K8sR
     rendered = render_data_job(spec, DataK8sTarget(store_uri="s3://bucket/fm"))
     rendered.write(out)   # configmap-<job>-data-spec.yaml, data-run-config.yaml, data-step-job.yaml
 
-The run config is checked against k8s_job_executor's own config schema (Dagster's
-validate_run_config), and the Job a step becomes, built by the executor's own
-construct_dagster_k8s_job from that config, is validated strictly like the training
-manifests (k8s_validate): nothing is written when either fails. The steps read the job spec
+The Job a step becomes, built by the executor's own construct_dagster_k8s_job from the run
+config, is validated strictly like the training manifests (k8s_validate); the run config
+itself is checked against k8s_job_executor's config schema by the data area
+(assets.data.k8s.check_k8s_run_config). `fm k8s render-data` writes nothing when either fails. The steps read the job spec
 from a ConfigMap mounted at /etc/fm and write to the object store, so every step of any
 node sees the same objects; each step's memory is bounded by its task (data.task_bytes).
 """
@@ -95,26 +95,10 @@ def render_data_job(spec: JobSpec, target: DataK8sTarget) -> RenderedData:
             "store": {"config": {"uri": target.store_uri,
                                  "endpoint_url": target.s3_endpoint_url}}},
     }
-    check_run_config(run_config)
     step_job = _step_job(run_config, target, image=image, namespace=namespace)
     validate_all([config_map, step_job])
     return RenderedData(name=name, namespace=namespace, config_map=config_map,
                         run_config=run_config, step_job=step_job)
-
-
-def check_run_config(run_config: dict) -> None:
-    """Dagster's own check of the run config against data_mix_job with k8s_job_executor's
-    config schema (the job in the code location defers that import; this one does not)."""
-    from dagster import AssetSelection, Definitions, define_asset_job, validate_run_config
-    from dagster_k8s import k8s_job_executor
-
-    from fm_pipeline.assets.data import DATA_ASSETS, GROUP, defs
-
-    job = define_asset_job("data_mix_job_k8s", executor_def=k8s_job_executor,
-                           selection=AssetSelection.groups(GROUP))
-    checked = Definitions(assets=DATA_ASSETS, asset_checks=defs.asset_checks, jobs=[job],
-                          resources=defs.resources)
-    validate_run_config(checked.resolve_job_def("data_mix_job_k8s"), run_config)
 
 
 def _step_job(run_config: dict, target: DataK8sTarget, *, image: str, namespace: str) -> dict:

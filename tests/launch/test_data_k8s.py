@@ -53,14 +53,13 @@ def test_render_data_writes_a_checked_run_config_and_the_step_job(tmp_path):
 
 def test_the_executor_schema_refuses_what_k8s_job_executor_does_not_know(tmp_path):
     from dagster._core.errors import DagsterInvalidConfigError
-
-    from fm_pipeline.launch.data_k8s import check_run_config
+    from fm_pipeline.assets.data.k8s import check_k8s_run_config
 
     assert render(tmp_path).exit_code == 0
     run_config = yaml.safe_load((tmp_path / "out" / "data-run-config.yaml").read_text())
     run_config["execution"]["config"]["max_concurent"] = 2  # a typo
     with pytest.raises(DagsterInvalidConfigError, match="max_concurent"):
-        check_run_config(run_config)
+        check_k8s_run_config(run_config)
 
 
 @pytest.mark.parametrize("extra, words", [

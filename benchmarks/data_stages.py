@@ -101,16 +101,12 @@ def job_spec(corpus: Path, task_bytes: int, workers: int, **near) -> dict:
     return job
 
 
-def data_mix_job_def():
-    from fm_pipeline.definitions import defs
-
-    return defs.resolve_job_def("data_mix_job")
-
-
 def run_dagster(job, root: Path, assets: list[str] | None = None) -> dict:
     """One data_mix_job run (or just `assets`) in a fresh store; wall, per-step RSS, run."""
     from dagster import AssetKey, DagsterEventType, execute_job, instance_for_test, reconstructable
     from fm_pipeline.assets.data import data_run_config
+
+    from fm_pipeline.cli.data_workers import data_mix_job_def
 
     spec = root / "job.yaml"
     spec.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True)))

@@ -75,8 +75,9 @@ def part_receipt_key(key: str, task: ShardTask) -> str:
     return f"{mix_prefix(key)}/shards/tasks/{task.source}-{task.part:05d}.json"
 
 
-def tokenizer_entry(store: ObjectStore, key: str) -> TokenizerEntry:
-    """The stored tokenizer's entry (its SHA-256 names what the shards were cut with)."""
+def stored_tokenizer(store: ObjectStore, key: str):
+    """(its entry, the Tokenizer) of the mix's stored tokenizer, parsed once; the entry's
+    SHA-256 names what the shards were cut with."""
     from tokenizers import Tokenizer
 
     try:
@@ -85,13 +86,15 @@ def tokenizer_entry(store: ObjectStore, key: str) -> TokenizerEntry:
         raise DataError(f"mix {key} has no tokenizer yet; run the tokenizer stage first") from None
     tok = Tokenizer.from_str(data.decode("utf-8"))
     return TokenizerEntry(key=tokenizer_key(key), sha256=hashlib.sha256(data).hexdigest(),
-                          vocab_size=tok.get_vocab_size(), eos_id=eos_id(tok))
+                          vocab_size=tok.get_vocab_size(), eos_id=eos_id(tok)), tok
+
+
+def tokenizer_entry(store: ObjectStore, key: str) -> TokenizerEntry:
+    return stored_tokenizer(store, key)[0]
 
 
 def load_tokenizer(store: ObjectStore, key: str):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(store.get_bytes(tokenizer_key(key)).decode("utf-8"))
+    return stored_tokenizer(store, key)[1]
 
 
 def shards_done(job: JobSpec, store: ObjectStore) -> ShardsReceipt | None:
@@ -117,12 +120,11 @@ def shard_part(job: JobSpec, store: ObjectStore, task: ShardTask, *,
     """Encode one clean part (train, then held-out) into its shards; skipped when its
     receipt names the stored tokenizer."""
     key = mix_key(job)
-    entry = tokenizer_entry(store, key)
+    entry, tok = stored_tokenizer(store, key)
     receipt_key = part_receipt_key(key, task)
     done = read_receipt(store, receipt_key, ShardPartReceipt)
     if done is not None and done.tokenizer_sha256 == entry.sha256:
         return done
-    tok = load_tokenizer(store, key)
     tok.encode_special_tokens = True  # a literal "<|endoftext|>" in a document is text, not EOS
     dtype = token_dtype(job.model_cfg.vocab_size)
     capacity = shard_capacity(job.data.shard_tokens, job.training.seq_len + 1)

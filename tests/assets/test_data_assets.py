@@ -96,6 +96,24 @@ def data_mix_job_def():
     return defs.resolve_job_def("data_mix_job")
 
 
+def test_the_step_preload_imports_what_steps_open():
+    """The forkserver drops a preload module that fails to import without a word, and every
+    step would then pay the imports again: the module must import, in a fresh interpreter,
+    and bring Dagster's instance storage and Great Expectations with it."""
+    import importlib
+    import subprocess
+    import sys
+
+    from fm_pipeline.assets.data import STEP_PRELOAD
+
+    probe = (f"import sys, {STEP_PRELOAD} as p; "
+             "print(all(m in sys.modules for m in p.MODULES))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+    for module in ("great_expectations", "dagster._core.storage.sqlite_storage", "tokenizers"):
+        assert module in importlib.import_module(STEP_PRELOAD).MODULES
+
+
 def test_cleaning_tasks_fan_out_over_two_processes(tmp_path):
     """data.workers = 2 -> the multiprocess executor runs the cleaning tasks as separate
     processes, two at a time, to the same clean corpus as the stages run in-process."""
@@ -114,9 +132,10 @@ def test_cleaning_tasks_fan_out_over_two_processes(tmp_path):
         "store": {"config": {"uri": str(tmp_path / "store")}}}}
     executor = run_config["execution"]["config"]["multiprocess"]
     assert executor["max_concurrent"] == 2
-    # Steps fork from a server that imported the code location once, wherever the job
-    # came from (this test module here, a benchmark script, the daemon's code server).
-    assert executor["start_method"]["forkserver"]["preload_modules"] == ["fm_pipeline.definitions"]
+    # Steps fork from a server that imported the code location and what steps need once,
+    # wherever the job came from (this test module, a benchmark script, the code server).
+    assert executor["start_method"]["forkserver"]["preload_modules"] == [
+        "fm_pipeline.definitions", "fm_pipeline.assets.data.step_preload"]
     (tmp_path / "dagster").mkdir()
     with instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         result = execute_job(reconstructable(data_mix_job_def), instance=instance,
@@ -128,14 +147,18 @@ def test_cleaning_tasks_fan_out_over_two_processes(tmp_path):
         d = e.dagster_event
         if d is None or not (d.step_key or "").startswith("clean_documents.clean_file_group"):
             continue
-        if d.event_type == DagsterEventType.STEP_START:
-            steps[d.step_key] = [e.timestamp, None, d.pid]
+        # A step's process is in flight from its launch (the parent's STEP_WORKER_STARTING)
+        # to its success; the tasks here are too small for their bodies to overlap.
+        if d.event_type == DagsterEventType.STEP_WORKER_STARTING:
+            steps[d.step_key] = [e.timestamp, None, None]
+        elif d.event_type == DagsterEventType.STEP_START:
+            steps[d.step_key][2] = d.pid
         elif d.event_type == DagsterEventType.STEP_SUCCESS:
             steps[d.step_key][1] = e.timestamp
     assert len(steps) >= 4
     assert len({pid for _, _, pid in steps.values()}) >= 2
     spans = sorted((start, end) for start, end, _ in steps.values())
-    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))  # two ran at the same time
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))  # two in flight at once
 
     reference = open_store(tmp_path / "reference")
     expected = pipeline.clean_stage(job, reference)

@@ -12,7 +12,14 @@ anywhere later in the corpus, in any file.
 
 workers_speedup      wall of the whole prepare (clean, tokenizer, shards, publish and the
                      Great Expectations checks, through Dagster) with 1 worker (in-process
-                     executor) / with 2 (multiprocess executor); median of per-round ratios
+                     executor) / with 2 (multiprocess executor); median of per-round ratios.
+                     Both have every core: the 1-worker run's tokenizer already encodes on
+                     all of them (tokenizers' thread pool), so on 2 cores this is capped
+                     well below 2 by the tokenizing share (docs/data.md)
+workers_speedup_core_each  the same with one core per worker: the 1-worker prepare pinned
+                     to one core (sched_setaffinity, inherited by the tokenizer's threads)
+                     / the 2-worker prepare on 2 cores; how the tasks scale with the cores
+                     they are given
 worker_peak_rss_mb   the largest peak RSS (MiB) of any task's step process (clean_file_group,
                      lsh_buckets, write_clean_part, tokenize_part) at a quarter of the corpus
                      and at all of it, same data.task_bytes; memory_growth_4x = full / quarter
@@ -28,6 +35,7 @@ vs_datatrove_throughput  our clean_documents (2 processes) MB/s / datatrove's (2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -87,6 +95,25 @@ def write_corpus(folder: Path, megabytes: float, seed: int = 3) -> dict:
 
 # --- ours, through Dagster ------------------------------------------------------------------
 
+@contextlib.contextmanager
+def cores(n: int | None):
+    """This process and the multiprocess executor's forkserver (started by an earlier run
+    and kept; the steps it forks inherit its cores) on the first n cores."""
+    if n is None:
+        yield
+        return
+    from multiprocessing import forkserver
+
+    pids = [0, *filter(None, [getattr(forkserver._forkserver, "_forkserver_pid", None)])]
+    before = os.sched_getaffinity(0)
+    for pid in pids:
+        os.sched_setaffinity(pid, sorted(before)[:n])
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.sched_setaffinity(pid, before)
+
 def job_spec(corpus: Path, task_bytes: int, workers: int, **near) -> dict:
     from fm_pipeline.data.testing import small_job
 
@@ -123,12 +150,14 @@ def run_dagster(job, root: Path, assets: list[str] | None = None) -> dict:
         if not result.success:
             raise SystemExit(f"data_mix_job failed in {root}")
         rss: dict[str, float] = {}
+        tasks = sum(e.dagster_event.step_key.startswith("clean_documents.clean_file_group[")
+                    for e in instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_SUCCESS))
         for e in instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_OUTPUT):
             meta = e.dagster_event.step_output_data.metadata
             if "peak_rss_mib" in meta:
                 kind = e.dagster_event.step_key.split(".")[-1].split("[")[0]
                 rss[kind] = max(rss.get(kind, 0.0), float(meta["peak_rss_mib"].value))
-    return {"wall_s": wall, "rss": rss, "store": store}
+    return {"wall_s": wall, "rss": rss, "store": store, "tasks": tasks}
 
 
 def kept_doc_ids(store: Path, job) -> set[str]:
@@ -196,25 +225,33 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-datatrove", action="store_true")
     args = ap.parse_args()
-    task_bytes = int(args.mb * 1e6 / 16)  # 16 cleaning tasks at full size
 
     with tempfile.TemporaryDirectory(prefix="fm-bench-stages-") as tmp:
         root = Path(tmp)
         log(f"writing a {args.mb:.0f} MB corpus and a quarter of it")
         full = write_corpus(root / "corpus", args.mb)
+        # Two of the FILES files per cleaning task at full size (16 tasks): task_bytes a
+        # little over two files' bytes, since the files differ by a few documents.
+        task_bytes = int(full["bytes"] / (FILES // 2) * 1.1)
         write_corpus(root / "quarter", args.mb / 4, seed=4)
         mb = full["bytes"] / 1e6
 
-        walls: dict[int, list[float]] = {1: [], 2: []}
         rss_full: dict[str, float] = {}
         recall = false_removal = None
+        # (workers, cores): every core, then one core per worker; on 2 cores the 2-worker
+        # run with every core is already the one with a core per worker.
+        kinds = [(1, None), (2, None), (1, 1)] + ([(2, 2)] if len(os.sched_getaffinity(0)) > 2 else [])
+        walls: dict[tuple, list[float]] = {k: [] for k in kinds}
         for r in range(args.repeats):
-            for workers in (1, 2) if r % 2 == 0 else (2, 1):  # alternate who runs first
-                run_dir = root / f"run-{r}-{workers}"
+            for workers, ncores in kinds if r % 2 == 0 else kinds[::-1]:  # alternate the order
+                run_dir = root / f"run-{r}-{workers}-{ncores}"
                 run_dir.mkdir()
-                log(f"round {r + 1}/{args.repeats}: the whole prepare with {workers} worker(s)")
-                out = run_dagster(job_spec(root / "corpus", task_bytes, workers), run_dir)
-                walls[workers].append(out["wall_s"])
+                log(f"round {r + 1}/{args.repeats}: the whole prepare with {workers} worker(s)"
+                    + (f" on {ncores} core(s)" if ncores else ""))
+                with cores(ncores):
+                    out = run_dagster(job_spec(root / "corpus", task_bytes, workers), run_dir)
+                walls[workers, ncores].append(out["wall_s"])
+                tasks = out["tasks"]
                 log(f"  {out['wall_s']:.1f} s ({mb / out['wall_s']:.2f} MB/s)")
                 if workers == 2:
                     rss_full = {k: max(v, rss_full.get(k, 0)) for k, v in out["rss"].items()}
@@ -235,14 +272,17 @@ def main() -> None:
         if not args.no_datatrove:
             versus = compare_datatrove(root, full, task_bytes)
 
-    ratios = [a / b for a, b in zip(walls[1], walls[2], strict=True)]
+    two_on_two = walls.get((2, 2)) or walls[2, None]
+    ratios = [a / b for a, b in zip(walls[1, None], walls[2, None], strict=True)]
+    per_core = [a / b for a, b in zip(walls[1, 1], two_on_two, strict=True)]
+    walls = {1: walls[1, None], 2: walls[2, None], "1@1": walls[1, 1]}
     med = statistics.median
     peak_q, peak_f = max(rss_quarter.values()), max(rss_full.values())
     result = {
         "benchmark": "data_stages",
         "corpus_mb": round(mb, 1),
         "documents": full["documents"],
-        "tasks": 16,
+        "tasks": tasks,  # cleaning tasks (file groups); as many tokenizing tasks
         "prepare_s_1_worker": round(med(walls[1]), 2),
         "prepare_s_2_workers": round(med(walls[2]), 2),
         "docs_per_s_1_worker": round(full["documents"] / med(walls[1])),
@@ -251,6 +291,10 @@ def main() -> None:
         "mb_per_s_2_workers": round(mb / med(walls[2]), 2),
         "workers_speedup": round(med(ratios), 3),
         "workers_speedup_spread": round(max(ratios) - min(ratios), 3),
+        "prepare_s_1_worker_1_core": round(med(walls["1@1"]), 2),
+        "workers_speedup_core_each": round(med(per_core), 3),
+        "workers_speedup_core_each_spread": round(max(per_core) - min(per_core), 3),
+        "cores": len(os.sched_getaffinity(0)),
         "worker_peak_rss_mb": {"quarter": rss_quarter, "full": rss_full},
         "memory_growth_4x": round(peak_f / peak_q, 3),
         "dedup_recall": round(recall, 4),

@@ -30,7 +30,7 @@ test: venv
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=25
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).
-BENCHMARKS ?= data remote_data trainer checkpoint planner simulation recovery
+BENCHMARKS ?= data data_stages remote_data trainer checkpoint planner simulation recovery
 # Each JSON is saved as $(BENCH_DIR)/<name>.json; the README's table is rendered from them.
 BENCH_DIR ?= $(FM_HOME)/bench
 bench: venv

@@ -21,8 +21,8 @@ def _rows(table: str) -> dict[str, str]:
 def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     rows = _rows(render(FIXTURES))
     assert set(rows) == {f"`benchmarks.{b}`" for b in
-                         ("data", "remote_data", "trainer", "checkpoint", "planner", "simulation",
-                          "recovery")}
+                         ("data", "data_stages", "remote_data", "trainer", "checkpoint", "planner",
+                          "simulation", "recovery")}
     ckpt = json.loads((FIXTURES / "checkpoint.json").read_text())
     row = rows["`benchmarks.checkpoint`"]
     assert f"save_ratio_streamed {ckpt['save_ratio_streamed']:.2f}" in row

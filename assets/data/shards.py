@@ -18,11 +18,17 @@ from dagster import (
     op,
 )
 from fm_pipeline.assets.data.clean import GROUP
-from fm_pipeline.assets.data.steps import LogProgress, mapping_key, peak_rss_mib
+from fm_pipeline.assets.data.steps import (
+    LogProgress,
+    concurrent_steps,
+    mapping_key,
+    peak_rss_mib,
+)
 from fm_pipeline.resources.job_spec import JobSpecResource
 from fm_pipeline.resources.store import ObjectStoreResource
 
 from fm_pipeline.data import shard_stages as stages
+from fm_pipeline.data.tokenizer import share_encoder_cores
 
 
 @op(ins={"tokenizer": In(Nothing)}, out=DynamicOut(int))
@@ -43,13 +49,17 @@ def plan_shard_tasks(context: OpExecutionContext, job_spec: JobSpecResource,
 @op
 def tokenize_part(context: OpExecutionContext, job_spec: JobSpecResource,
                   store: ObjectStoreResource, task: int):
-    """Encode one clean part and cut its shards."""
+    """Encode one clean part and cut its shards; beside other steps in processes of their
+    own, the encoder takes its share of the cores."""
+    side_by_side = concurrent_steps(context)
+    threads = share_encoder_cores(side_by_side) if side_by_side else None
     job, target = job_spec.load(), store.open()
     part = stages.shard_tasks(job, target)[task]
     receipt = stages.shard_part(job, target, part, progress=LogProgress(context))
     tokens = sum(s.tokens for s in receipt.shards)
     return Output(tokens, metadata={"documents": receipt.documents, "tokens": tokens,
                                     "shards": len(receipt.shards),
+                                    "encoder_threads": threads or "every core",
                                     "peak_rss_mib": peak_rss_mib()})
 
 

@@ -1,5 +1,7 @@
-"""What the data area's ops share: run-log progress, a step's peak memory, mapping keys."""
+"""What the data area's ops share: run-log progress, a step's peak memory, mapping keys, how
+many steps share the machine."""
 
+import os
 import re
 import resource
 
@@ -19,6 +21,16 @@ class LogProgress(ProgressSink):
 
     def finish(self, task: str, summary: str = "") -> None:
         self._log.info(f"{task}: {summary or 'done'}")
+
+
+def concurrent_steps(context: OpExecutionContext) -> int | None:
+    """How many steps of this run the multiprocess executor runs side by side on this
+    machine (its max_concurrent); None under any other executor (in-process: one step at
+    a time; Kubernetes: each step a pod with cores of its own)."""
+    multiprocess = (context.run_config.get("execution") or {}).get("config", {}).get("multiprocess")
+    if multiprocess is None:
+        return None
+    return multiprocess.get("max_concurrent") or os.cpu_count()
 
 
 def mapping_key(name: str) -> str:

@@ -3,6 +3,8 @@ problem named, not a traceback."""
 
 from __future__ import annotations
 
+import os
+
 import yaml
 from typer.testing import CliRunner
 
@@ -95,6 +97,12 @@ def test_prepare_with_workers_runs_data_mix_job_over_that_many_processes(tmp_pat
     pids = {e.dagster_event.pid for e in instance.all_logs(record.dagster_run.run_id,
                                              of_type=DagsterEventType.STEP_START)}
     assert len(pids) > 2  # a process per step, none of them this one
+    # Two encoders side by side: each takes half the cores instead of one pool per core each.
+    threads = {e.dagster_event.step_output_data.metadata["encoder_threads"].value
+               for e in instance.all_logs(record.dagster_run.run_id,
+                                          of_type=DagsterEventType.STEP_OUTPUT)
+               if e.dagster_event.step_key.startswith("token_shards.tokenize_part[")}
+    assert threads == {max(1, len(os.sched_getaffinity(0)) // 2)}
     assert runner.invoke(app, ["prepare", "--job", str(job), "--store",
                                str(tmp_path / "inproc")]).exit_code == 0
     spec = load_job(job)

@@ -31,6 +31,12 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     assert row.rstrip(" |").endswith("**missed**: load_ratio")
     assert "tok/s" in rows["`benchmarks.trainer`"] and "FSDP2" in rows["`benchmarks.trainer`"]
     assert "encode_batch_fast" in rows["`benchmarks.data`"]
+    stages = json.loads((FIXTURES / "data_stages.json").read_text())
+    row = rows["`benchmarks.data_stages`"]
+    assert f"workers_speedup {stages['workers_speedup']:.3f}" in row
+    assert f"one process on one core {stages['prepare_s_1_worker_1_core']:.0f} s" in row
+    assert row.rstrip(" |").endswith("**missed**: workers_speedup")
+    assert "datatrove not run" in row
 
 
 def test_a_benchmark_not_run_says_so_and_a_met_target_says_met(tmp_path):

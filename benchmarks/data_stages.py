@@ -25,6 +25,10 @@ worker_peak_rss_mb   the largest peak RSS (MiB) of any task's step process (clea
                      and at all of it, same data.task_bytes; memory_growth_4x = full / quarter
 dedup_recall         planted pairs at Jaccard >= 0.8 whose later copy was removed
 dedup_false_removal  documents removed without a planted partner at Jaccard >= 0.5
+Each prepare runs in a Python process of its own: tokenizers sizes its thread pool once per
+process, so an in-process run after a pinned one kept the pinned run's single thread (the
+2026-12-05 run's second round: its 1-worker prepare 426 s against 376 s in the first).
+
 datatrove_agreement  documents with the same keep/remove decision as datatrove's four
                      MinHash stages, both at datatrove's geometry (14 bands x 8 rows) and
                      without our signature verification (a bucket collision is a duplicate,
@@ -97,22 +101,17 @@ def write_corpus(folder: Path, megabytes: float, seed: int = 3) -> dict:
 
 @contextlib.contextmanager
 def cores(n: int | None):
-    """This process and the multiprocess executor's forkserver (started by an earlier run
-    and kept; the steps it forks inherit its cores) on the first n cores."""
+    """This process on its first n cores, and so the run's process it starts and every
+    process that one starts."""
     if n is None:
         yield
         return
-    from multiprocessing import forkserver
-
-    pids = [0, *filter(None, [getattr(forkserver._forkserver, "_forkserver_pid", None)])]
     before = os.sched_getaffinity(0)
-    for pid in pids:
-        os.sched_setaffinity(pid, sorted(before)[:n])
+    os.sched_setaffinity(0, sorted(before)[:n])
     try:
         yield
     finally:
-        for pid in pids:
-            os.sched_setaffinity(pid, before)
+        os.sched_setaffinity(0, before)
 
 def job_spec(corpus: Path, task_bytes: int, workers: int, **near) -> dict:
     from fm_pipeline.data.testing import small_job
@@ -129,17 +128,32 @@ def job_spec(corpus: Path, task_bytes: int, workers: int, **near) -> dict:
 
 
 def run_dagster(job, root: Path, assets: list[str] | None = None) -> dict:
-    """One data_mix_job run (or just `assets`) in a fresh store; wall, per-step RSS, run."""
+    """One data_mix_job run (or just `assets`) in a fresh store and a fresh Python process:
+    what a run sets up once per process must not carry into the next (tokenizers sizes its
+    thread pool once, by the cores the process saw first; the executor keeps its
+    forkserver). Returns wall, per-step RSS, tasks, the store."""
+    spec = root / "job.yaml"
+    spec.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True)))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.data_stages", "--one-run", str(root),
+                          *(["--assets", ",".join(assets)] if assets else [])],
+                         stdout=subprocess.PIPE, text=True, check=False)  # its log to ours
+    if out.returncode:
+        raise SystemExit(f"data_mix_job failed in {root} (exit {out.returncode})")
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "store": root / "store"}
+
+
+def one_run(root: Path, assets: list[str] | None) -> dict:
+    """run_dagster's child: data_mix_job over root/job.yaml into root/store."""
     from dagster import AssetKey, DagsterEventType, execute_job, instance_for_test, reconstructable
     from fm_pipeline.assets.data import data_run_config
+    from fm_pipeline.config import load_job
 
     from fm_pipeline.cli.data_workers import data_mix_job_def
 
     spec = root / "job.yaml"
-    spec.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True)))
-    store = root / "store"
-    config = {**data_run_config(job), "resources": {
-        "job_spec": {"config": {"path": str(spec)}}, "store": {"config": {"uri": str(store)}}}}
+    config = {**data_run_config(load_job(spec)), "resources": {
+        "job_spec": {"config": {"path": str(spec)}},
+        "store": {"config": {"uri": str(root / "store")}}}}
     (root / "dagster").mkdir()
     with instance_for_test(temp_dir=str(root / "dagster")) as instance:
         t0 = time.perf_counter()
@@ -157,7 +171,7 @@ def run_dagster(job, root: Path, assets: list[str] | None = None) -> dict:
             if "peak_rss_mib" in meta:
                 kind = e.dagster_event.step_key.split(".")[-1].split("[")[0]
                 rss[kind] = max(rss.get(kind, 0.0), float(meta["peak_rss_mib"].value))
-    return {"wall_s": wall, "rss": rss, "store": store, "tasks": tasks}
+    return {"wall_s": wall, "rss": rss, "tasks": tasks}
 
 
 def kept_doc_ids(store: Path, job) -> set[str]:
@@ -224,7 +238,12 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=256.0, help="megabytes of corpus")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-datatrove", action="store_true")
+    ap.add_argument("--one-run", type=Path, help=argparse.SUPPRESS)  # run_dagster's child
+    ap.add_argument("--assets", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one_run:
+        print(json.dumps(one_run(args.one_run, args.assets.split(",") if args.assets else None)))
+        return
 
     with tempfile.TemporaryDirectory(prefix="fm-bench-stages-") as tmp:
         root = Path(tmp)

@@ -25,15 +25,15 @@ worker_peak_rss_mb   the largest peak RSS (MiB) of any task's step process (clea
                      and at all of it, same data.task_bytes; memory_growth_4x = full / quarter
 dedup_recall         planted pairs at Jaccard >= 0.8 whose later copy was removed
 dedup_false_removal  documents removed without a planted partner at Jaccard >= 0.5
-Each prepare runs in a Python process of its own: tokenizers sizes its thread pool once per
-process, so an in-process run after a pinned one kept the pinned run's single thread (the
-2026-12-05 run's second round: its 1-worker prepare 426 s against 376 s in the first).
-
 datatrove_agreement  documents with the same keep/remove decision as datatrove's four
                      MinHash stages, both at datatrove's geometry (14 bands x 8 rows) and
                      without our signature verification (a bucket collision is a duplicate,
                      as in datatrove)
 vs_datatrove_throughput  our clean_documents (2 processes) MB/s / datatrove's (2 workers)
+
+Each prepare runs in a Python process of its own: tokenizers sizes its thread pool once per
+process, so an in-process run after a pinned one kept the pinned run's single thread (the
+2026-12-05 run's second round: its 1-worker prepare 426 s against 376 s in the first).
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def cores(n: int | None):
         yield
     finally:
         os.sched_setaffinity(0, before)
+
 
 def job_spec(corpus: Path, task_bytes: int, workers: int, **near) -> dict:
     from fm_pipeline.data.testing import small_job

@@ -16,6 +16,14 @@ workers_speedup      wall of the whole prepare (clean, tokenizer, shards, publis
                      Both have every core: the 1-worker run's tokenizer already encodes on
                      all of them (tokenizers' thread pool), so on 2 cores this is capped
                      well below 2 by the tokenizing share (docs/data.md)
+cpu_s_1_worker       CPU seconds (user + system, every thread) of the 1-worker prepare's process
+workers_speedup_ceiling  cores x the 1-worker wall / cpu_s_1_worker: the most 2 workers can
+                     gain on these cores while doing the same work (they cannot finish
+                     before that work divided by the cores); below 1.7 the target is out of
+                     reach on this machine whatever the fan-out does
+busy_s_2_workers     non-idle CPU seconds of the whole machine during the 2-worker prepare
+                     (/proc/stat; nothing else running): its work plus the fan-out's own
+                     cost (Dagster's per-step process, events, compute-log capture)
 workers_speedup_core_each  the same with one core per worker: the 1-worker prepare pinned
                      to one core (sched_setaffinity, inherited by the tokenizer's threads)
                      / the 2-worker prepare on 2 cores; how the tasks scale with the cores
@@ -42,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -157,11 +166,14 @@ def one_run(root: Path, assets: list[str] | None) -> dict:
         "store": {"config": {"uri": str(root / "store")}}}}
     (root / "dagster").mkdir()
     with instance_for_test(temp_dir=str(root / "dagster")) as instance:
+        cpu0, busy0 = process_cpu_s(), machine_busy_s()
         t0 = time.perf_counter()
         result = execute_job(reconstructable(data_mix_job_def), instance=instance,
                              run_config=config,
                              asset_selection=[AssetKey(a) for a in assets] if assets else None)
         wall = time.perf_counter() - t0
+        cpu = process_cpu_s() - cpu0
+        busy = machine_busy_s() - busy0
         if not result.success:
             raise SystemExit(f"data_mix_job failed in {root}")
         rss: dict[str, float] = {}
@@ -172,7 +184,41 @@ def one_run(root: Path, assets: list[str] | None) -> dict:
             if "peak_rss_mib" in meta:
                 kind = e.dagster_event.step_key.split(".")[-1].split("[")[0]
                 rss[kind] = max(rss.get(kind, 0.0), float(meta["peak_rss_mib"].value))
-    return {"wall_s": wall, "rss": rss, "tasks": tasks}
+        stages = stage_spans(instance.all_logs(result.run_id), wall)
+    return {"wall_s": wall, "rss": rss, "tasks": tasks, "cpu_s": cpu, "busy_s": busy,
+            "stages": stages}
+
+
+STAGES = ("clean_file_group", "tokenizer", "tokenize_part")
+
+
+def stage_spans(events, wall: float) -> dict[str, float]:
+    """Seconds from the first step of each of STAGES starting to its last one finishing
+    (the tokenizer's training is one step), and the rest of the wall."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for e in events:
+        kind = (e.step_key or "").split(".")[-1].split("[")[0]
+        if kind in STAGES and e.dagster_event is not None:
+            if e.dagster_event.event_type_value == "STEP_START":
+                first[kind] = min(first.get(kind, e.timestamp), e.timestamp)
+            elif e.dagster_event.event_type_value == "STEP_SUCCESS":
+                last[kind] = max(last.get(kind, e.timestamp), e.timestamp)
+    spans = {k: round(last[k] - first[k], 1) for k in STAGES if k in first and k in last}
+    return {**spans, "rest": round(wall - sum(spans.values()), 1)}
+
+
+def process_cpu_s() -> float:
+    """User + system seconds of this process (all its threads) and of its reaped children."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def machine_busy_s() -> float:
+    """Non-idle CPU seconds of the whole machine since boot (/proc/stat's first line: user,
+    nice, system, idle, iowait, irq, softirq, steal, in clock ticks)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def kept_doc_ids(store: Path, job) -> set[str]:
@@ -262,6 +308,9 @@ def main() -> None:
         # run with every core is already the one with a core per worker.
         kinds = [(1, None), (2, None), (1, 1)] + ([(2, 2)] if len(os.sched_getaffinity(0)) > 2 else [])
         walls: dict[tuple, list[float]] = {k: [] for k in kinds}
+        stages: dict[tuple, list[dict]] = {k: [] for k in kinds}
+        cpu_1: list[float] = []  # the 1-worker prepares' own CPU seconds
+        busy_2: list[float] = []  # the machine's during the 2-worker prepares
         for r in range(args.repeats):
             for workers, ncores in kinds if r % 2 == 0 else kinds[::-1]:  # alternate the order
                 run_dir = root / f"run-{r}-{workers}-{ncores}"
@@ -271,8 +320,12 @@ def main() -> None:
                 with cores(ncores):
                     out = run_dagster(job_spec(root / "corpus", task_bytes, workers), run_dir)
                 walls[workers, ncores].append(out["wall_s"])
+                stages[workers, ncores].append(out["stages"])
+                if ncores is None:
+                    (cpu_1 if workers == 1 else busy_2).append(out["cpu_s" if workers == 1 else "busy_s"])
                 tasks = out["tasks"]
-                log(f"  {out['wall_s']:.1f} s ({mb / out['wall_s']:.2f} MB/s)")
+                log(f"  {out['wall_s']:.1f} s ({mb / out['wall_s']:.2f} MB/s; CPU {out['cpu_s']:.0f} s "
+                    f"in its process, {out['busy_s']:.0f} s machine-wide)")
                 if workers == 2:
                     rss_full = {k: max(v, rss_full.get(k, 0)) for k, v in out["rss"].items()}
                     if recall is None:
@@ -295,6 +348,9 @@ def main() -> None:
     two_on_two = walls.get((2, 2)) or walls[2, None]
     ratios = [a / b for a, b in zip(walls[1, None], walls[2, None], strict=True)]
     per_core = [a / b for a, b in zip(walls[1, 1], two_on_two, strict=True)]
+    ncores = len(os.sched_getaffinity(0))
+    ceilings = [ncores * w / c for w, c in zip(walls[1, None], cpu_1, strict=True)]
+    walls_of = walls
     walls = {1: walls[1, None], 2: walls[2, None], "1@1": walls[1, 1]}
     med = statistics.median
     peak_q, peak_f = max(rss_quarter.values()), max(rss_full.values())
@@ -311,10 +367,16 @@ def main() -> None:
         "mb_per_s_2_workers": round(mb / med(walls[2]), 2),
         "workers_speedup": round(med(ratios), 3),
         "workers_speedup_spread": round(max(ratios) - min(ratios), 3),
+        "cpu_s_1_worker": round(med(cpu_1), 1),
+        "workers_speedup_ceiling": round(med(ceilings), 3),
+        "busy_s_2_workers": round(med(busy_2), 1),
+        # the median round's seconds per stage: clean, tokenizer training, tokenizing, rest
+        "stage_s": {name: median_round(stages[kind], walls_of[kind]) for name, kind in
+                    (("1_worker", (1, None)), ("2_workers", (2, None)), ("1_worker_1_core", (1, 1)))},
         "prepare_s_1_worker_1_core": round(med(walls["1@1"]), 2),
         "workers_speedup_core_each": round(med(per_core), 3),
         "workers_speedup_core_each_spread": round(max(per_core) - min(per_core), 3),
-        "cores": len(os.sched_getaffinity(0)),
+        "cores": ncores,
         "worker_peak_rss_mb": {"quarter": rss_quarter, "full": rss_full},
         "memory_growth_4x": round(peak_f / peak_q, 3),
         "dedup_recall": round(recall, 4),
@@ -332,6 +394,12 @@ def main() -> None:
         result["targets_met"]["datatrove_agreement"] = versus["datatrove_agreement"] >= TARGETS["datatrove_agreement"]
         result["targets_met"]["vs_datatrove_throughput"] = versus["vs_datatrove_throughput"] >= TARGETS["vs_datatrove_throughput"]
     print(json.dumps(result))
+
+
+def median_round(rounds: list[dict], walls: list[float]) -> dict:
+    """The stage seconds of the round whose wall is the median (the lower one of two)."""
+    order = sorted(range(len(walls)), key=walls.__getitem__)
+    return rounds[order[(len(order) - 1) // 2]]
 
 
 def dedup_quality(corpus: dict, kept: set[str], folder: Path) -> tuple[float, float]:

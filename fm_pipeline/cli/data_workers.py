@@ -36,6 +36,7 @@ def run_data_mix_job(spec: JobSpec, job_path: Path, *, store_uri: str, endpoint_
     logging.getLogger("dagster").setLevel(logging.WARNING)
 
     from dagster import DagsterInstance, execute_job, reconstructable
+    from dagster._core.instance.ref import InstanceRef
 
     from fm_pipeline.assets.data import data_run_config
 
@@ -45,7 +46,12 @@ def run_data_mix_job(spec: JobSpec, job_path: Path, *, store_uri: str, endpoint_
         "store": {"config": {"uri": store_uri, "endpoint_url": endpoint_url}}},
         # The step processes log to this terminal too: warnings only, the rows say the rest.
         "loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    instance = DagsterInstance.get()
+    # A step process announces itself through Dagster's default console logger, at DEBUG
+    # unless the instance sets python_log_level: a line per step across the progress rows.
+    # INFO for this run only (its events are stored whatever the level; debug-level
+    # messages, such as the IO manager's "Loading file from", are not).
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(
+        str(home), overrides={"python_logs": {"python_log_level": "INFO"}}))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   TextColumn("{task.fields[note]}"), console=console) as progress:
         row = progress.add_task(f"data_mix_job, {workers} processes", total=None, note="")

@@ -74,10 +74,11 @@ def test_verify_checks_every_artifact_the_manifest_lists(tmp_path):
         path.write_bytes(original)
 
 
-def test_prepare_with_workers_runs_data_mix_job_over_that_many_processes(tmp_path):
+def test_prepare_with_workers_runs_data_mix_job_over_that_many_processes(tmp_path, capfd):
     """`--workers 2`: data_mix_job in the project's instance under the multiprocess executor
-    (max_concurrent 2), its steps in processes of their own; the mix it publishes is the one
-    the in-process prepare publishes, shard for shard."""
+    (max_concurrent 2), its steps in processes of their own, which print no debug line each
+    to the terminal; the mix it publishes is the one the in-process prepare publishes,
+    shard for shard."""
     from dagster import DagsterEventType, DagsterInstance, RunsFilter
 
     from fm_pipeline.config import load_job
@@ -90,6 +91,9 @@ def test_prepare_with_workers_runs_data_mix_job_over_that_many_processes(tmp_pat
                                  "--workers", "2"], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "data_mix_job run " in said(result) and "checks: 8/8 passed" in said(result)
+    # The step processes write to the terminal's file descriptors, past CliRunner.
+    terminal = capfd.readouterr()
+    assert " - DEBUG - " not in terminal.err + terminal.out, terminal.err[-2000:]
     instance = DagsterInstance.get()
     (record,) = instance.get_run_records(RunsFilter(job_name="data_mix_job"))
     config = record.dagster_run.run_config["execution"]["config"]["multiprocess"]

@@ -132,7 +132,9 @@ def _data_stages(r: dict) -> Row:
             f"{_f(r['workers_speedup_spread'], 3)}, {r['repeats']} rounds): 2 worker processes "
             f"/ 1, every core to both; workers_speedup_core_each "
             f"{_f(r['workers_speedup_core_each'], 3)} (spread "
-            f"{_f(r['workers_speedup_core_each_spread'], 3)}): a core per worker",
+            f"{_f(r['workers_speedup_core_each_spread'], 3)}): a core per worker; ceiling on "
+            f"these cores {_f(r['workers_speedup_ceiling'], 3)} (cores x the 1-worker wall / "
+            f"its {r['cpu_s_1_worker']:.0f} CPU s)",
             f"the whole prepare (data_mix_job) in one process: {r['prepare_s_1_worker']:.0f} s "
             f"vs 2 processes {r['prepare_s_2_workers']:.0f} s; one process on one core "
             f"{r['prepare_s_1_worker_1_core']:.0f} s",

@@ -35,6 +35,8 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     row = rows["`benchmarks.data_stages`"]
     assert f"workers_speedup {stages['workers_speedup']:.3f}" in row
     assert f"one process on one core {stages['prepare_s_1_worker_1_core']:.0f} s" in row
+    assert f"ceiling on these cores {stages['workers_speedup_ceiling']:.3f}" in row
+    assert f"its {stages['cpu_s_1_worker']:.0f} CPU s" in row
     assert row.rstrip(" |").endswith("**missed**: workers_speedup")
     assert "datatrove not run" in row
 

@@ -321,8 +321,10 @@ def main() -> None:
                     out = run_dagster(job_spec(root / "corpus", task_bytes, workers), run_dir)
                 walls[workers, ncores].append(out["wall_s"])
                 stages[workers, ncores].append(out["stages"])
-                if ncores is None:
-                    (cpu_1 if workers == 1 else busy_2).append(out["cpu_s" if workers == 1 else "busy_s"])
+                if ncores is None and workers == 1:
+                    cpu_1.append(out["cpu_s"])
+                elif ncores is None:
+                    busy_2.append(out["busy_s"])
                 tasks = out["tasks"]
                 log(f"  {out['wall_s']:.1f} s ({mb / out['wall_s']:.2f} MB/s; CPU {out['cpu_s']:.0f} s "
                     f"in its process, {out['busy_s']:.0f} s machine-wide)")
@@ -350,7 +352,9 @@ def main() -> None:
     per_core = [a / b for a, b in zip(walls[1, 1], two_on_two, strict=True)]
     ncores = len(os.sched_getaffinity(0))
     ceilings = [ncores * w / c for w, c in zip(walls[1, None], cpu_1, strict=True)]
-    walls_of = walls
+    # the median round's seconds per stage: clean, tokenizer training, tokenizing, rest
+    stage_s = {name: median_round(stages[kind], walls[kind]) for name, kind in
+               (("1_worker", (1, None)), ("2_workers", (2, None)), ("1_worker_1_core", (1, 1)))}
     walls = {1: walls[1, None], 2: walls[2, None], "1@1": walls[1, 1]}
     med = statistics.median
     peak_q, peak_f = max(rss_quarter.values()), max(rss_full.values())
@@ -370,9 +374,7 @@ def main() -> None:
         "cpu_s_1_worker": round(med(cpu_1), 1),
         "workers_speedup_ceiling": round(med(ceilings), 3),
         "busy_s_2_workers": round(med(busy_2), 1),
-        # the median round's seconds per stage: clean, tokenizer training, tokenizing, rest
-        "stage_s": {name: median_round(stages[kind], walls_of[kind]) for name, kind in
-                    (("1_worker", (1, None)), ("2_workers", (2, None)), ("1_worker_1_core", (1, 1)))},
+        "stage_s": stage_s,
         "prepare_s_1_worker_1_core": round(med(walls["1@1"]), 2),
         "workers_speedup_core_each": round(med(per_core), 3),
         "workers_speedup_core_each_spread": round(max(per_core) - min(per_core), 3),

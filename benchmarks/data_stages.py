@@ -182,7 +182,7 @@ def one_run(root: Path, assets: list[str] | None) -> dict:
         for e in instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_OUTPUT):
             meta = e.dagster_event.step_output_data.metadata
             if "peak_rss_mib" in meta:
-                kind = e.dagster_event.step_key.split(".")[-1].split("[")[0]
+                kind = step_kind(e.dagster_event.step_key)
                 rss[kind] = max(rss.get(kind, 0.0), float(meta["peak_rss_mib"].value))
         stages = stage_spans(instance.all_logs(result.run_id), wall)
     return {"wall_s": wall, "rss": rss, "tasks": tasks, "cpu_s": cpu, "busy_s": busy,
@@ -192,13 +192,18 @@ def one_run(root: Path, assets: list[str] | None) -> dict:
 STAGES = ("clean_file_group", "tokenizer", "tokenize_part")
 
 
+def step_kind(step_key: str) -> str:
+    """The op of a step: "clean_documents.clean_file_group[web_00003]" -> "clean_file_group"."""
+    return step_key.split(".")[-1].split("[")[0]
+
+
 def stage_spans(events, wall: float) -> dict[str, float]:
     """Seconds from the first step of each of STAGES starting to its last one finishing
     (the tokenizer's training is one step), and the rest of the wall."""
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     for e in events:
-        kind = (e.step_key or "").split(".")[-1].split("[")[0]
+        kind = step_kind(e.step_key or "")
         if kind in STAGES and e.dagster_event is not None:
             if e.dagster_event.event_type_value == "STEP_START":
                 first[kind] = min(first.get(kind, e.timestamp), e.timestamp)

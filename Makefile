@@ -8,7 +8,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 export FM_HOME ?= $(CURDIR)/.fm
 export DAGSTER_HOME ?= $(FM_HOME)/dagster
 
-.PHONY: venv demo test test-fast bench ui mlflow-ui clean
+.PHONY: venv system-deps demo test test-fast bench ui mlflow-ui clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> bootstrapping $(VENV) with $(PY)"
@@ -26,7 +26,11 @@ demo: venv
 	@mkdir -p $(DAGSTER_HOME)
 	$(BIN)/fm demo
 
-test: venv
+# Chromium, iproute2 and PostgreSQL from Debian's packages where absent (scripts/system_deps.sh).
+system-deps:
+	@bash scripts/system_deps.sh
+
+test: venv system-deps
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=25
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).

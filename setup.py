@@ -8,6 +8,8 @@ from setuptools import find_packages, setup
 DAGSTER_LAYER = ("assets", "resources")
 
 packages = find_packages(include=["fm_pipeline", "fm_pipeline.*"])
+# Folders of package data only (no __init__.py): declared, or setuptools warns it drops them.
+packages += ["fm_pipeline.launch.crd_schemas"]
 for top in DAGSTER_LAYER:
     packages += [f"fm_pipeline.{p}" for p in find_packages(include=[top, f"{top}.*"])]
 

@@ -65,7 +65,7 @@ def mix_key_of(data_manifest: str, store_root: str) -> str:
             "from there (publish it with `fm data prepare`)"
         ))])
     ref = ref.removesuffix("/manifest.json").removeprefix("data/")
-    if not _MIX_KEY.match(ref):
+    if not _MIX_KEY.fullmatch(ref):
         raise FieldError([("data_manifest", (
             f"{data_manifest!r} names no mix: give <store>/data/<mix_key>/manifest.json, "
             "data/<mix_key>/manifest.json or the 16-hex-digit mix key"

@@ -33,7 +33,7 @@ def step_dir_name(step: int) -> str:
 
 
 def parse_step(name: str) -> int | None:
-    m = _STEP_RE.match(name)
+    m = _STEP_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 

@@ -20,6 +20,14 @@ from fm_pipeline.model.config import ModelConfig
 from fm_pipeline.model.registry import get_model_config, model_names
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Upper bounds where torch, numpy or the token shards would overflow, or past anything a
+# run could mean: refused here, naming the field, not discovered inside a worker.
+MAX_STEPS = 10**9          # 3 years at 10 steps/s
+MAX_SEED = 2**32 - 1       # numpy's legacy seeds; torch's per-rank seeds stay in int64
+MAX_VOCAB = 2**32          # token ids are stored as uint32 at most
+MAX_SEQ = 2**24
+MAX_DIM = 2**20
+MAX_COUNT = 2**31 - 1      # batch sizes, degrees, ranks: int32 in collectives and shapes
 
 
 def compute_dtype(mixed_precision: str) -> str:
@@ -45,22 +53,22 @@ class ModelSpec(_Strict):
     """A named size from the registry, with optional overrides of any shape field."""
 
     size: str = "tiny"
-    n_layers: int | None = Field(default=None, gt=0)
-    dim: int | None = Field(default=None, gt=0)
-    n_heads: int | None = Field(default=None, gt=0)
-    n_kv_heads: int | None = Field(default=None, gt=0)
-    ffn_dim: int | None = Field(default=None, gt=0)
-    vocab_size: int | None = Field(default=None, gt=0)
-    max_seq_len: int | None = Field(default=None, gt=0)
+    n_layers: int | None = Field(default=None, gt=0, le=4096)
+    dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    n_heads: int | None = Field(default=None, gt=0, le=4096)
+    n_kv_heads: int | None = Field(default=None, gt=0, le=4096)
+    ffn_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    vocab_size: int | None = Field(default=None, gt=0, le=MAX_VOCAB)
+    max_seq_len: int | None = Field(default=None, gt=0, le=MAX_SEQ)
     rope_theta: float | None = Field(default=None, gt=0)
     tie_embeddings: bool | None = None
     # Mixture of Experts (fm_pipeline/model/config.py says what each does)
-    n_experts: int | None = Field(default=None, ge=0)
-    moe_top_k: int | None = Field(default=None, gt=0)
-    moe_ffn_dim: int | None = Field(default=None, gt=0)
-    moe_shared_experts: int | None = Field(default=None, ge=0)
-    moe_every: int | None = Field(default=None, gt=0)
-    moe_first_dense: int | None = Field(default=None, ge=0)
+    n_experts: int | None = Field(default=None, ge=0, le=2**16)
+    moe_top_k: int | None = Field(default=None, gt=0, le=2**16)
+    moe_ffn_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    moe_shared_experts: int | None = Field(default=None, ge=0, le=2**16)
+    moe_every: int | None = Field(default=None, gt=0, le=4096)
+    moe_first_dense: int | None = Field(default=None, ge=0, le=4096)
     moe_capacity_factor: float | None = Field(default=None, ge=0)
     moe_aux_loss_coef: float | None = Field(default=None, ge=0)
     moe_bias_update_rate: float | None = Field(default=None, ge=0)
@@ -80,19 +88,19 @@ class ModelSpec(_Strict):
 class ParallelismSpec(_Strict):
     """Degrees of the device mesh, outermost first: dp_replicate x dp_shard x pp x tp."""
 
-    nnodes: int = Field(default=1, gt=0)
-    nproc_per_node: int = Field(default=1, gt=0)
-    dp_replicate: int = Field(default=1, gt=0)
-    dp_shard: int = Field(default=-1, description="-1: whatever the other degrees leave")
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    ep: int = Field(default=1, gt=0, description="expert parallel: MoE experts sharded over ep "
+    nnodes: int = Field(default=1, gt=0, le=2**20)
+    nproc_per_node: int = Field(default=1, gt=0, le=1024)
+    dp_replicate: int = Field(default=1, gt=0, le=MAX_COUNT)
+    dp_shard: int = Field(default=-1, le=MAX_COUNT, description="-1: whatever the other degrees leave")
+    tp: int = Field(default=1, gt=0, le=MAX_COUNT)
+    pp: int = Field(default=1, gt=0, le=MAX_COUNT)
+    ep: int = Field(default=1, gt=0, le=MAX_COUNT, description="expert parallel: MoE experts sharded over ep "
                                                  "of the dp_shard ranks (must divide it)")
     pp_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe"] = "1F1B"
     pp_microbatches: int | None = Field(
-        default=None, gt=0, description="default: global_batch_size / dp / micro_batch_size"
+        default=None, gt=0, le=MAX_COUNT, description="default: global_batch_size / dp / micro_batch_size"
     )
-    pp_virtual_stages: int = Field(default=1, gt=0, description="model chunks per pp rank")
+    pp_virtual_stages: int = Field(default=1, gt=0, le=4096, description="model chunks per pp rank")
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
     mixed_precision: Literal["fp32", "bf16", "fp8-tensorwise", "fp8-rowwise"] = Field(
         default="fp32", description="left out: bf16 when cluster.accelerator is a GPU, fp32 "
@@ -164,21 +172,21 @@ class ParallelismSpec(_Strict):
 
 
 class TrainingSpec(_Strict):
-    seq_len: int = Field(default=128, gt=1)
-    global_batch_size: int = Field(default=16, gt=0, description="sequences per optimizer step")
-    micro_batch_size: int = Field(default=4, gt=0, description="sequences per forward pass")
-    steps: int = Field(default=60, gt=0, description="the job's target step")
-    segment_steps: int = Field(default=20, gt=0, description="steps per torchrun segment")
+    seq_len: int = Field(default=128, gt=1, le=MAX_SEQ)
+    global_batch_size: int = Field(default=16, gt=0, le=MAX_COUNT, description="sequences per optimizer step")
+    micro_batch_size: int = Field(default=4, gt=0, le=MAX_COUNT, description="sequences per forward pass")
+    steps: int = Field(default=60, gt=0, le=MAX_STEPS, description="the job's target step")
+    segment_steps: int = Field(default=20, gt=0, le=MAX_STEPS, description="steps per torchrun segment")
     lr: float = Field(default=3e-3, gt=0)
     min_lr: float = Field(default=3e-4, ge=0)
-    warmup_steps: int = Field(default=10, ge=0)
+    warmup_steps: int = Field(default=10, ge=0, le=MAX_STEPS)
     weight_decay: float = Field(default=0.1, ge=0)
     beta1: float = Field(default=0.9, gt=0, lt=1)
     beta2: float = Field(default=0.95, gt=0, lt=1)
     grad_clip: float = Field(default=1.0, gt=0)
-    seed: int = 1234
-    log_every: int = Field(default=1, gt=0)
-    rank_timings_every: int = Field(default=10, gt=0, description="per-rank timings every K steps")
+    seed: int = Field(default=1234, ge=0, le=MAX_SEED)
+    log_every: int = Field(default=1, gt=0, le=MAX_STEPS)
+    rank_timings_every: int = Field(default=10, gt=0, le=MAX_STEPS, description="per-rank timings every K steps")
     preemption_grace_s: float = Field(default=25.0, gt=0)
     compile: bool = Field(
         default=False, description="torch.compile each transformer block (inductor; on CPU "
@@ -203,12 +211,12 @@ class SourceSpec(_Strict):
 class NearDedupSpec(_Strict):
     """MinHash + LSH near-duplicate removal (fm_pipeline/data/near_dedup.py, docs/data.md)."""
 
-    ngram: int = Field(default=5, gt=0, description="words per shingle")
-    bands: int = Field(default=32, gt=0)
-    rows: int = Field(default=4, gt=0, description="signature entries per band")
+    ngram: int = Field(default=5, gt=0, le=1024, description="words per shingle")
+    bands: int = Field(default=32, gt=0, le=4096)
+    rows: int = Field(default=4, gt=0, le=4096, description="signature entries per band")
     threshold: float = Field(default=0.7, gt=0, le=1,
                              description="estimated Jaccard similarity that makes a duplicate")
-    seed: int = 1
+    seed: int = Field(default=1, ge=0, le=MAX_SEED)
 
 
 class QualitySpec(_Strict):
@@ -253,11 +261,11 @@ class DataChecksSpec(CheckBands):
 
 class DataSpec(_Strict):
     sources: list[SourceSpec] = Field(min_length=1)
-    min_chars: int = Field(default=64, ge=0)
-    max_chars: int = Field(default=200_000, gt=0)
-    shard_tokens: int = Field(default=1 << 20, gt=0)
+    min_chars: int = Field(default=64, ge=0, le=MAX_COUNT)
+    max_chars: int = Field(default=200_000, gt=0, le=MAX_COUNT)
+    shard_tokens: int = Field(default=1 << 20, gt=0, le=MAX_COUNT)
     heldout_fraction: float = Field(default=0.02, ge=0, lt=0.5)
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, le=MAX_SEED)
     near_dedup: NearDedupSpec | None = Field(
         default=None, description="drop documents this similar to a kept one; null: exact "
                                   "duplicates only")
@@ -265,7 +273,7 @@ class DataSpec(_Strict):
     mask_pii: bool = Field(default=False, description="replace e-mail and IPv4 addresses")
     checks: DataChecksSpec = Field(default_factory=DataChecksSpec,
                                    description="bands the data checks warn outside")
-    task_bytes: int = Field(default=256 << 20, gt=0,
+    task_bytes: int = Field(default=256 << 20, gt=0, le=2**50,
                             description="input bytes per cleaning task (a larger file is a "
                                         "task of its own); how the work is split, not what it makes")
     workers: int = Field(default=1, gt=0, le=256,
@@ -294,13 +302,13 @@ class DataSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    every_steps: int = Field(default=10, gt=0)
-    keep_last: int = Field(default=3, gt=0)
-    milestone_every: int = Field(default=0, ge=0, description="keep every M-th step; 0: none")
+    every_steps: int = Field(default=10, gt=0, le=MAX_STEPS)
+    keep_last: int = Field(default=3, gt=0, le=10**6)
+    milestone_every: int = Field(default=0, ge=0, le=MAX_STEPS, description="keep every M-th step; 0: none")
     async_save: bool = True
     upload: bool = True
     memory_every_steps: int = Field(
-        default=0, ge=0,
+        default=0, ge=0, le=MAX_STEPS,
         description="fast tier: every N steps each rank snapshots its shards into node memory "
                     "(/dev/shm) with a replica on a peer node; an in-job restart restores "
                     "from it (docs/checkpoints.md, Fast tier). 0: off")
@@ -309,7 +317,7 @@ class CheckpointSpec(_Strict):
 class ClusterSpec(_Strict):
     name: str = "local"
     accelerator: str = "cpu"
-    gpus_per_node: int = Field(default=8, gt=0)
+    gpus_per_node: int = Field(default=8, gt=0, le=1024)
     intra_node_gbps: float = Field(default=900.0, gt=0, description="NVLink, GB/s per GPU")
     inter_node_gbps: float = Field(default=50.0, gt=0, description="fabric, GB/s per GPU")
     oversubscription: float = Field(default=1.0, ge=1)
@@ -321,8 +329,8 @@ class ClusterSpec(_Strict):
                     "planner's and the simulator's failure model); a number: failures per "
                     "node and day")
     # Planner (fm_pipeline.planner): network hierarchy above the node, restarts, storage price.
-    nodes_per_rack: int = Field(default=4, gt=0, description="nodes under one leaf switch group")
-    region_gpus: int = Field(default=0, ge=0, description="GPUs per region; 0: one region")
+    nodes_per_rack: int = Field(default=4, gt=0, le=2**16, description="nodes under one leaf switch group")
+    region_gpus: int = Field(default=0, ge=0, le=MAX_COUNT, description="GPUs per region; 0: one region")
     inter_region_gbps: float = Field(default=2.5, gt=0, description="GB/s per GPU between regions")
     restart_overhead_s: float = Field(default=600.0, ge=0, description="reschedule + rendezvous")
     storage_dollars_per_gb_month: float = Field(default=0.023, ge=0)
@@ -339,7 +347,7 @@ class ResilienceSpec(_Strict):
         default=600.0, gt=0,
         description="a collective waiting this long for a peer fails the segment (hung rank)")
     inplace_restarts: int = Field(
-        default=0, ge=0,
+        default=0, ge=0, le=1000,
         description="torchrun restarts the workers in place this many times per segment "
                     "(--max-restarts) before the segment fails to the orchestrator; each "
                     "restart restores from the fast tier when it can, else the durable one")
@@ -365,11 +373,11 @@ class ResilienceSpec(_Strict):
         default=120.0, gt=0,
         description="auto: the expected time from a straggler stop to the first resumed "
                     "step, every GPU idle (fm chaos run and benchmarks.recovery measure it)")
-    straggler_window: int = Field(default=8, ge=2, description="gathered samples scored")
+    straggler_window: int = Field(default=8, ge=2, le=10_000, description="gathered samples scored")
     straggler_persist: int = Field(
-        default=6, ge=1, description="slow samples within the window that make a straggler")
+        default=6, ge=1, le=10_000, description="slow samples within the window that make a straggler")
     max_straggler_stops: int = Field(
-        default=2, ge=0,
+        default=2, ge=0, le=10_000,
         description="exclude: stops for stragglers in the job's life (since the exclusions "
                     "were last cleared); past it the policy falls back to report and says so")
     exclusion_ttl_s: float = Field(
@@ -416,7 +424,7 @@ class JobSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _dns_name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not _NAME_RE.fullmatch(v):
             raise ValueError(
                 f"{v!r} must be lowercase letters, digits and '-' (a Kubernetes object name)"
             )

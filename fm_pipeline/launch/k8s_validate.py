@@ -83,7 +83,7 @@ _DNS1035_KINDS = {"Service"}
 
 
 def _is_subdomain(value: str) -> bool:
-    return len(value) <= 253 and all(_DNS_LABEL.match(part) for part in value.split("."))
+    return len(value) <= 253 and all(_DNS_LABEL.fullmatch(part) for part in value.split("."))
 
 
 def label_key_errors(key: str) -> str | None:
@@ -95,7 +95,7 @@ def _key_errors(key: str) -> str | None:
     prefix, _, name = key.rpartition("/")
     if prefix and not _is_subdomain(prefix):
         return f"prefix {prefix!r} must be a DNS subdomain"
-    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
         return (f"name part {name!r} must be at most 63 characters: alphanumerics, '-', '_' "
                 "or '.', starting and ending with an alphanumeric")
     return None
@@ -111,7 +111,7 @@ def metadata_errors(obj: dict) -> list[str]:
     if not isinstance(name, str) or not name:
         errors.append("metadata.name: required")
     elif obj.get("kind") in _DNS1035_KINDS:
-        if len(name) > 63 or not _DNS1035_LABEL.match(name):
+        if len(name) > 63 or not _DNS1035_LABEL.fullmatch(name):
             errors.append(f"metadata.name: {name!r} must be a DNS-1035 label (at most 63 "
                           "lowercase alphanumerics or '-', starting with a letter)")
     elif not _is_subdomain(name):
@@ -119,7 +119,7 @@ def metadata_errors(obj: dict) -> list[str]:
                       "alphanumerics, '-' and '.', at most 253 characters)")
     errors += _nested_metadata_errors(obj.get("spec"), "spec")
     namespace = meta.get("namespace")
-    if namespace is not None and (len(namespace) > 63 or not _DNS_LABEL.match(namespace)):
+    if namespace is not None and (len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace)):
         errors.append(f"metadata.namespace: {namespace!r} must be a DNS label")
     errors += _label_errors(meta, "metadata")
     return errors
@@ -149,7 +149,7 @@ def _label_errors(meta: dict, path: str) -> list[str]:
             if not isinstance(value, str):
                 errors.append(f"{path}.{field}.{key}: value must be a string, got {value!r}")
             elif field == "labels" and value and (
-                    len(value) > 63 or not _QUALIFIED_NAME.match(value)):
+                    len(value) > 63 or not _QUALIFIED_NAME.fullmatch(value)):
                 errors.append(f"{path}.labels.{key}: value {value!r} must be at most 63 "
                               "characters: alphanumerics, '-', '_' or '.', starting and "
                               "ending with an alphanumeric")
@@ -207,7 +207,7 @@ def quantity_errors(node, path: str = "") -> list[str]:
             here = f"{path}.{key}" if path else str(key)
             if key in ("requests", "limits") and isinstance(value, dict) and path.endswith("resources"):
                 out += [f"{here}.{name}: {q!r} is not a quantity (e.g. 4Gi, 500m)"
-                        for name, q in value.items() if not _QUANTITY.match(str(q))]
+                        for name, q in value.items() if not _QUANTITY.fullmatch(str(q))]
             else:
                 out += quantity_errors(value, here)
     elif isinstance(node, list):

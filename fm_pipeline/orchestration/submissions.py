@@ -82,7 +82,7 @@ def submit_run(store: ObjectStore, job, *, kind: str = "train",
 def job_submissions(store: ObjectStore, job_name: str) -> list[Submission]:
     out = []
     for info in store.list(f"{PREFIX}/{job_name}/runs/"):
-        if _SUBMISSION.match(info.key.rsplit("/", 1)[-1]):
+        if _SUBMISSION.fullmatch(info.key.rsplit("/", 1)[-1]):
             out.append(Submission(**json.loads(store.get_bytes(info.key))))
     return sorted(out, key=lambda s: s.number)
 
@@ -92,7 +92,7 @@ def submissions(store: ObjectStore, *, after: float = 0.0) -> list[Submission]:
     out = []
     for info in store.list(f"{PREFIX}/"):
         parts = info.key.split("/")
-        if len(parts) == 4 and parts[2] == "runs" and _SUBMISSION.match(parts[3]):
+        if len(parts) == 4 and parts[2] == "runs" and _SUBMISSION.fullmatch(parts[3]):
             sub = Submission(**json.loads(store.get_bytes(info.key)))
             if sub.at > after:
                 out.append(sub)

@@ -51,7 +51,7 @@ class _Strict(BaseModel):
 
 
 def _dns(value: str) -> str:
-    if not _DNS_RE.match(value) or len(value) > 40:
+    if not _DNS_RE.fullmatch(value) or len(value) > 40:
         raise ValueError(f"{value!r} must be <= 40 lowercase letters, digits and '-'")
     return value
 

@@ -153,3 +153,41 @@ def test_mixed_precision_defaults_to_bf16_on_gpus_and_fp32_on_cpu(demo):
     declared = {**demo, "cluster": {"accelerator": "h100"},
                 "parallelism": {**demo["parallelism"], "mixed_precision": "fp32"}}
     assert parse_job(declared).parallelism.mixed_precision == "fp32"
+
+
+def test_a_name_with_a_trailing_newline_is_refused(demo):
+    # `$` matches before a final newline: the rule must hold for the whole name, or
+    # "adv-t1\n" writes runs/adv-t1\n and is listed as adv-t1.
+    demo["name"] = "adv-t1\n"
+    assert "Kubernetes object name" in problems(demo)["name"]
+
+
+@pytest.mark.parametrize("field, value, bound", [
+    ("training.seed", 2**70, "4294967295"),
+    ("training.seed", -1, "0"),
+    ("training.steps", 10**40, "1000000000"),
+    ("model.vocab_size", 10**12, "4294967296"),
+    ("data.seed", 2**64, "4294967295"),
+    ("parallelism.nproc_per_node", 2**40, "1024"),
+])
+def test_integers_past_what_torch_or_the_shards_hold_are_refused_naming_the_field(
+        demo, field, value, bound):
+    section, key = field.split(".")
+    demo.setdefault(section, {})[key] = value
+    found = problems(demo)
+    assert field in found, found
+    assert bound in found[field]
+
+
+def test_the_largest_registry_models_stay_within_the_bounds(demo):
+    from fm_pipeline.model.registry import model_names
+
+    for size in model_names():
+        demo["model"] = {"size": size}
+        demo["training"].update(seq_len=128)
+        demo["parallelism"] = {"nproc_per_node": 2}
+        try:
+            parse_job(demo)
+        except JobSpecError as e:  # other rules (tied embeddings, ...) may apply; no bound
+            assert not any("less than or equal" in m or f == "model.size"
+                           for f, m in e.problems), e.problems

@@ -35,16 +35,24 @@ from fm_pipeline.api.schemas import JobCreate
 from fm_pipeline.api.store import JobRecord, JobStore
 from fm_pipeline.config import PRIORITY_VALUES, dump_job, parse_job
 from fm_pipeline.config.paths import store_uri
+from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.scheduling import AdmissionError, FairSharePolicy, JobRequest, TenantsConfig
 from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
+_FIT_FIELD = {"parallelism": "gpus", "model": "model"}  # launch.capacity's fields, as the body's
 
 
 class ControlPlane:
     def __init__(self, *, tenants: TenantsConfig, orchestrator: Orchestrator, store: JobStore,
-                 store_root: str | None = None, clock: Callable[[], float] = time.time):
+                 store_root: str | None = None, clock: Callable[[], float] = time.time,
+                 capacity: LocalCapacity | None = None):
+        """`capacity`: the machine a local pool's jobs run on (default: this one, measured);
+        unused when the pool feeds Kubernetes."""
         self.tenants = tenants
+        if tenants.launcher == "local" and capacity is None:
+            capacity = LocalCapacity.of_this_machine()
+        self.capacity = capacity if tenants.launcher == "local" else None
         self.orchestrator = orchestrator
         self.store = store
         self.store_root = store_root or store_uri()
@@ -73,6 +81,10 @@ class ControlPlane:
             pool.append(("gpus", str(e)))
         job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.store_root,
                           problems=pool, cluster=self.tenants.cluster)
+        if self.capacity is not None:  # refused before it is queued, let alone started
+            misfit = local_fit_problems(job, self.capacity)
+            if misfit:
+                raise FieldError([(_FIT_FIELD.get(f, f), m) for f, m in misfit])
         warnings = critique_of(job)
         with self._locked():
             record = self.store.add(

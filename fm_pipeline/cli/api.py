@@ -117,6 +117,7 @@ def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uv
     from fm_pipeline.scheduling import load_tenants
 
     config = load_tenants(tenants)
+    _check_launcher(config.launcher, orchestrator)
     tokens = TokenStore()
     plane = ControlPlane(tenants=config, orchestrator=_orchestrator(orchestrator),
                          store=JobStore())
@@ -132,6 +133,21 @@ def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uv
 
 
 ORCHESTRATORS = ("dagster", "local")
+
+
+def _check_launcher(pool_launcher: str, orchestrator: str) -> None:
+    """The pool's jobs are admitted for the launcher the tenants file names; the runs must
+    go to that one (the Dagster definitions pick theirs from FM_LAUNCHER)."""
+    import os
+
+    runs_on = "local" if orchestrator == "local" else os.environ.get(
+        "FM_LAUNCHER", "local").strip().lower()
+    if runs_on != pool_launcher:
+        raise ValueError(
+            f"the tenants file's pool feeds the {pool_launcher} launcher (launcher: "
+            f"{pool_launcher}), but this server's runs would go to the {runs_on} one "
+            f"(--orchestrator {orchestrator}, FM_LAUNCHER={os.environ.get('FM_LAUNCHER', '')!r}): "
+            "jobs would be admitted for one and run on the other; make them agree")
 
 
 def _orchestrator(kind: str):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.launch.outcome import (
     Outcome,
     SegmentResult,
@@ -41,6 +42,7 @@ from fm_pipeline.launch.outcome import (
     worker_error_files,
 )
 from fm_pipeline.launch.spec import SegmentLaunch, SegmentPaths, local_paths
+from fm_pipeline.rundir import exit_codes
 
 # After SIGTERM, torchrun waits its --shutdown-timeout for the workers; then this much more.
 STOP_MARGIN_S = 10
@@ -85,7 +87,12 @@ def run_segment_locally(
     (call `result.raise_for_outcome()` for that). `env` is added to the workers' environment
     (e.g. Dagster Pipes bootstrap variables); `echo` receives the live output (None: quiet).
     Setting `preempt` sends torchrun SIGTERM, as a preempting scheduler would: the ranks
-    checkpoint and the result says "preempted"."""
+    checkpoint and the result says "preempted". A job this machine cannot hold (more ranks
+    than its GPUs or cores allow, more memory than it has) starts no process: the result
+    says bad_config and why (launch.capacity)."""
+    refused = local_fit_problems(launch.job, LocalCapacity.of_this_machine())
+    if refused:
+        return _refused(launch, refused, segment_dir)
     argv, paths = prepare_segment(launch, segment_dir)
     segment_dir = paths.job_file.parent
     output_log = segment_dir / "torchrun.log"
@@ -120,6 +127,21 @@ def _finish(launch, paths, proc, output_log: Path, started: float, *, timed_out:
     result = _result(launch, paths, proc.returncode, output_log,
                      time.monotonic() - started, timed_out=timed_out, timeout_s=timeout_s)
     (paths.job_file.parent / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    return result
+
+
+def _refused(launch: SegmentLaunch, problems: list[tuple[str, str]],
+             segment_dir: Path | None) -> SegmentResult:
+    segment_dir = segment_dir or new_segment_dir(launch)
+    segment_dir.mkdir(parents=True, exist_ok=True)
+    reason = "not started: the job does not fit the local launcher: " + "; ".join(
+        f"{field}: {msg}" for field, msg in problems)
+    result = SegmentResult(job=launch.job.name, end_step=launch.end_step,
+                           outcome=Outcome.BAD_CONFIG, exit_code=exit_codes.BAD_CONFIG,
+                           reason=reason, torchrun_exit_code=exit_codes.BAD_CONFIG,
+                           duration_s=0.0, evidence="launch.capacity",
+                           segment_dir=str(segment_dir))
+    (segment_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
     return result
 
 

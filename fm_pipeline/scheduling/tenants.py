@@ -129,6 +129,11 @@ class KueueSpec(_Strict):
 
 class TenantsConfig(_Strict):
     pool: dict[Resource, int] = Field(description="what the cluster offers, per resource")
+    launcher: Literal["local", "kubernetes"] = Field(
+        default="local",
+        description="what runs the pool's jobs: local (torchrun on this machine: each job "
+                    "is also checked against its cores, memory and GPUs before it is "
+                    "queued) or kubernetes (JobSets queued by Kueue)")
     tenants: list[TenantSpec] = Field(min_length=1)
     preemption: PreemptionSpec = PreemptionSpec()
     kueue: KueueSpec = KueueSpec()

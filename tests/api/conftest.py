@@ -12,7 +12,7 @@ from tests.api.orchestrators import RecordingOrchestrator
 from tests.scheduling.trace import Clock
 
 TENANTS = {
-    "pool": {"gpu": 32},
+    "pool": {"gpu": 32},  # jobs of 1 rank run on this machine (tests/deploy)
     "tenants": [
         {"name": "research", "weight": 1, "quota": {"gpu": 8},
          "priorities": ["low", "normal"]},
@@ -20,6 +20,10 @@ TENANTS = {
          "priorities": ["low", "normal", "high", "urgent"]},
     ],
 }
+
+# The queue's rules on a pool that runs elsewhere (the recording orchestrator starts nothing):
+# its 16-GPU llama3-8b jobs are not checked against this machine.
+CLUSTER_TENANTS = {**TENANTS, "launcher": "kubernetes"}
 
 
 def prepare_mix(root: Path) -> dict:
@@ -73,7 +77,7 @@ def plane(fm_home, mix_store):
     clock = Clock()
     clock.now = 1_800_000_000.0
     orchestrator = RecordingOrchestrator(clock)
-    cp = ControlPlane(tenants=parse_tenants(TENANTS), orchestrator=orchestrator,
+    cp = ControlPlane(tenants=parse_tenants(CLUSTER_TENANTS), orchestrator=orchestrator,
                       store=JobStore(), store_root=mix_store["root"], clock=clock)
     yield cp
     cp.store.close()

@@ -17,7 +17,7 @@ from tests.api.conftest import TENANTS, auth
 from tests.api.orchestrators import RecordingOrchestrator
 from tests.scheduling.trace import Clock
 
-H100_POOL = {**TENANTS, "pool": {"gpu": 4096},
+H100_POOL = {**TENANTS, "pool": {"gpu": 4096}, "launcher": "kubernetes",
              "cluster": {"accelerator": "h100", "gpus_per_node": 8, "storage_write_gbps": 10.0}}
 
 

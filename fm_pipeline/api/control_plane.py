@@ -246,10 +246,17 @@ class ControlPlane:
         another process may have admitted, requeued or finished jobs meanwhile)."""
         self.policy = FairSharePolicy(self.tenants, clock=self.clock)
         for record in self.store.list():
+            if record.queue_state not in ("queued", "admitted"):
+                continue
+            runs = self._runs(record.job_id)
+            if record.queue_state == "queued" and runs and not runs[-1].ended:
+                # A process died between the orchestrator's start and the row's update:
+                # the orchestrator's truth wins, the run holds its GPUs.
+                self._adopt(record, runs[-1], why="running after a control-plane restart")
+                record = self.store.get(record.job_id)
             if record.queue_state == "queued":
                 self.policy.submit(_request(record))
-            elif record.queue_state == "admitted":
-                runs = self._runs(record.job_id)
+            else:
                 since = runs[-1].started_at if runs else record.submitted_at
                 self.policy.restore_running(_request(record), admitted_at=since)
 
@@ -270,13 +277,21 @@ class ControlPlane:
         self.store.add_event(job_id, kind, {"by": who, **detail}, at=self.clock())
 
     def _launch(self, record: JobRecord) -> None:
+        runs = self._runs(record.job_id)
+        if runs and not runs[-1].ended:  # a run this queue row never heard of: keep it
+            return self._adopt(record, runs[-1], why="already running when admitted")
         job = parse_job(record.spec, source=f"job {record.job_id}")
         try:
-            if self._runs(record.job_id) or record.resume_checkpoint:
+            if runs or record.resume_checkpoint:
                 run_id = self.orchestrator.resume(job, checkpoint=record.resume_checkpoint)
             else:
                 run_id = self.orchestrator.submit(job)
-        except Exception as e:  # the orchestrator refused: the job ends here, with the reason
+        except Exception as e:
+            # The orchestrator's records decide: a run that started before the error (a
+            # response lost after the submission) is the job's run, holding its GPUs.
+            runs = self._runs(record.job_id)
+            if runs and not runs[-1].ended:
+                return self._adopt(record, runs[-1], why=f"started despite: {e}")
             log.warning("job %s could not be launched: %s", record.job_id, e)
             self.policy.release(record.job_id)
             self.store.update(record.job_id, queue_state="done")
@@ -286,6 +301,16 @@ class ControlPlane:
                           stop_requested=None)
         self.store.add_event(record.job_id, "admitted", {"run_id": run_id}, at=self.clock())
         log.info("job %s admitted: run %s", record.job_id, run_id)
+
+    def _adopt(self, record: JobRecord, run: RunInfo, *, why: str) -> None:
+        """Count a run the orchestrator reports as the job's own (it holds the job's GPUs)
+        whatever the queue row said: admitted, not launched a second time."""
+        self.store.update(record.job_id, queue_state="admitted", resume_checkpoint=None,
+                          stop_requested=None)
+        self.store.add_event(record.job_id, "admitted", {"run_id": run.run_id, "adopted": why},
+                             at=self.clock())
+        log.info("job %s admitted: its run %s was already active (%s)", record.job_id,
+                 run.run_id, why)
 
     def _run_ended(self, record: JobRecord, run: RunInfo) -> None:
         wanted = record.stop_requested

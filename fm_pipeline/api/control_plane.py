@@ -58,6 +58,9 @@ class ControlPlane:
         self.store_root = store_root or store_uri()
         self.clock = clock
         self.policy = FairSharePolicy(tenants, clock=clock)
+        # job id -> why the tenants config cannot schedule it (its tenant is gone, it is
+        # bigger than the pool now): left in the store, reported, never dropped silently.
+        self.stranded: dict[str, str] = {}
         with self._locked():
             pass
 
@@ -104,7 +107,8 @@ class ControlPlane:
         with self._locked():
             record = self._visible(who, job_id)
             if record.queue_state == "queued":
-                self.policy.cancel(job_id)
+                if job_id not in self.stranded:
+                    self.policy.cancel(job_id)
                 self.store.update(job_id, queue_state="done", cancelled_at=self.clock(),
                                   resume_checkpoint=None)
                 self._event(job_id, "cancelled", by=who)
@@ -245,6 +249,7 @@ class ControlPlane:
         """Rebuild the policy's queue from the store (at start, and at each outermost hold:
         another process may have admitted, requeued or finished jobs meanwhile)."""
         self.policy = FairSharePolicy(self.tenants, clock=self.clock)
+        self.stranded = {}
         for record in self.store.list():
             if record.queue_state not in ("queued", "admitted"):
                 continue
@@ -254,11 +259,18 @@ class ControlPlane:
                 # the orchestrator's truth wins, the run holds its GPUs.
                 self._adopt(record, runs[-1], why="running after a control-plane restart")
                 record = self.store.get(record.job_id)
-            if record.queue_state == "queued":
-                self.policy.submit(_request(record))
-            else:
-                since = runs[-1].started_at if runs else record.submitted_at
-                self.policy.restore_running(_request(record), admitted_at=since)
+            try:
+                if record.queue_state == "queued":
+                    self.policy.submit(_request(record))
+                else:
+                    since = runs[-1].started_at if runs else record.submitted_at
+                    self.policy.restore_running(_request(record), admitted_at=since)
+            except AdmissionError as e:  # one such job must not stop every tenant's queue
+                self.stranded[record.job_id] = str(e)
+                if record.queue_state == "admitted":
+                    self.policy.hold_outside(record.job_id, {"gpu": record.gpus})
+        if self.stranded:
+            log.warning("%s", stranded_report(self.store, self.stranded))
 
     def _visible(self, who: Principal, job_id: str) -> JobRecord:
         record = self.store.get(job_id)
@@ -314,6 +326,10 @@ class ControlPlane:
 
     def _run_ended(self, record: JobRecord, run: RunInfo) -> None:
         wanted = record.stop_requested
+        if record.job_id in self.stranded:  # not the policy's: it frees what it held
+            self.policy.release_outside(record.job_id)
+            self.store.update(record.job_id, queue_state="done", stop_requested=None)
+            return
         if wanted == "restart" or (run.state == "preempted" and wanted != "cancel"):
             self.policy.requeue(record.job_id)
             self.store.update(record.job_id, queue_state="queued", stop_requested=None)
@@ -417,6 +433,23 @@ class ControlPlane:
         for ref in candidates(job_id, store=self._object_store()):
             if ref.location == location:
                 write_mark(ref, "pin", {"reason": "a resume from this checkpoint was requested"})
+
+
+def stranded_report(store: JobStore, stranded: dict[str, str]) -> str:
+    """What `fm api serve` says at start about jobs its tenants config cannot schedule."""
+    lines = [f"{len(stranded)} job(s) in the queue that these tenants cannot schedule "
+             "(the others are served):"]
+    tenants = set()
+    for job_id, why in stranded.items():
+        record = store.get(job_id)
+        tenants.add(record.tenant)
+        held = (f"running, its {record.gpus} GPUs counted against the pool until it ends"
+                if record.queue_state == "admitted" else "queued")
+        lines.append(f"  {job_id} (tenant {record.tenant}, {record.gpus} GPUs, {held}): {why}")
+    for tenant in sorted(tenants):
+        lines.append(f"  `fm api queue drain --tenant {tenant}` cancels its queued jobs; or "
+                     f"add tenant {tenant} back to the tenants file")
+    return "\n".join(lines)
 
 
 def critique_of(job) -> list[dict]:

@@ -167,6 +167,19 @@ class JobStore:
         return [{"at": r["at"], "kind": r["kind"], "detail": json.loads(r["detail"])} for r in rows]
 
 
+def drain_tenant(store: JobStore, tenant: str, *, now: float | None = None) -> list[str]:
+    """Cancel every queued job of `tenant` (one removed from the tenants file, say), under
+    the queue's hold; running ones are left to end. Returns the job ids."""
+    now = time.time() if now is None else now
+    with store.exclusive():
+        drained = [r.job_id for r in store.list(tenant=tenant, queue_state="queued")]
+        for job_id in drained:
+            store.update(job_id, queue_state="done", cancelled_at=now, resume_checkpoint=None)
+            store.add_event(job_id, "cancelled", {"by": "fm api queue drain",
+                                                  "reason": f"tenant {tenant} drained"}, at=now)
+    return drained
+
+
 def _record(row: sqlite3.Row) -> JobRecord:
     data = dict(row)
     data["request"] = json.loads(data["request"])

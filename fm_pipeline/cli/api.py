@@ -3,6 +3,7 @@
     fm api token issue --tenant research        # prints a new token once (only its hash is kept)
     fm api serve                                # http://127.0.0.1:8600, embedded defaults
     fm api kueue render --tenants configs/tenants.yaml --out .fm/kueue
+    fm api queue list                           # queued and running jobs; fm api queue drain --tenant T
 
 `serve` uses the embedded tenants (configs/tenants.yaml), the FM_HOME object store and
 queue database, and the Dagster orchestrator: it writes the instance's dagster.yaml
@@ -31,6 +32,8 @@ token_app = typer.Typer(no_args_is_help=True)
 kueue_app = typer.Typer(no_args_is_help=True)
 app.add_typer(token_app, name="token", help="Issue, list and revoke API tokens.")
 app.add_typer(kueue_app, name="kueue", help="Kueue objects for the tenants config.")
+queue_app = typer.Typer(no_args_is_help=True)
+app.add_typer(queue_app, name="queue", help="The job queue: what it holds, draining a tenant.")
 console = Console(stderr=True)
 DEFAULT_PORT = 8600
 
@@ -122,6 +125,11 @@ def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uv
     plane = ControlPlane(tenants=config, orchestrator=_orchestrator(orchestrator),
                          store=JobStore())
     issued = tokens.entries()
+    if plane.stranded:
+        from fm_pipeline.api.control_plane import stranded_report
+
+        console.print(f"[yellow]{stranded_report(plane.store, plane.stranded)}[/]",
+                      highlight=False)
     console.print(
         f"fm-pipeline control plane on [bold]http://{host}:{port}[/] "
         f"(tenants {', '.join(config.tenant_names)}; pool {config.pool['gpu']} GPUs; "
@@ -202,6 +210,44 @@ def revoke(token_id: str = typer.Argument(..., help="the id from `fm api token l
     if not TokenStore().revoke(token_id):
         raise ValueError(f"no token {token_id}")
     console.print(f"revoked {token_id}")
+
+
+@queue_app.command("list")
+@user_errors
+def queue_list(
+    tenants: Path = typer.Option(None, "--tenants", help="tenants YAML (default: embedded)"),
+) -> None:
+    """Queued and running jobs per tenant; jobs of tenants the file no longer has are marked."""
+    from fm_pipeline.api.store import JobStore
+    from fm_pipeline.scheduling import load_tenants
+
+    known = set(load_tenants(tenants).tenant_names)
+    store = JobStore()
+    try:
+        for record in store.list():
+            if record.queue_state == "done":
+                continue
+            state = "running" if record.queue_state == "admitted" else "queued"
+            mark = "" if record.tenant in known else "\t(tenant not in the tenants file)"
+            print(f"{record.job_id}\t{record.tenant}\t{state}\t{record.gpus} GPUs{mark}")
+    finally:
+        store.close()
+
+
+@queue_app.command("drain")
+@user_errors
+def queue_drain(tenant: str = typer.Option(..., "--tenant", help="whose queued jobs to cancel")) -> None:
+    """Cancel every queued job of a tenant (e.g. one removed from the tenants file); its
+    running jobs are left to end. Serving control planes see it at their next verb."""
+    from fm_pipeline.api.store import JobStore, drain_tenant
+
+    store = JobStore()
+    try:
+        drained = drain_tenant(store, tenant)
+    finally:
+        store.close()
+    console.print(f"cancelled {len(drained)} queued job(s) of tenant {tenant}"
+                  + (f": {', '.join(drained)}" if drained else ""), highlight=False)
 
 
 @kueue_app.command("render")

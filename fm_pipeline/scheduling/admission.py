@@ -61,6 +61,9 @@ class FairSharePolicy:
         self._usage: dict[str, dict[str, int]] = {t: {} for t in config.tenant_names}
         self._budget = PreemptionBudget(config.preemption.max_per_job_per_hour)
         self._resource_seconds: dict[str, dict[str, float]] = {t: {} for t in config.tenant_names}
+        # Running jobs no tenant of this config owns (a tenant removed while its job ran):
+        # scheduled by nobody, but what they hold is not free.
+        self._outside: dict[str, dict[str, int]] = {}
 
     # -- verbs -------------------------------------------------------------------------
 
@@ -73,6 +76,14 @@ class FairSharePolicy:
         """Re-enter a job that was already running when the caller restarted."""
         self.check(job)
         self._start(job, admitted_at)
+
+    def hold_outside(self, job_id: str, resources: dict[str, int]) -> None:
+        """Count what a running job this config cannot place (its tenant is gone, or it
+        is bigger than the pool now) holds until `release_outside`."""
+        self._outside[job_id] = dict(resources)
+
+    def release_outside(self, job_id: str) -> None:
+        self._outside.pop(job_id, None)
 
     def cancel(self, job_id: str) -> None:
         """Drop a pending job (a running one is stopped by the caller, then `release`d)."""
@@ -210,7 +221,7 @@ class FairSharePolicy:
 
     def _free(self) -> dict[str, int]:
         free = dict(self.config.pool)
-        for used in self._usage.values():
+        for used in [*self._usage.values(), *self._outside.values()]:
             free = add(free, used, -1)
         return free
 

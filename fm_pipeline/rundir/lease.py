@@ -14,9 +14,13 @@ them with an flock). A record carries holder id, host, pid, start, heartbeat and
 
 Taking a held lease: a holder on this host is refused at once while its process runs, and
 taken over at once when it is gone. A holder on another host is watched until it renews
-(alive: refused, naming it; at most one renewal interval) or expires (taken over; at most one
-TTL), so a segment that replaces a crashed one elsewhere (a new pod) waits instead of
-failing. The new record keeps the previous holder under `taken_over`. A store that does not
+(alive: refused, naming it; at most one renewal interval) or stays silent for its whole TTL
+(taken over), so a segment that replaces a crashed one elsewhere (a new pod) waits instead of
+failing. Silence is observed, never computed from timestamps: the contender times the
+unchanged lease object on its own monotonic clock, as Kubernetes leader election does, so
+a host whose wall clock is off by minutes neither takes a live lease nor waits forever.
+The assumption that remains: the hosts' clocks run at nearly the same rate (a holder
+renews every TTL/3 by its clock; a contender gives it a whole TTL by its own). The new record keeps the previous holder under `taken_over`. A store that does not
 answer is retried for one TTL, then the segment fails (retryable). While training, an
 unreachable store only delays the renewal (nobody else can take the lease without the store
 either); a renewal refused because someone else now holds it means the lease is lost: the
@@ -84,6 +88,12 @@ def _pid_alive(pid) -> bool:
     return True
 
 
+def _holder_ttl(holder: dict, default: float) -> float:
+    """The TTL the holder promised to renew within (its record's), else ours."""
+    ttl = holder.get("ttl_s")
+    return float(ttl) if isinstance(ttl, (int, float)) and 0 < ttl <= 3600 else default
+
+
 class JobLease:
     def __init__(self, job_name: str, *, store: ObjectStore | None, ttl_s: float = 30.0,
                  run_dir: Path | None = None, clock: Callable[[], float] = time.time):
@@ -127,8 +137,8 @@ class JobLease:
     def acquire(self, *, wait: bool = True) -> JobLease:
         """Take the lease in both tiers (local first). Raises LeaseHeld, or LeaseUnavailable
         when the store cannot be asked. `wait`: watch a holder on another host until it
-        renews (alive: refused) or expires (taken over), at most its TTL; without it, any
-        unexpired holder is refused at once."""
+        renews (alive: refused) or stays silent for its TTL (taken over); without it, any
+        holder not proven dead is refused at once."""
         self._acquire_local()
         try:
             if self.store is not None:
@@ -168,7 +178,7 @@ class JobLease:
 
     def _acquire_store(self, *, wait: bool) -> None:
         key, deadline = store_key(self.job_name), self.clock() + self.ttl_s
-        first_beat: dict[str, float] = {}  # holder -> the heartbeat it had when first seen
+        watched: tuple[str, float] | None = None  # (etag, monotonic time first seen)
         while True:
             try:
                 self._etag = self.store.put_if(self._encode(), key, etag=None)
@@ -187,19 +197,26 @@ class JobLease:
                 deadline = self._unreachable(e, deadline)
                 continue
             holder, now = self._parse(data), self.clock()
-            expires_at = float(holder.get("expires_at", 0))
-            beat = float(holder.get("heartbeat_at", 0))
-            seen = first_beat.setdefault(str(holder.get("holder")), beat)
-            if self._dead_here(holder):
+            if watched is None or watched[0] != etag:
+                renewed = watched is not None  # the object changed while we watched
+                watched = (etag, time.monotonic())
+            else:
+                renewed = False
+            ttl = _holder_ttl(holder, self.ttl_s)
+            silent = time.monotonic() - watched[1]
+            if holder.get("unreadable"):
+                why = "its lease object cannot be read (nobody can renew it)"
+            elif self._dead_here(holder):
                 why = "its process on this host is gone"
-            elif now >= expires_at:
-                why = f"it expired {now - expires_at:.1f} s ago without a renewal"
-            elif (not wait or beat > seen or
+            elif (not wait or renewed or
                   (holder.get("host") == self.host and _pid_alive(holder.get("pid")))):
                 # alive: it renewed while we watched, or its process is here and running
                 raise LeaseHeld(self.job_name, holder, self.store.uri_of(key), now)
+            elif silent >= ttl:
+                why = (f"it did not renew for {silent:.1f} s, its whole TTL ({ttl:g} s), "
+                       "timed on this host's monotonic clock")
             else:  # another host's holder, not yet proven alive: watch until it renews
-                time.sleep(min(1.0, max(expires_at - now, 0.0) + 0.05))  # or expires
+                time.sleep(min(1.0, ttl - silent + 0.05))  # or stays silent for its TTL
                 continue
             self.taken_over = {**holder, "why": why}
             try:
@@ -225,7 +242,7 @@ class JobLease:
                 return body
         except ValueError:
             pass
-        return {"holder": "unreadable lease object", "expires_at": 0}  # nobody can renew it
+        return {"holder": "unreadable lease object", "unreadable": True}  # nobody can renew it
 
     def _encode(self) -> bytes:
         return (json.dumps(self.record(), indent=2) + "\n").encode()

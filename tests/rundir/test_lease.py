@@ -71,7 +71,7 @@ def test_a_silent_holder_elsewhere_is_taken_over_after_it_expires(store, tmp_pat
     waited = time.monotonic() - t0
     assert dead.ttl_s - 1.0 < waited < dead.ttl_s + 2.5, waited
     assert second.taken_over["holder"] == dead.holder
-    assert "expired" in second.taken_over["why"]
+    assert "did not renew" in second.taken_over["why"]
     record = json.loads(store.get_bytes(store_key("job-a")))
     assert record["holder"] == second.holder and record["taken_over"]["holder"] == dead.holder
     with pytest.raises(LeaseLost, match="taken over"):  # the old holder cannot commit
@@ -79,6 +79,30 @@ def test_a_silent_holder_elsewhere_is_taken_over_after_it_expires(store, tmp_pat
     dead.release()  # must not delete the new holder's lease
     assert json.loads(store.get_bytes(store_key("job-a")))["holder"] == second.holder
     second.release()
+
+
+@pytest.mark.parametrize("skew_s", [120.0, -120.0])
+def test_a_contender_whose_clock_is_off_neither_takes_a_live_lease_nor_waits_longer(
+        store, tmp_path, skew_s):
+    # A host whose wall clock runs 120 s ahead used to read the live holder's record as
+    # "expired 91 s ago" and take it at once; one running behind waited 120 s too long.
+    live = _lease(store, tmp_path, "a", host="node-a", ttl_s=3.0).acquire()
+    live.start_heartbeat(on_lost=lambda why: None)
+    skewed = JobLease("job-a", store=store, ttl_s=3.0, run_dir=tmp_path / "b" / "run",
+                      clock=lambda: time.time() + skew_s)
+    with pytest.raises(LeaseHeld, match="node-a"):
+        skewed.acquire()
+    assert live.lost is None
+    live.confirm()  # still the holder: it may commit
+    live.release()
+
+    silent = _lease(store, tmp_path, "c", host="node-c", ttl_s=3.0).acquire()  # never renews
+    t0 = time.monotonic()
+    taker = JobLease("job-a", store=store, ttl_s=3.0, run_dir=tmp_path / "d" / "run",
+                     clock=lambda: time.time() + skew_s).acquire()
+    assert silent.ttl_s - 0.5 < time.monotonic() - t0 < silent.ttl_s + 2.5
+    assert taker.taken_over["holder"] == silent.holder
+    taker.release()
 
 
 def test_a_dead_process_on_this_host_is_taken_over_at_once(store, tmp_path):

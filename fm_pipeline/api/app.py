@@ -13,7 +13,7 @@ import logging
 import threading
 from contextlib import asynccontextmanager
 
-from fastapi import Body, Depends, FastAPI, Path, Query, Request
+from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -42,6 +42,7 @@ from fm_pipeline.api.schemas import (
 log = logging.getLogger(__name__)
 JOB_ID = Path(pattern=r"^[a-z0-9-]{1,64}$", description="the job_id returned at submission")
 _ERRORS = {
+    400: {"model": Message, "description": "a body that cannot be parsed (not UTF-8 JSON)"},
     401: {"model": Message, "description": "no token, or an unknown one"},
     404: {"model": Message, "description": "no such job (or another tenant's)"},
     413: {"model": Message, "description": "request body over the size limit"},
@@ -50,7 +51,7 @@ _ERRORS = {
 
 
 def _errors(*codes: int, extra: dict | None = None) -> dict:
-    chosen = {c: _ERRORS[c] for c in (401, 413, 422, *codes)}
+    chosen = {c: _ERRORS[c] for c in (400, 401, 413, 422, *codes)}
     return {**chosen, **(extra or {})}
 
 
@@ -122,9 +123,20 @@ def create_app(plane: ControlPlane, tokens: TokenStore, *,
 
     @app.post("/v1/training/jobs", status_code=201, response_model=JobSubmitted, tags=["jobs"],
               response_model_exclude_unset=True,
-              responses=_errors(extra={403: {"model": Message, "description": "admin tokens own no jobs"}}))
-    def submit_job(body: JobCreate, who: Principal = Depends(caller)) -> JobSubmitted:
-        record, warnings = plane.submit_with_warnings(who, body)
+              responses=_errors(extra={
+                  403: {"model": Message, "description": "admin tokens own no jobs"},
+                  409: {"model": Message, "description": "Idempotency-Key reused for another body"}}))
+    def submit_job(body: JobCreate, response: Response, who: Principal = Depends(caller),
+                   idempotency_key: str | None = Header(
+                       None, alias="Idempotency-Key", min_length=1, max_length=128,
+                       pattern=r"^[A-Za-z0-9._:-]+$",
+                       description="a retry with the same key and body within 24 h gets the "
+                                   "same job (Idempotent-Replayed: true), never a second one"),
+                   ) -> JobSubmitted:
+        record, warnings, replayed = plane.submit_with_warnings(
+            who, body, idempotency_key=idempotency_key)
+        if replayed:
+            response.headers["Idempotent-Replayed"] = "true"
         # The seed's {job_id, status} exactly, unless the planner has something to say.
         return JobSubmitted(job_id=record.job_id, status="queued",
                             **({"warnings": warnings} if warnings else {}))

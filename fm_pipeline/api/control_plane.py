@@ -25,6 +25,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from fm_pipeline.api import progress
 from fm_pipeline.api.auth import Principal
@@ -40,6 +41,13 @@ from fm_pipeline.scheduling import AdmissionError, FairSharePolicy, JobRequest, 
 from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
+IDEMPOTENCY_S = 24 * 3600  # how long an Idempotency-Key names its job
+
+
+class Submission(NamedTuple):
+    record: JobRecord
+    warnings: list
+    replayed: bool = False  # an earlier call with the same Idempotency-Key made it
 _FIT_FIELD = {"parallelism": "gpus", "model": "model"}  # launch.capacity's fields, as the body's
 
 
@@ -69,12 +77,22 @@ class ControlPlane:
     def submit(self, who: Principal, body: JobCreate) -> JobRecord:
         return self.submit_with_warnings(who, body)[0]
 
-    def submit_with_warnings(self, who: Principal, body: JobCreate) -> tuple[JobRecord, list]:
+    def submit_with_warnings(self, who: Principal, body: JobCreate, *,
+                             idempotency_key: str | None = None) -> Submission:
         """The accepted job and the planner's critique of it (planner.critique): findings
-        about what it declares, each with numbers and a suggestion; it is queued anyway."""
+        about what it declares, each with numbers and a suggestion; it is queued anyway.
+        `idempotency_key`: a retry with the same key and body within IDEMPOTENCY_S gets the
+        job the first call made (`replayed` True); the same key with another body
+        is a Conflict."""
         if who.is_admin:
             raise Forbidden("admins do not own jobs: submit with a tenant's token")
         tenant = self.tenants.tenant(who.tenant)
+        digest = _body_digest(body)
+        if idempotency_key is not None:
+            with self._locked():
+                earlier = self._replay(tenant.name, idempotency_key, digest)
+            if earlier is not None:
+                return earlier
         job_id = "job-" + secrets.token_hex(5)
         pool = []  # reported with every other problem of the body, all at once
         try:
@@ -90,6 +108,12 @@ class ControlPlane:
                 raise FieldError([(_FIT_FIELD.get(f, f), m) for f, m in misfit])
         warnings = critique_of(job)
         with self._locked():
+            if idempotency_key is not None:  # another process may have won the race
+                earlier = self._replay(tenant.name, idempotency_key, digest)
+                if earlier is not None:
+                    return earlier
+                self.store.remember_idempotent(tenant.name, idempotency_key, body_sha256=digest,
+                                               job_id=job_id, at=self.clock())
             record = self.store.add(
                 job_id=job_id, tenant=tenant.name, priority=body.priority, gpus=body.gpus,
                 request=body.model_dump(mode="json"), spec=dump_job(job),
@@ -101,7 +125,19 @@ class ControlPlane:
             log.info("job %s submitted by tenant %s (%d GPUs, %s)", job_id, tenant.name,
                      body.gpus, body.priority)
             self.reconcile()
-            return self.store.get(job_id), warnings
+            return Submission(self.store.get(job_id), warnings)
+
+    def _replay(self, tenant: str, key: str, digest: str) -> Submission | None:
+        found = self.store.idempotent(tenant, key, since=self.clock() - IDEMPOTENCY_S)
+        if found is None:
+            return None
+        job_id, earlier_digest = found
+        if earlier_digest != digest:
+            raise Conflict(f"Idempotency-Key {key!r} was used for another body (job {job_id}); "
+                           "use a new key for a new job")
+        submitted = next((e for e in self.store.events(job_id) if e["kind"] == "submitted"), {})
+        return Submission(self.store.get(job_id),
+                          submitted.get("detail", {}).get("warnings", []), replayed=True)
 
     def cancel(self, who: Principal, job_id: str) -> str:
         with self._locked():
@@ -469,6 +505,14 @@ def _router(metrics: dict) -> dict | None:
     return {"max_load": _number(metrics.get("moe_max_load")),
             "dropped_slots": int(metrics.get("moe_dropped_slots") or 0),
             "slots": int(metrics["moe_slots"])}
+
+
+def _body_digest(body: JobCreate) -> str:
+    import hashlib
+    import json
+
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _request(record: JobRecord) -> JobRequest:

@@ -51,6 +51,14 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
+CREATE TABLE IF NOT EXISTS idempotency (
+    tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body_sha256 TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
 """
 
 
@@ -150,6 +158,21 @@ class JobStore:
         with self._lock:
             self._db.execute(f"UPDATE jobs SET {sets} WHERE job_id = ?", [*fields.values(), job_id])
         return self.get(job_id)
+
+    def idempotent(self, tenant: str, key: str, *, since: float) -> tuple[str, str] | None:
+        """(job_id, body_sha256) of the tenant's submission under `key` made after `since`."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT job_id, body_sha256 FROM idempotency WHERE tenant = ? AND key = ? "
+                "AND at >= ?", (tenant, key, since)).fetchone()
+        return (row["job_id"], row["body_sha256"]) if row else None
+
+    def remember_idempotent(self, tenant: str, key: str, *, body_sha256: str, job_id: str,
+                            at: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO idempotency (tenant, key, body_sha256, job_id, at) "
+                "VALUES (?, ?, ?, ?, ?)", (tenant, key, body_sha256, job_id, at))
 
     def add_event(self, job_id: str, kind: str, detail: dict | None = None,
                   at: float | None = None) -> None:

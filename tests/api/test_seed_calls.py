@@ -94,3 +94,33 @@ def test_an_moe_jobs_status_carries_its_routing_and_a_dense_ones_none(client, to
                        moe_dropped_slots=3, moe_slots=4096)
     status = client.get(f"/v1/training/jobs/{job}", headers=prod).json()
     assert status["router"] == {"max_load": 1.25, "dropped_slots": 3, "slots": 4096}
+
+
+def test_a_retried_submit_with_an_idempotency_key_makes_one_job(client, plane, tokens,
+                                                                 seed_body):
+    # A client whose response was lost retries: the same key and body answer with the job
+    # the first call made, not a second one; the same key for another body is refused.
+    headers = {**auth(tokens["prod"]), "Idempotency-Key": "train-2026-12-06-a"}
+    first = client.post("/v1/training/jobs", json=seed_body, headers=headers)
+    again = client.post("/v1/training/jobs", json=seed_body, headers=headers)
+    assert first.status_code == again.status_code == 201, again.text
+    assert again.json()["job_id"] == first.json()["job_id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first.headers
+    assert len(plane.store.list()) == 1
+    assert [c[0] for c in plane.orchestrator.calls] == ["submit"]
+
+    other = client.post("/v1/training/jobs", json={**seed_body, "priority": "low"},
+                        headers=headers)
+    assert other.status_code == 409 and "used for another body" in other.json()["detail"]
+    # Keys are per tenant, and without a key every call is a new job.
+    research = {**auth(tokens["research"]), "Idempotency-Key": "train-2026-12-06-a"}
+    assert client.post("/v1/training/jobs", json={**seed_body, "priority": "normal"},
+                       headers=research).status_code == 201
+    assert client.post("/v1/training/jobs", json=seed_body,
+                       headers=auth(tokens["prod"])).json()["job_id"] != first.json()["job_id"]
+    assert len(plane.store.list()) == 3
+    # A day later the key names nothing any more.
+    plane.clock.now += 24 * 3600 + 1
+    late = client.post("/v1/training/jobs", json=seed_body, headers=headers)
+    assert late.status_code == 201 and late.json()["job_id"] != first.json()["job_id"]

@@ -206,6 +206,10 @@ class SourceSpec(_Strict):
     format: Literal["auto", "text", "jsonl", "parquet", "python-code", "python-docstrings"] = "auto"
     text_field: str = "text"
     glob: str | None = None
+    symlinks: Literal["refuse", "follow"] = Field(
+        default="refuse", description="a symlink leaving the source's root: refuse (the "
+                                      "prepare fails naming it) or follow (read, its target "
+                                      "recorded in the source's fingerprint)")
 
 
 class NearDedupSpec(_Strict):

@@ -29,6 +29,7 @@ EOS_TOKEN = "<|endoftext|>"
 
 # Data options added after mixes were published, with the value that means "off".
 _LATER_OPTIONS = {"near_dedup": None, "quality": None, "mask_pii": False}
+_LATER_SOURCE_OPTIONS = {"symlinks": "refuse"}
 
 
 def mix_key(job) -> str:
@@ -40,6 +41,10 @@ def mix_key(job) -> str:
     for option, off in _LATER_OPTIONS.items():  # off: the key mixes had before the option
         if data.get(option, off) == off:
             data.pop(option, None)
+    for source in data["sources"]:
+        for option, off in _LATER_SOURCE_OPTIONS.items():
+            if source.get(option, off) == off:
+                source.pop(option, None)
     spec = {
         "format": MIX_FORMAT,
         "data": data,

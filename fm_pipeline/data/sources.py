@@ -49,6 +49,7 @@ class SourceFile:
     rel: str
     size: int
     read: Callable[[], bytes]
+    target: str | None = None  # where a followed symlink leaving the source's root points
 
 
 def list_source_files(source: SourceSpec) -> list[SourceFile]:
@@ -58,7 +59,8 @@ def list_source_files(source: SourceSpec) -> list[SourceFile]:
         files = _list_s3(source, pattern)
     else:
         root = _local_root(source)
-        files = _list_local(root, pattern, skip=_STDLIB_SKIP if source.uri == STDLIB_URI else set())
+        files = _list_local(root, pattern, skip=_STDLIB_SKIP if source.uri == STDLIB_URI else set(),
+                            follow=source.symlinks == "follow", source_name=source.name)
     if not files:
         raise DataError(f"source {source.name!r}: no files match {pattern!r} under {source.uri}")
     return files
@@ -67,8 +69,8 @@ def list_source_files(source: SourceSpec) -> list[SourceFile]:
 def fingerprint(files: list[SourceFile]) -> str:
     """Names and sizes of a source's files: changes when files are added, removed or resized."""
     h = hashlib.sha256()
-    for f in files:
-        h.update(f"{f.rel}\0{f.size}\n".encode())
+    for f in files:  # a followed link's target is part of what was read
+        h.update(f"{f.rel}\0{f.size}{chr(0) + f.target if f.target else ''}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -122,9 +124,24 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile(out + r"\Z")
 
 
-def _list_local(root: Path, pattern: str, *, skip: set[str]) -> list[SourceFile]:
+def _list_local(root: Path, pattern: str, *, skip: set[str], follow: bool = False,
+                source_name: str = "") -> list[SourceFile]:
+    """Files under `root` matching `pattern`. A symlink whose target lies outside the root
+    is refused (DataError naming it), or with `follow` read and recorded (`target`)."""
     if root.is_file():
         return [SourceFile(root.name, root.stat().st_size, root.read_bytes)]
+    real_root = root.resolve()
+
+    def outside(path: Path) -> str | None:
+        """The target of a link under `path` that leaves the root, else None."""
+        target = path.resolve()
+        return None if target == real_root or real_root in target.parents else str(target)
+
+    def refuse(rel: str, target: str) -> DataError:
+        return DataError(
+            f"source {source_name!r}: {rel} is a symlink to {target}, outside the source's "
+            f"root {real_root}; remove it, or set symlinks: follow on the source to read "
+            "it (the target is then recorded in the source's fingerprint)")
     match = _glob_regex(pattern).match
     # Walk only below the pattern's literal directories ("email/*.py" -> root/email), and
     # prune hidden and skipped directories instead of listing everything under them.
@@ -134,17 +151,33 @@ def _list_local(root: Path, pattern: str, *, skip: set[str]) -> list[SourceFile]
             break
         literal.append(part)
     start = root.joinpath(*literal)
-    files = []
-    for dirpath, dirnames, filenames in os.walk(start):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in skip]
+    files, walked = [], set()
+    for dirpath, dirnames, filenames in os.walk(start, followlinks=follow):
+        real = os.path.realpath(dirpath)
+        if real in walked:  # a followed link back into what was already read: no loop
+            dirnames[:] = []
+            continue
+        walked.add(real)
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        kept = []
+        for d in dirnames:
+            if d.startswith(".") or d in skip:
+                continue
+            link = Path(dirpath, d)
+            if link.is_symlink() and (target := outside(link)) and not follow:
+                raise refuse(d if rel_dir == "." else f"{rel_dir}/{d}", target)
+            kept.append(d)
+        dirnames[:] = kept
         for name in filenames:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             if name.startswith(".") or not match(rel):
                 continue
             path = Path(dirpath, name)
+            target = outside(path)
+            if target and not follow:
+                raise refuse(rel, target)
             if path.is_file():
-                files.append(SourceFile(rel, path.stat().st_size, path.read_bytes))
+                files.append(SourceFile(rel, path.stat().st_size, path.read_bytes, target))
     return sorted(files, key=lambda f: f.rel)
 
 

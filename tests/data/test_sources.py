@@ -90,3 +90,37 @@ def test_missing_and_empty_locations_are_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"source 's': no files match '\*\*/\*.txt' under"):
         list_source_files(spec(tmp_path / "empty", glob="**/*.txt"))
+
+
+def test_a_symlink_leaving_the_source_root_is_refused_or_followed_and_recorded(tmp_path):
+    from fm_pipeline.data.sources import fingerprint
+
+    root, outside = tmp_path / "corpus", tmp_path / "private"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "a.txt").write_text("alpha")
+    (outside / "secret.txt").write_text("not part of the corpus")
+    (root / "inside.txt").symlink_to(root / "a.txt")  # stays inside: read as usual
+    (root / "sub" / "leak.txt").symlink_to(outside / "secret.txt")
+    with pytest.raises(DataError) as refused:
+        read(spec(root))
+    message = str(refused.value)
+    assert "sub/leak.txt is a symlink to" in message and str(outside / "secret.txt") in message
+    assert "symlinks: follow" in message
+
+    followed = list_source_files(spec(root, symlinks="follow"))
+    assert [(f.rel, f.target) for f in followed] == [
+        ("a.txt", None), ("inside.txt", None), ("sub/leak.txt", str(outside / "secret.txt"))]
+    # The target is part of what the source read: another target is another fingerprint.
+    (outside / "other.txt").write_text("not part of the corpus")
+    (root / "sub" / "leak.txt").unlink()
+    (root / "sub" / "leak.txt").symlink_to(outside / "other.txt")
+    assert fingerprint(list_source_files(spec(root, symlinks="follow"))) != fingerprint(followed)
+
+    # A linked directory that leaves the root is refused the same way (it was skipped).
+    (root / "sub" / "leak.txt").unlink()
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(DataError, match="linked is a symlink to"):
+        read(spec(root))
+    assert {f.rel for f in list_source_files(spec(root, symlinks="follow"))} >= {
+        "linked/secret.txt", "linked/other.txt"}

@@ -443,7 +443,14 @@ class ControlPlane:
 
     def _checkpoint_location(self, job_id: str, wanted: str) -> str | None:
         committed = [c for c in progress.checkpoints(job_id, self._object_store()) if c.committed]
+        named = [c for c in committed if wanted in (c.location, f"step-{c.step:08d}", str(c.step))]
+        if named and all(c.invalid for c in named):  # every copy of it was found corrupt
+            raise FieldError([("checkpoint", (
+                f"{wanted!r} is marked invalid ({named[0].invalid}); name another checkpoint "
+                "or omit checkpoint for the newest valid one"))])
         for c in committed:
+            if c.invalid:
+                continue
             if wanted in (c.location, f"step-{c.step:08d}", str(c.step)):
                 if getattr(self.orchestrator, "supports_resume_from", True):
                     return c.location

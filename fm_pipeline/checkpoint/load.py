@@ -275,6 +275,16 @@ def _fetchable(ref: CheckpointRef, problems: list[Problem], store, job_name: str
         return False
 
 
+def _marked_invalid(ref: CheckpointRef) -> str | None:
+    """What a failed restore recorded against this very checkpoint (verdict.py), or None."""
+    from fm_pipeline.catalog.validate import invalid_reason
+
+    try:
+        return invalid_reason(ref, ref.read_bytes(MANIFEST))
+    except (FileNotFoundError, StoreError):
+        return None  # no manifest: the restore itself names that
+
+
 def resume(app_state: dict, job, *, store: ObjectStore, root: Path | None = None,
            resume_from: CheckpointRef | None = None,
            before_load: BeforeLoad | None = None) -> RestoreResult | None:
@@ -286,6 +296,8 @@ def resume(app_state: dict, job, *, store: ObjectStore, root: Path | None = None
     if resume_from is None:
         return restore_latest(app_state, job, store=store, root=root,
                               before_load=before_load)
+    if (why := _marked_invalid(resume_from)) is not None:  # named by hand, still refused
+        raise CheckpointInvalid(resume_from, [Problem("invalid", why, kind="invalid")])
     result = restore(app_state, resume_from, job=job, store=store, before_load=before_load)
     error = None
     if comm.rank() == 0 and result.manifest.job == job.name:

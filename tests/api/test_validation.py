@@ -102,3 +102,24 @@ def test_every_problem_of_a_body_is_listed_at_once(client, tokens, seed_body):
     assert r.status_code == 422, r.text
     assert set(_fields(r)) == {"gpus", "priority", "parallelism.dp", "data_manifest"}, r.json()
     assert any("more than the whole pool" in d["msg"] for d in r.json()["detail"])
+
+
+def test_resume_naming_a_checkpoint_marked_invalid_is_refused(client, plane, tokens, seed_body):
+    from fm_pipeline.catalog import CheckpointRef
+    from fm_pipeline.catalog.validate import Problem
+    from fm_pipeline.catalog.verdict import record_invalid
+    from tests.api.progress_files import write_checkpoint
+
+    prod = auth(tokens["prod"])
+    job_id = client.post("/v1/training/jobs", json=seed_body, headers=prod).json()["job_id"]
+    bad = write_checkpoint(job_id, step=500)
+    write_checkpoint(job_id, step=1000)
+    record_invalid(CheckpointRef.local(bad), [Problem("__0_0.distcp", "checksum mismatch")])
+    r = client.post(f"/v1/training/jobs/{job_id}/resume", json={"checkpoint": "step-00000500"},
+                    headers=prod)
+    assert r.status_code == 422 and _fields(r) == ["checkpoint"], r.text
+    assert "marked invalid" in r.json()["detail"][0]["msg"]
+    assert "checksum mismatch" in r.json()["detail"][0]["msg"]
+    r = client.post(f"/v1/training/jobs/{job_id}/resume", json={"checkpoint": "step-00001000"},
+                    headers=prod)
+    assert r.status_code == 202, r.text

@@ -59,3 +59,29 @@ def test_a_resave_replaces_the_superseded_store_copy_and_its_stale_files(fm_home
         assert found.found.step == 2, tier
         assert any("step-00000003" in line and "resumed from step 1" in line
                    for line in found.skipped_lines())
+
+
+def test_a_checkpoint_marked_invalid_cannot_be_named_in_a_resume(fm_home):
+    import pytest
+
+    from fm_pipeline.catalog.validate import CheckpointInvalid, Problem
+    from fm_pipeline.catalog.verdict import record_invalid
+    from fm_pipeline.checkpoint.load import resume
+
+    store = open_store(fm_home / "store")
+    job = tiny_job(upload=True)
+    trainer = Trainer(TinyLM())
+    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False)
+    for step in (1, 2):
+        trainer.step(step)
+        manager.save(step, tokens_seen=32 * step)
+    manager.close()
+    root = local_root(job.name)
+    bad = CheckpointRef.local(root / "step-00000001")
+    record_invalid(bad, [Problem("__0_0.distcp", "checksum mismatch (a restore found it)")])
+    # Discovery already skipped it; naming it by hand used to restore it anyway.
+    with pytest.raises(CheckpointInvalid, match="checksum mismatch") as refused:
+        resume(trainer.app_state, job, store=store, root=root, resume_from=bad)
+    assert "a restore found it corrupt" in str(refused.value)
+    good = CheckpointRef.local(root / "step-00000002")
+    assert resume(trainer.app_state, job, store=store, root=root, resume_from=good).manifest.step == 2

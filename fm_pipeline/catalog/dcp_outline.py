@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import io
 import pickle
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 # Modules whose names a DCP metadata pickle may refer to. Which names within them are used
@@ -87,6 +88,50 @@ class _Unpickler(pickle.Unpickler):
 class Outline:
     state_keys: frozenset[str]  # fully qualified state-dict keys ("model.layers.0.wq.weight")
     storage: tuple[tuple[str, int, int], ...]  # (relative_path, offset, length) per item
+    # Non-tensor entries (step, topology, data cursor): key -> (relative_path, offset, length)
+    plain_items: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+
+    def saving_ranks(self) -> set[int]:
+        """Ranks whose `__{rank}_{n}.distcp` files hold data."""
+        ranks = set()
+        for path, _, _ in self.storage:
+            head = PurePosixPath(path).name.split("_")
+            if len(head) >= 4 and head[2].isdigit() and path.endswith(".distcp"):
+                ranks.add(int(head[2]))
+        return ranks
+
+
+def read_plain_item(blob: bytes) -> object:
+    """The value of a non-tensor DCP entry (torch.save's zip of a plain pickle: an int, a
+    string, a dict of them), read without torch and without running any code: a pickle
+    that names a class or function is refused."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
+        return _PlainOnly(io.BytesIO(_stored_member(blob, info))).load()
+    except OutlineError:
+        raise
+    except (StopIteration, zipfile.BadZipFile, pickle.UnpicklingError, EOFError,
+            ValueError) as e:
+        raise OutlineError(f"not a plain DCP entry: {type(e).__name__}: {e}") from None
+
+
+def _stored_member(blob: bytes, info: zipfile.ZipInfo) -> bytes:
+    """A STORED member's bytes, sliced after its local header. torch writes no CRC-32 for
+    DCP entries, so zipfile's own read (which checks one) refuses them."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{info.filename} is compressed; torch.save stores entries")
+    header = blob[info.header_offset:info.header_offset + 30]
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        raise ValueError("no local file header where the central directory points")
+    start = info.header_offset + 30 + int.from_bytes(header[26:28], "little") + int.from_bytes(
+        header[28:30], "little")
+    return blob[start:start + info.file_size]
+
+
+class _PlainOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        raise OutlineError(f"a plain entry refers to {module}.{name}")
 
 
 def read_outline(data: bytes) -> Outline:
@@ -103,8 +148,8 @@ def read_outline(data: bytes) -> Outline:
     storage = getattr(meta, "storage_data", None) or {}
     if not isinstance(keys, dict) or not isinstance(storage, dict):
         raise OutlineError("its Metadata has no state_dict_metadata / storage_data mapping")
-    refs = []
-    for info in storage.values():
+    refs, plain = [], {}
+    for index, info in storage.items():
         path = getattr(info, "relative_path", None)
         offset, length = getattr(info, "offset", None), getattr(info, "length", None)
         if path is None:
@@ -112,4 +157,8 @@ def read_outline(data: bytes) -> Outline:
         if not isinstance(offset, int) or not isinstance(length, int):
             raise OutlineError(f"a storage entry of {path} has no integer offset/length")
         refs.append((str(path), offset, length))
-    return Outline(state_keys=frozenset(map(str, keys)), storage=tuple(refs))
+        fqn = getattr(index, "fqn", None)
+        if isinstance(fqn, str) and getattr(keys.get(fqn), "_name", "").endswith(
+                ".BytesStorageMetadata"):
+            plain[fqn] = (str(path), offset, length)
+    return Outline(state_keys=frozenset(map(str, keys)), storage=tuple(refs), plain_items=plain)

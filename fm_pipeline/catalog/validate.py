@@ -4,8 +4,11 @@
     found = latest_valid(job, store=store) # newest valid, with the reason each newer one was skipped
 
 Checks: manifest present and well-formed; every listed file present with its size and
-checksum; no unlisted files; DCP `.metadata` readable and consistent with the files; model
-config matching the job's; not superseded by a rollback (supersede.py). On the store tier
+checksum; no unlisted files; DCP `.metadata` readable and consistent with the files; the
+manifest's world, layout, step and data cursor agreeing with what the ranks saved (one RNG
+state per rank, the data files' ranks and, on a local copy, train_state and the loader's
+state read from their few bytes); model config matching the job's; not superseded by a
+rollback (supersede.py). On the store tier
 the checksums are verified by downloading (restore does that anyway); `checksums=False`
 checks everything else, cheaply. The DCP metadata is read without torch and without running
 the pickle (dcp_outline.py), so the control side checks it too.
@@ -19,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fm_pipeline.catalog.dcp_outline import OutlineError, read_outline
+from fm_pipeline.catalog.dcp_outline import OutlineError, read_outline, read_plain_item
 from fm_pipeline.catalog.manifest import Manifest, ManifestError, entry_problem, parse_manifest
 from fm_pipeline.catalog.refs import (
     DCP_METADATA,
@@ -194,7 +197,65 @@ def _dcp_metadata_problems(ref, manifest: Manifest, present: dict[str, int]):
         if not any(k == part or k.startswith(f"{part}.") for k in outline.state_keys):
             problems.append(Problem(DCP_METADATA, f"holds no entries for state part {part!r} "
                                                   "that the manifest lists"))
+    return problems + _topology_problems(ref, manifest, outline)
+
+
+# Manifest claims and the DCP entry the trainer saved beside them (train/state.py, the loader).
+_SAVED_AS = (("train_state.step", "step"), ("train_state.tokens_seen", "tokens_seen"),
+             ("dataloader.samples_consumed", "data.cursor.samples_consumed"),
+             ("dataloader.global_batch_size", "data.cursor.global_batch_size"),
+             ("dataloader.mix_key", "data.cursor.mix_key"))
+
+
+def _topology_problems(ref, manifest: Manifest, outline) -> list[Problem]:
+    """The manifest's world, layout, step and data cursor against what the ranks saved:
+    one RNG state per rank of the saving world, the data files' ranks, and (on a local copy,
+    where a few bytes are read cheaply) the trainer's own topology, step and loader state."""
+    p = manifest.parallelism
+    claim = f"the manifest says world_size {p.world_size}"
+    problems = []
+    rng = {int(k.rsplit(".rank", 1)[1]) for k in outline.state_keys
+           if k.startswith("train_state.rng.rank") and k.rsplit(".rank", 1)[1].isdigit()}
+    if rng and rng != set(range(p.world_size)):
+        problems.append(Problem(f"{MANIFEST} parallelism.world_size", (
+            f"{claim}, but the checkpoint holds the RNG states of ranks "
+            f"{_ranks(rng)} (a world of {max(rng) + 1})")))
+    saving = outline.saving_ranks()
+    if saving and max(saving) >= p.world_size:
+        problems.append(Problem(f"{MANIFEST} parallelism.world_size", (
+            f"{claim}, but rank {max(saving)} wrote {DCP_METADATA}'s data files")))
+    if ref.dir is None:
+        return problems
+    from fm_pipeline.catalog.topology import layout_key
+
+    claims = {"topology": layout_key(p, world_size=p.world_size, dp_shard=p.dp_shard),
+              "step": manifest.step, "tokens_seen": manifest.tokens_seen,
+              **{f"data.cursor.{k}": v for k, v in (manifest.data.cursor or {}).items()}}
+    for entry, field in (("train_state.topology", "topology"), *_SAVED_AS):
+        if entry not in outline.plain_items or field not in claims:
+            continue
+        path, offset, length = outline.plain_items[entry]
+        if not (ref.dir / path).is_file():  # another node's file: its absence is reported
+            continue
+        try:
+            with open(ref.dir / path, "rb") as f:
+                f.seek(offset)
+                saved = read_plain_item(f.read(length))
+        except (OSError, OutlineError) as e:
+            problems.append(Problem(path, f"cannot read the saved {entry}: {e}"))
+            continue
+        if saved != claims[field]:
+            where = "parallelism" if field == "topology" else field
+            problems.append(Problem(f"{MANIFEST} {where}", (
+                f"says {claims[field]!r}, but the ranks saved {entry} = {saved!r}")))
     return problems
+
+
+def _ranks(ranks: set[int]) -> str:
+    ordered = sorted(ranks)
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
 
 
 def model_problems(manifest: Manifest, job) -> list[Problem]:

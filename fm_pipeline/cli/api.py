@@ -119,8 +119,13 @@ def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uv
     from fm_pipeline.api.store import JobStore
     from fm_pipeline.scheduling import load_tenants
 
+    from fm_pipeline.launch.reaper import reap_orphans
+
     config = load_tenants(tenants)
     _check_launcher(config.launcher, orchestrator)
+    if reaped := reap_orphans():  # a killed server's segments left these behind
+        console.print(f"ended {len(reaped)} process(es) left by segments whose launcher is "
+                      "gone", highlight=False)
     tokens = TokenStore()
     plane = ControlPlane(tenants=config, orchestrator=_orchestrator(orchestrator),
                          store=JobStore())

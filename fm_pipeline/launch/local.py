@@ -15,7 +15,9 @@ torchrun SIGTERM, which it forwards to the workers: they checkpoint and exit 75;
 is written and the exception carries the result (`e.segment_result`), so the caller can
 record what the segment did before it re-raises. Should the caller die outright (SIGKILL),
 torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG): the segment stops at a checkpoint
-rather than training on with nobody to follow it.
+rather than training on with nobody to follow it. Every process the segment starts carries
+its tag (launch/reaper.py): what is left once torchrun exits is ended, and the next launch
+on this machine ends what a dead launcher left.
 """
 
 from __future__ import annotations
@@ -41,11 +43,14 @@ from fm_pipeline.launch.outcome import (
     outcome_of,
     worker_error_files,
 )
+from fm_pipeline.launch.reaper import end_tagged, reap_orphans, tag_segment
 from fm_pipeline.launch.spec import SegmentLaunch, SegmentPaths, local_paths
 from fm_pipeline.rundir import exit_codes
 
 # After SIGTERM, torchrun waits its --shutdown-timeout for the workers; then this much more.
 STOP_MARGIN_S = 10
+# What a process left behind after torchrun exited gets between SIGTERM and SIGKILL.
+ORPHAN_GRACE_S = 2.0
 
 
 def new_segment_dir(launch: SegmentLaunch) -> Path:
@@ -93,10 +98,12 @@ def run_segment_locally(
     refused = local_fit_problems(launch.job, LocalCapacity.of_this_machine())
     if refused:
         return _refused(launch, refused, segment_dir)
+    reap_orphans()  # what a crashed launcher left must not hold cores or the job's files
     argv, paths = prepare_segment(launch, segment_dir)
     segment_dir = paths.job_file.parent
     output_log = segment_dir / "torchrun.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **paths.env(), **(env or {})}
+    tag, tag_env = tag_segment()
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **paths.env(), **(env or {}), **tag_env}
     started = time.monotonic()
     timed_out = False
     with open(output_log, "wb") as log:
@@ -113,17 +120,23 @@ def run_segment_locally(
         except BaseException as e:  # interrupted: the segment stops at a checkpoint first
             stop(proc, grace_s=launch.shutdown_timeout_s + STOP_MARGIN_S)
             pump.join(timeout=10)
-            e.segment_result = _finish(launch, paths, proc, output_log, started,
+            e.segment_result = _finish(launch, paths, proc, output_log, started, tag,
                                        timed_out=False, timeout_s=timeout_s)
             raise
         finally:
             pump.join(timeout=10)
-    return _finish(launch, paths, proc, output_log, started, timed_out=timed_out,
+    return _finish(launch, paths, proc, output_log, started, tag, timed_out=timed_out,
                    timeout_s=timeout_s)
 
 
-def _finish(launch, paths, proc, output_log: Path, started: float, *, timed_out: bool,
-            timeout_s: float | None) -> SegmentResult:
+def _finish(launch, paths, proc, output_log: Path, started: float, tag: str, *,
+            timed_out: bool, timeout_s: float | None) -> SegmentResult:
+    # torchrun is gone: whatever still carries the segment's tag (a worker's helper in a
+    # session of its own, a worker torchrun lost track of) is an orphan.
+    if leftovers := end_tagged(tag, grace_s=ORPHAN_GRACE_S):
+        with open(output_log, "ab") as log:
+            log.write(f"[fm launcher] ended {len(leftovers)} process(es) left after torchrun "
+                      f"exited: {', '.join(map(str, leftovers))}\n".encode())
     result = _result(launch, paths, proc.returncode, output_log,
                      time.monotonic() - started, timed_out=timed_out, timeout_s=timeout_s)
     (paths.job_file.parent / "result.json").write_text(json.dumps(result.to_dict(), indent=2))

@@ -79,10 +79,26 @@ def pipes(args) -> None:
             context.report_asset_materialization(metadata={"end_step": args.end_step})
 
 
+def start_helper() -> None:
+    """A helper in a session of its own that ignores SIGTERM and outlives its worker (as a
+    leaked data-loader or compile worker would); its pid in FM_TINY_OUT/helper<rank>."""
+    import subprocess
+
+    helper = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                               "signal.SIG_IGN); time.sleep(600)"],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(os.environ["FM_TINY_OUT"], f"helper{RANK}"), "w") as f:
+        f.write(str(helper.pid))
+
+
 def main() -> None:
     args = _args()
     behaviour = os.environ.get("FM_TINY_WORKER", "ok")
     print(f"tiny worker rank {RANK}/{WORLD}: {behaviour}", flush=True)
+    if behaviour.startswith("helper+"):
+        start_helper()
+        behaviour = behaviour.removeprefix("helper+")
     if behaviour == "ok":
         return
     if behaviour == "crash":

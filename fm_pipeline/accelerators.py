@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 TFLOPS = 1e12
+CPU_DOLLARS_PER_HOUR = 0.1  # a cloud vCPU pair, order of magnitude: CPU runs are demos and tests
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,15 @@ def get_accelerator(name: str) -> Accelerator:
             f"unknown accelerator {name!r}; known: {', '.join([*CATALOG, 'cpu'])}"
         )
     return CATALOG[key]
+
+
+def catalog_price(name: str) -> float | None:
+    """The catalog's $/device-hour for `name` without measuring anything (the CPU entry's
+    price is a constant), or None for a name the catalog does not know."""
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key == "cpu":
+        return CPU_DOLLARS_PER_HOUR
+    return CATALOG[key].dollars_per_hour if key in CATALOG else None
 
 
 def cuda_accelerator_name(device_name: str) -> str | None:
@@ -155,6 +165,6 @@ def measured_cpu(threads: int | None = None) -> Accelerator:
         _cpu_cache[threads] = Accelerator(
             name=f"cpu-{threads}t", peak_bf16_flops=max(bf16, fp32), peak_fp32_flops=fp32,
             memory_gib=24, memory_bw_gbps=20, intra_node_gbps=10, inter_node_gbps=1.25,
-            dollars_per_hour=0.1, matmul_efficiency=1.0, sm_count=1,
+            dollars_per_hour=CPU_DOLLARS_PER_HOUR, matmul_efficiency=1.0, sm_count=1,
         )
     return _cpu_cache[threads]

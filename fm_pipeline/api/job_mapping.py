@@ -4,7 +4,11 @@
     gpus              -> parallelism.nnodes x nproc_per_node (gpus_per_node per node, default 8)
     parallelism       -> tp, pp, dp_shard (= dp; dp_replicate 1)
     checkpoint_every_steps -> checkpoint.every_steps
-    data_manifest     -> data (the mix's data spec), training.seq_len (the mix's)
+    data_manifest     -> data (the mix's data spec)
+    seq_len           -> training.seq_len (must be the mix's; default: the mix's)
+    global_batch_tokens / global_batch_size -> training.global_batch_size
+    training_tokens / steps -> training.steps
+    precision         -> parallelism.mixed_precision
     priority, tenant  -> priority, tenant, owner; cluster.namespace / local_queue per tenant
 
 The mix must be published in the job store (`store_uri()`), where the trainer finds it by
@@ -43,6 +47,7 @@ _BODY_FIELD = {
     "training.global_batch_size": "global_batch_size",
     "training.micro_batch_size": "micro_batch_size", "training.steps": "steps",
     "training.warmup_steps": "steps", "priority": "priority",
+    "parallelism.mixed_precision": "precision",
 }
 
 
@@ -137,19 +142,15 @@ def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
     if problems:  # the spec's own rules need a layout, a model and a mix to check against
         raise FieldError(problems)
     micro = body.micro_batch_size or DEFAULT_MICRO_BATCH
-    training = {
-        "seq_len": manifest.seq_len,
-        "micro_batch_size": micro,
-        "global_batch_size": body.global_batch_size or default_global_batch(dp, p.pp, micro),
-    }
-    if body.steps is not None:
-        training["steps"] = body.steps
-        training["warmup_steps"] = min(10, body.steps)
+    training = _training(body, manifest, dp=dp, pp=p.pp, micro=micro)
+    parallelism = {"nnodes": body.gpus // per_node, "nproc_per_node": per_node,
+                   "tp": p.tp, "pp": p.pp, "dp_shard": dp}
+    if body.precision is not None:
+        parallelism["mixed_precision"] = body.precision
     data = {
         "name": job_id, "owner": tenant.name, "tenant": tenant.name, "priority": body.priority,
         "model": {"size": body.model, "vocab_size": manifest.vocab_size},
-        "parallelism": {"nnodes": body.gpus // per_node, "nproc_per_node": per_node,
-                        "tp": p.tp, "pp": p.pp, "dp_shard": dp},
+        "parallelism": parallelism,
         "training": training,
         "data": manifest.data_spec,
         "checkpoint": {"every_steps": body.checkpoint_every_steps},
@@ -162,6 +163,47 @@ def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
         raise FieldError([(_body_field(f), m) for f, m in e.problems]) from None
     _check_mix_key(job, manifest)
     return job
+
+
+def _training(body: JobCreate, manifest, *, dp: int, pp: int, micro: int) -> dict:
+    """The training section: sequence length, batch and length, from what the body declares
+    (seq_len, global_batch_tokens or global_batch_size, training_tokens or steps); every
+    conflict named at once."""
+    problems = []
+    seq_len = body.seq_len or manifest.seq_len
+    if seq_len != manifest.seq_len:
+        problems.append(("seq_len", (
+            f"{seq_len}, but mix {manifest.key} was prepared at seq_len {manifest.seq_len} "
+            f"(its samples are windows of that length): prepare a mix with "
+            f"training.seq_len: {seq_len} (`fm data prepare`) and name it")))
+    gbs = body.global_batch_size
+    if body.global_batch_tokens is not None:
+        if body.global_batch_tokens % seq_len:
+            problems.append(("global_batch_tokens", (
+                f"{body.global_batch_tokens} is not a whole number of sequences of "
+                f"{seq_len} tokens")))
+        elif gbs is not None and gbs * seq_len != body.global_batch_tokens:
+            problems.append(("global_batch_tokens", (
+                f"{body.global_batch_tokens} disagrees with global_batch_size {gbs} x "
+                f"seq_len {seq_len} = {gbs * seq_len}; give one of them")))
+        else:
+            gbs = body.global_batch_tokens // seq_len
+    gbs = gbs or default_global_batch(dp, pp, micro)
+    steps = body.steps
+    if body.training_tokens is not None:
+        from_tokens = math.ceil(body.training_tokens / (gbs * seq_len))
+        if steps is not None and steps != from_tokens:
+            problems.append(("training_tokens", (
+                f"{body.training_tokens:,} tokens at {gbs * seq_len:,} per step is "
+                f"{from_tokens:,} steps, but steps says {steps:,}; give one of them")))
+        steps = from_tokens
+    if problems:
+        raise FieldError(problems)
+    training = {"seq_len": seq_len, "micro_batch_size": micro, "global_batch_size": gbs}
+    if steps is not None:
+        training["steps"] = steps
+        training["warmup_steps"] = min(10, steps)
+    return training
 
 
 def _check_mix_key(job: JobSpec, manifest) -> None:

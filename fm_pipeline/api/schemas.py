@@ -42,8 +42,24 @@ class JobCreate(_Body):
     priority: Priority = "normal"
     steps: int | None = Field(default=None, ge=1, le=100_000_000, description="target step")
     gpus_per_node: int | None = Field(default=None, ge=1, le=64, description="default: 8")
-    global_batch_size: int | None = Field(default=None, ge=1, le=100_000_000)
+    global_batch_size: int | None = Field(default=None, ge=1, le=100_000_000,
+                                          description="sequences per step")
     micro_batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    seq_len: int | None = Field(
+        default=None, ge=2, le=1 << 24,
+        description="tokens per sequence; must be the data mix's (its samples are windows "
+                    "of that length); default: the mix's")
+    global_batch_tokens: int | None = Field(
+        default=None, ge=1, le=1 << 40,
+        description="tokens per optimizer step (a multiple of seq_len); instead of "
+                    "global_batch_size")
+    training_tokens: int | None = Field(
+        default=None, ge=1, le=10**16,
+        description="the token budget: steps = ceil(training_tokens / tokens per step); "
+                    "instead of steps")
+    precision: Literal["fp32", "bf16", "fp8", "fp8-tensorwise", "fp8-rowwise"] | None = Field(
+        default=None, description="parallelism.mixed_precision; default: bf16 on a GPU pool, "
+                                  "fp32 on CPUs")
 
 
 class ResumeBody(_Body):

@@ -124,7 +124,7 @@ def stragglers(job_path: Path = JOB,
                       f"{float(e.get('idle_gpu_hours') or 0):.4f}")
     console.print(table)
     console.print(f"idle GPU-hours {summary['idle_gpu_hours']:.4f} "
-                  f"(${summary['idle_dollars']:.2f} at ${job.cluster.dollars_per_gpu_hour}/GPU-h); "
+                  f"(${summary['idle_dollars']:.2f} at ${job.cluster.price_per_gpu_hour}/GPU-h); "
                   f"excluded: {summary['excluded'] or 'nothing'}")
     if scan:
         for segment, events in scan_rank_timings(job.name).items():

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fm_pipeline.accelerators import catalog_price
 from fm_pipeline.model.config import ModelConfig
 from fm_pipeline.model.registry import get_model_config, model_names
 
@@ -322,11 +323,17 @@ class ClusterSpec(_Strict):
     name: str = "local"
     accelerator: str = "cpu"
     gpus_per_node: int = Field(default=8, gt=0, le=1024)
-    intra_node_gbps: float = Field(default=900.0, gt=0, description="NVLink, GB/s per GPU")
-    inter_node_gbps: float = Field(default=50.0, gt=0, description="fabric, GB/s per GPU")
+    # Left out (null): the accelerator's own figure from the catalog (fm_pipeline/
+    # accelerators.py). A default here would mean one thing in a spec as written and
+    # another once the spec is stored and read back.
+    intra_node_gbps: float | None = Field(default=None, gt=0, description="NVLink, GB/s per "
+                                          "GPU; left out: the accelerator's")
+    inter_node_gbps: float | None = Field(default=None, gt=0, description="fabric, GB/s per "
+                                          "GPU; left out: the accelerator's")
     oversubscription: float = Field(default=1.0, ge=1)
     storage_write_gbps: float = Field(default=10.0, gt=0)
-    dollars_per_gpu_hour: float = Field(default=2.5, ge=0)
+    dollars_per_gpu_hour: float | None = Field(default=None, ge=0, description="left out: "
+                                               "the accelerator's catalog price")
     node_failure_rate_per_day: float | None = Field(
         default=None, ge=0,
         description="left out: Llama 3's interruption rates per GPU, node and job (the "
@@ -342,6 +349,21 @@ class ClusterSpec(_Strict):
     namespace: str = "default"
     image: str = "fm-pipeline:latest"
     local_queue: str = "default"
+
+    @model_validator(mode="after")
+    def _priced(self) -> "ClusterSpec":
+        if self.dollars_per_gpu_hour is None and catalog_price(self.accelerator) is None:
+            raise ValueError(f"unknown accelerator {self.accelerator!r} (not in the catalog, "
+                             "fm_pipeline/accelerators.py): give cluster.dollars_per_gpu_hour "
+                             "and the link bandwidths, or a known accelerator")
+        return self
+
+    @property
+    def price_per_gpu_hour(self) -> float:
+        """dollars_per_gpu_hour, or the accelerator's catalog price when left out."""
+        if self.dollars_per_gpu_hour is not None:
+            return self.dollars_per_gpu_hour
+        return catalog_price(self.accelerator)
 
 
 class ResilienceSpec(_Strict):

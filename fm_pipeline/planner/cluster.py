@@ -149,11 +149,9 @@ def make_cluster(gpu_type: str, **overrides) -> ClusterConfig:
 def cluster_from_spec(spec, *, gpus_per_node: int | None = None) -> ClusterConfig:
     """The planner's cluster for a job's `cluster:` section.
 
-    Bandwidths and price the job spec does not set explicitly come from the accelerator
-    catalog: the spec's generic defaults (900 GB/s NVLink, $2.5/h) would misdescribe an A100
-    or a CPU. `gpus_per_node` defaults to the spec's value.
+    Bandwidths and price the job spec leaves out (null) come from the accelerator catalog,
+    as on the command line. `gpus_per_node` defaults to the spec's value.
     """
-    explicit = spec.model_fields_set
     overrides = {
         "gpus_per_node": gpus_per_node or spec.gpus_per_node,
         "oversubscription": spec.oversubscription,
@@ -165,7 +163,7 @@ def cluster_from_spec(spec, *, gpus_per_node: int | None = None) -> ClusterConfi
         ("inter_node_gbps", "inter_node_gbps"),
         ("dollars_per_gpu_hour", "dollars_per_gpu_hour"),
     ):
-        if spec_field in explicit:
+        if getattr(spec, spec_field) is not None:
             overrides[field] = getattr(spec, spec_field)
     for field in (
         "nodes_per_rack",

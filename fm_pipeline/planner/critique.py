@@ -110,17 +110,28 @@ def _segments(job, est: Estimate):
     rel, step_s = est.reliability, est.metrics["step_time_s"]
     relaunch = rel.restart_s  # reschedule, rendezvous, restore: what each segment pays
     segment_s = job.training.segment_steps * step_s
-    share = relaunch / (segment_s + relaunch)
+    share = relaunch_share(est, job.training.segment_steps)
     if share <= SEGMENT_RELAUNCH_SHARE:
         return
     steps = segment_steps_for(est, every_steps=job.checkpoint.every_steps,
                               total_steps=job.training.steps)
-    yield Finding(
-        "training.segment_steps",
-        f"segments of {job.training.segment_steps} steps ({_duration(segment_s)}) each pay a "
-        f"relaunch of {_duration(relaunch)} (cluster.restart_overhead_s plus the restore): "
-        f"{share:.0%} of the wall clock; {steps} steps keeps it under "
-        f"{SEGMENT_RELAUNCH_SHARE:.0%}", steps)
+    at = relaunch_share(est, steps)
+    said = (f"segments of {job.training.segment_steps} steps ({_duration(segment_s)}) each "
+            f"pay a relaunch of {_duration(relaunch)} (cluster.restart_overhead_s plus the "
+            f"restore): {share:.0%} of the wall clock; ")
+    if at <= SEGMENT_RELAUNCH_SHARE:
+        said += f"{steps} steps keeps it under {SEGMENT_RELAUNCH_SHARE:.0%} ({at:.1%})"
+    else:  # the whole job is shorter than one segment that would amortise the relaunch
+        said += (f"even one segment for all {job.training.steps} steps of the job "
+                 f"({_duration(job.training.steps * step_s)}) pays {at:.0%}: the job is "
+                 f"too short to keep relaunches under {SEGMENT_RELAUNCH_SHARE:.0%}")
+    yield Finding("training.segment_steps", said, steps)
+
+
+def relaunch_share(est: Estimate, segment_steps: int) -> float:
+    """The share of the wall clock a segment of this many steps spends relaunching."""
+    relaunch = est.reliability.restart_s
+    return relaunch / (segment_steps * est.metrics["step_time_s"] + relaunch)
 
 
 def _grace(job, est: Estimate):

@@ -35,7 +35,7 @@ kind "straggler_drop_end" (rank 0): rank, host, since_step, end_step, why ("reco
     "switched to exclude" | "segment ended"), tokens_dropped, drop_cost_gpu_s, ratio
 kind "straggler_end" (rank 0, when the rank recovers or the segment ends):
     the fields above with their final values, plus recovered_step (null: still slow at
-    the segment's end), end_step, idle_dollars (idle_gpu_hours x cluster.dollars_per_gpu_hour)
+    the segment's end), end_step, idle_dollars (idle_gpu_hours x the cluster's price per GPU-hour)
 kind "exclusions_cleared" (an operator, fm chaos clear-exclusions): slots and hosts
     excluded before this record may be used again
 kind "exclusion_applied" (the segment asset, before a launch): excluded (host,

@@ -50,7 +50,7 @@ def straggler_summary(job) -> dict[str, Any]:
         "stragglers": len(events),
         "unrecovered": sum(1 for e in events if e.get("recovered_step") is None),
         "idle_gpu_hours": hours,
-        "idle_dollars": hours * job.cluster.dollars_per_gpu_hour,
+        "idle_dollars": hours * job.cluster.price_per_gpu_hour,
         "excluded": [vars(s) for s in excluded_slots(job.name)],
     }
 

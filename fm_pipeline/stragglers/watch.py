@@ -168,7 +168,7 @@ class StragglerWatch:
 
     def _end(self, event: StragglerEvent, *, end_step: int) -> None:
         self._ended.add(id(event))
-        dollars = event.idle_gpu_hours * self.job.cluster.dollars_per_gpu_hour
+        dollars = event.idle_gpu_hours * self.job.cluster.price_per_gpu_hour
         self._append("straggler_end", **self._fields(event), end_step=end_step,
                      policy=self.policy, idle_dollars=round(dollars, 6))
 

@@ -38,7 +38,9 @@ def test_submit_status_resume(client, plane, tokens, seed_body):
     assert status["last_ckpt"].endswith("checkpoints/step-00000500")
     assert status["last_ckpt_step"] == 500
     assert status["gpu_hours"] == 16.0  # 16 GPUs for one hour
-    assert status["cost_usd"] == 40.0  # at the job's $2.50 per GPU-hour
+    # At the pool's price: its cluster names no price, so the CPU's catalog one.
+    from fm_pipeline.accelerators import CPU_DOLLARS_PER_HOUR
+    assert status["cost_usd"] == round(16.0 * CPU_DOLLARS_PER_HOUR, 4)
     assert status["goodput"] == round(520 * 6.0 / 3600, 6)
     assert status["failure_reason"] is None
 

@@ -192,7 +192,7 @@ def test_straggler_summary_counts_each_event_once_with_its_final_cost():
     assert summary["idle_gpu_hours"] == pytest.approx(event["idle_gpu_hours"])
     assert event["idle_gpu_hours"] > 0
     assert summary["idle_dollars"] == pytest.approx(
-        summary["idle_gpu_hours"] * job.cluster.dollars_per_gpu_hour)
+        summary["idle_gpu_hours"] * job.cluster.price_per_gpu_hour)
 
 
 def test_the_table_escapes_cells_and_a_fault_that_cannot_run_here_is_skipped(tmp_path,

@@ -71,6 +71,45 @@ class LeaseUnavailable(RuntimeError):
     """The store did not answer for a whole TTL: whether another segment is live is unknown."""
 
 
+class StoreIgnoresConditions(RuntimeError):
+    """The store accepted a conditional write that must fail: two trainers could both take
+    the lease there. Nothing runs on it (a bad config, not retried)."""
+
+
+_PROBED: dict[str, None] = {}  # store URIs whose conditional writes were seen to hold
+
+
+def probe_conditional_writes(store: ObjectStore, job_name: str) -> None:
+    """Once per store and process: a create over an existing object (If-None-Match) and a
+    replace with a wrong etag (If-Match) must both be refused, or StoreIgnoresConditions
+    names the store. A StoreError (unreachable) passes through: the acquire retries it."""
+    if store.uri in _PROBED:
+        return
+    key = f"checkpoints/{job_name}/lease-probe-{uuid.uuid4().hex[:12]}.json"
+    store.put_if(b'{"probe": "conditional writes"}\n', key, etag=None)
+    ignored = []
+    try:
+        for what, condition in (("If-None-Match: * over an existing object", None),
+                                ("If-Match with a wrong etag", '"0000-not-its-etag"')):
+            try:
+                store.put_if(b'{"probe": "must be refused"}\n', key, etag=condition)
+                ignored.append(what)
+            except PreconditionFailed:
+                pass
+    finally:
+        try:
+            store.delete(key)
+        except StoreError:
+            log.warning("lease probe %s left in %s", key, store.uri)
+    if ignored:
+        raise StoreIgnoresConditions(
+            f"the object store {store.uri} accepted writes it had to refuse "
+            f"({'; '.join(ignored)}): it ignores S3 conditional writes, so the job's lease "
+            "cannot keep two trainers apart there. Use a store that honours If-None-Match and "
+            "If-Match (AWS S3, recent MinIO, ...) or a local directory")
+    _PROBED[store.uri] = None
+
+
 def describe(holder: dict, now: float) -> str:
     beat = holder.get("heartbeat_at")
     age = f", heartbeat {now - beat:.0f} s ago" if isinstance(beat, (int, float)) else ""
@@ -142,6 +181,7 @@ class JobLease:
         self._acquire_local()
         try:
             if self.store is not None:
+                self._probe_store()
                 self._acquire_store(wait=wait)
             self._write_local()
         except BaseException:
@@ -175,6 +215,14 @@ class JobLease:
     def _write_local(self) -> None:
         atomic_write(self.run_dir / LOCAL_RECORD,
                      (json.dumps(self.record(), indent=2) + "\n").encode())
+
+    def _probe_store(self) -> None:
+        deadline = self.clock() + self.ttl_s
+        while True:
+            try:
+                return probe_conditional_writes(self.store, self.job_name)
+            except StoreError as e:
+                deadline = self._unreachable(e, deadline)
 
     def _acquire_store(self, *, wait: bool) -> None:
         key, deadline = store_key(self.job_name), self.clock() + self.ttl_s

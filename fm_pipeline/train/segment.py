@@ -59,7 +59,12 @@ class SegmentRefused(RuntimeError):
 def take_lease(job: JobSpec, store):
     """Rank 0 takes the job's lease (rundir/lease.py) before anything is read or written;
     every rank learns the outcome. Returns the lease on rank 0, None elsewhere."""
-    from fm_pipeline.rundir.lease import JobLease, LeaseHeld, LeaseUnavailable
+    from fm_pipeline.rundir.lease import (
+        JobLease,
+        LeaseHeld,
+        LeaseUnavailable,
+        StoreIgnoresConditions,
+    )
 
     refused, lease = None, None
     if dist.get_rank() == 0:
@@ -69,6 +74,8 @@ def take_lease(job: JobSpec, store):
             refused = (exit_codes.LEASE_HELD, str(e))
         except LeaseUnavailable as e:
             refused = (exit_codes.FAILURE, str(e))
+        except StoreIgnoresConditions as e:  # no store fixes itself between retries
+            refused = (exit_codes.BAD_CONFIG, str(e))
     refused = comm.broadcast_from_rank0(refused)
     if refused is not None:
         raise SegmentRefused(*refused)

@@ -132,3 +132,28 @@ def test_an_unreachable_store_is_an_error_after_one_ttl(tmp_path, monkeypatch):
     assert time.monotonic() - t0 < 10
     # The local lock was given back: a later attempt is not refused by it.
     JobLease("job-a", store=None, run_dir=tmp_path / "run").acquire().release()
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_naming_it(s3_bucket, s3_endpoint,
+                                                                      tmp_path):
+    from fm_pipeline.rundir import lease as lease_module
+    from fm_pipeline.rundir.lease import StoreIgnoresConditions, probe_conditional_writes
+    from fm_pipeline.storage.s3 import S3Store
+    from tests.storage.dropping_proxy import DroppingProxy
+
+    lease_module._PROBED.clear()
+    honest = S3Store(f"s3://{s3_bucket}/fm", endpoint_url=s3_endpoint)
+    probe_conditional_writes(honest, "job-a")  # moto honours them: nothing raised
+    assert not [o for o in honest.list("checkpoints/") if "lease-probe" in o.key]
+    with DroppingProxy(s3_endpoint) as proxy:
+        blind = S3Store(f"s3://{s3_bucket}/blind", endpoint_url=proxy.url)
+        with pytest.raises(StoreIgnoresConditions) as refused:
+            JobLease("job-a", store=blind, ttl_s=5.0, run_dir=tmp_path / "run").acquire()
+        assert proxy.dropped >= 2
+    message = str(refused.value)
+    assert f"s3://{s3_bucket}/blind" in message and "If-None-Match" in message
+    assert "If-Match with a wrong etag" in message
+    # Nothing was taken: no lease object, and the local lock was given back.
+    behind = S3Store(f"s3://{s3_bucket}/blind", endpoint_url=s3_endpoint)  # the same bucket
+    assert [o.key for o in behind.list("checkpoints/")] == []  # no lease, no probe left
+    JobLease("job-a", store=None, run_dir=tmp_path / "run").acquire().release()

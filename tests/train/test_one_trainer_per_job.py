@@ -142,3 +142,24 @@ def test_a_killed_holder_elsewhere_is_taken_over_after_expiry_and_resumed(fm_hom
     assert taken["holder"] == holder["holder"] and "expired" in taken["why"]
     assert segment["start_step"] >= 4 and segment["end_step"] == 16
     assert not store.exists(store_key(job.name))
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_before_training(fm_home, tmp_path,
+                                                                            s3_bucket):
+    # The same bucket behind a gateway that drops If-None-Match / If-Match: two trainers
+    # could both take the lease there, so none trains on it.
+    from tests.storage.dropping_proxy import DroppingProxy
+
+    store_uri = f"s3://{s3_bucket}/fm"
+    path, job = _job(tmp_path, "lease-blind", **{"checkpoint.upload": True})
+    build_small_mix(job, store=open_store(store_uri))
+    with DroppingProxy(os.environ["FM_S3_ENDPOINT_URL"]) as proxy:
+        out = _finish(_start(path, env_for(fm_home, FM_STORE_URI=store_uri,
+                                           FM_S3_ENDPOINT_URL=proxy.url)))
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-2000:]
+    assert "exitcode  : 2" in text or "exitcode : 2" in text, text[-3000:]  # bad config
+    assert "ignores S3 conditional writes" in text and store_uri in text
+    assert _steps(fm_home, job.name) == []  # not one step
+    assert not (fm_home / "runs" / job.name / "checkpoints").exists()
+    assert [o.key for o in open_store(store_uri).list(f"checkpoints/{job.name}/")] == []

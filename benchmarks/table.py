@@ -1,11 +1,15 @@
 """The README's benchmark table, rendered from the JSON objects `make bench` saved.
 
-    python -m benchmarks.table .fm/bench        # prints the markdown table
+    python -m benchmarks.table .fm/bench                      # prints the markdown table
+    python -m benchmarks.table tests/bench_fixtures --readme README.md   # rewrites its table
 
-One row per benchmark: its headline figure (the median over the benchmark's repeats, with the
-spread, max - min), the baseline it is divided by (measured in the same run), the other
-figures worth reading, the target and whether this run met it. A benchmark with no saved
-JSON gets a row that says it was not run.
+One row per benchmark (two for recovery: the durable path and the fast tier): its headline
+figure (the median over the benchmark's repeats, with the spread, max - min, and how many),
+the baseline it is divided by (measured in the same run), the other figures worth reading,
+the target, whether this run met it, and the day it ran (`measured_on`, stamped by `make
+bench`). A benchmark with no saved JSON, or a JSON without a row's figures, gets a row that
+says it was not run. The README's table sits between README_START and README_END and is
+exactly `render(tests/bench_fixtures)`: tests/test_readme_tables.py fails on any drift.
 """
 
 from __future__ import annotations
@@ -145,29 +149,89 @@ def _data_stages(r: dict) -> Row:
             ">= 1.7; flat; >= 0.95, 0", _met(r["targets_met"]))
 
 
-ROWS: dict[str, Callable[[dict], Row]] = {
-    "data": _data, "data_stages": _data_stages, "remote_data": _remote_data, "trainer": _trainer,
-    "checkpoint": _checkpoint, "planner": _planner,
-    "simulation": _simulation, "recovery": _recovery}
+def _fast_tier(r: dict) -> Row | None:
+    if "inplace_resume_s" not in r:
+        return None
+    spread = r["spread"]
+    peer = (f"; peer_resume_s {r['peer_resume_s']:.1f} (spread {spread['peer_resume_s']:.1f}): "
+            "a node lost, a spare's ranks from the peer's replicas"
+            if "peer_resume_s" in r else "; peer_resume_s not run")
+    return (f"inplace_resume_s {r['inplace_resume_s']:.2f} (spread "
+            f"{spread['inplace_resume_s']:.2f}, {r['repeats']} runs): rank 0 raises -> the "
+            "first step of the segment run again in the same process, from memory; "
+            f"inplace_process_resume_s {r['inplace_process_resume_s']:.2f} (spread "
+            f"{spread['inplace_process_resume_s']:.2f}): the same fault through torchrun's "
+            f"new worker{peer}",
+            f"the durable path in the same run: {r['durable_resume_s']:.1f} s "
+            f"(durable_over_inplace {r['durable_over_inplace']:.1f}, spread "
+            f"{spread['durable_over_inplace']:.1f})",
+            f"restore from memory {r['inplace_restore_s']:.2f} s"
+            + (f", from the peer {r['peer_restore_s']:.2f} s" if "peer_restore_s" in r else "")
+            + f"; {r['inplace_steps_redone']:.0f} step(s) redone; snapshots block "
+              f"{r['snapshot_block_ratio']:.1%} of the loop",
+            f"<= {r['target_inplace_resume_s']:g} s; <= durable / "
+            f"{r['target_durable_over_inplace']:g}",
+            _met({"inplace_resume_s": r["inplace_resume_s"] <= r["target_inplace_resume_s"],
+                  "durable_over_inplace":
+                      r["durable_over_inplace"] >= r["target_durable_over_inplace"]}))
+
+
+# benchmark -> its rows: (label, renderer); a renderer returning None: not in this run.
+ROWS: dict[str, list[tuple[str, Callable[[dict], Row | None]]]] = {
+    "data": [("", _data)], "data_stages": [("", _data_stages)],
+    "remote_data": [("", _remote_data)], "trainer": [("", _trainer)],
+    "checkpoint": [("", _checkpoint)], "planner": [("", _planner)],
+    "simulation": [("", _simulation)],
+    "recovery": [("", _recovery), (" (fast tier)", _fast_tier)]}
+README_START = "<!-- benchmark table: python -m benchmarks.table tests/bench_fixtures --readme README.md -->"
+README_END = "<!-- end of benchmark table -->"
 
 
 def render(directory: Path) -> str:
-    lines = ["| benchmark | headline (median) | same-run baseline | also | target | this run |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for name, row in ROWS.items():
+    lines = ["| benchmark | headline (median) | same-run baseline | also | target | this run "
+             "| measured |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, rows in ROWS.items():
         path = Path(directory) / f"{name}.json"
-        if not path.exists():
-            lines.append(f"| `benchmarks.{name}` | not run | | | | |")
-            continue
-        cells = row(json.loads(path.read_text()))
-        lines.append(f"| `benchmarks.{name}` | " + " | ".join(cells) + " |")
+        result = json.loads(path.read_text()) if path.exists() else None
+        for label, row in rows:
+            cells = row(result) if result is not None else None
+            head = f"| `benchmarks.{name}`{label} | "
+            if cells is None:
+                lines.append(head + "not run | | | | | |")
+            else:
+                lines.append(head + " | ".join([*cells, result.get("measured_on", "?")]) + " |")
     return "\n".join(lines) + "\n"
 
 
+def readme_table(text: str) -> str:
+    """The table between the README's markers (ValueError when they are missing)."""
+    try:
+        start = text.index(README_START) + len(README_START)
+        end = text.index(README_END, start)
+    except ValueError:
+        raise ValueError(f"no benchmark table between {README_START!r} and {README_END!r}") \
+            from None
+    return text[start:end].strip("\n") + "\n"
+
+
+def with_table(text: str, table: str) -> str:
+    start = text.index(README_START) + len(README_START)
+    end = text.index(README_END, start)
+    return text[:start] + "\n" + table + text[end:]
+
+
 def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m benchmarks.table <directory of <benchmark>.json files>")
-    sys.stdout.write(render(Path(sys.argv[1])))
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--readme"):
+        sys.exit("usage: python -m benchmarks.table <directory of <benchmark>.json files> "
+                 "[--readme README.md]")
+    table = render(Path(args[0]))
+    if len(args) == 1:
+        sys.stdout.write(table)
+        return
+    readme = Path(args[2])
+    readme.write_text(with_table(readme.read_text(), table))
+    print(f"{readme}: benchmark table rendered from {args[0]}")
 
 
 if __name__ == "__main__":

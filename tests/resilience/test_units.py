@@ -301,8 +301,8 @@ def test_the_s3_endpoint_dies_on_the_marked_request_and_comes_back_with_its_data
 def test_namespaced_nodes_reach_each_other_and_nothing_is_left_after_a_failure():
     from fm_pipeline.resilience.netns import NamespaceNetwork, availability, namespaces
 
-    if availability():
-        pytest.skip(availability())
+    if why := availability():
+        pytest.fail(f"needs network namespaces (root, iproute2): {why}")
     server = ("import socket; s = socket.create_server(('{addr}', 29511)); "
               "c, _ = s.accept(); c.sendall(b'hello'); c.close()")
     client = ("import socket, time\nfor _ in range(50):\n    try:\n"

@@ -48,6 +48,8 @@ class Submission(NamedTuple):
     record: JobRecord
     warnings: list
     replayed: bool = False  # an earlier call with the same Idempotency-Key made it
+
+
 _FIT_FIELD = {"parallelism": "gpus", "model": "model"}  # launch.capacity's fields, as the body's
 
 
@@ -285,7 +287,7 @@ class ControlPlane:
         """Rebuild the policy's queue from the store (at start, and at each outermost hold:
         another process may have admitted, requeued or finished jobs meanwhile)."""
         self.policy = FairSharePolicy(self.tenants, clock=self.clock)
-        self.stranded = {}
+        reported, self.stranded = set(self.stranded), {}
         for record in self.store.list():
             if record.queue_state not in ("queued", "admitted"):
                 continue
@@ -305,7 +307,7 @@ class ControlPlane:
                 self.stranded[record.job_id] = str(e)
                 if record.queue_state == "admitted":
                     self.policy.hold_outside(record.job_id, {"gpu": record.gpus})
-        if self.stranded:
+        if self.stranded and set(self.stranded) != reported:  # once, not at every sync
             log.warning("%s", stranded_report(self.store, self.stranded))
 
     def _visible(self, who: Principal, job_id: str) -> JobRecord:

@@ -90,8 +90,11 @@ def test_a_spec_without_near_dedup_keeps_its_mix_key():
     from fm_pipeline.data.manifest import MIX_FORMAT
 
     later = ("near_dedup", "quality", "mask_pii", "checks", "task_bytes", "workers")  # added after mixes were published
-    old = {"format": MIX_FORMAT, "data": {k: v for k, v in job.data.model_dump(mode="json")
-                                           .items() if k not in later},
+    later_per_source = ("symlinks",)
+    data = {k: v for k, v in job.data.model_dump(mode="json").items() if k not in later}
+    data["sources"] = [{k: v for k, v in s.items() if k not in later_per_source}
+                       for s in data["sources"]]
+    old = {"format": MIX_FORMAT, "data": data,
            "vocab_size": job.model_cfg.vocab_size, "seq_len": job.training.seq_len}
     blob = json.dumps(old, sort_keys=True, separators=(",", ":")).encode()
     assert mix_key(job) == hashlib.sha256(blob).hexdigest()[:16]

@@ -139,7 +139,8 @@ def test_a_killed_holder_elsewhere_is_taken_over_after_expiry_and_resumed(fm_hom
     assert time.monotonic() - t0 > 2.0  # it waited for the expiry: node-a never renewed
     (segment,) = read_records(other_home / "runs" / job.name / "segments.jsonl", "segment")
     taken = segment["lease"]["taken_over"]
-    assert taken["holder"] == holder["holder"] and "expired" in taken["why"]
+    # Silence observed for the holder's whole TTL on node-b's own clock (rundir/lease.py).
+    assert taken["holder"] == holder["holder"] and "did not renew" in taken["why"]
     assert segment["start_step"] >= 4 and segment["end_step"] == 16
     assert not store.exists(store_key(job.name))
 

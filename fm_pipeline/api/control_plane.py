@@ -35,6 +35,7 @@ from fm_pipeline.api.orchestrator import Orchestrator, RunInfo
 from fm_pipeline.api.schemas import JobCreate
 from fm_pipeline.api.store import JobRecord, JobStore
 from fm_pipeline.config import PRIORITY_VALUES, dump_job, parse_job
+from fm_pipeline.config.spec import ClusterSpec
 from fm_pipeline.config.paths import store_uri
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.scheduling import AdmissionError, FairSharePolicy, JobRequest, TenantsConfig
@@ -435,7 +436,8 @@ class ControlPlane:
             "last_ckpt_step": last.step if last else None,
             "failure_reason": self._failure_reason(record, runs, status),
             "gpu_hours": round(gpu_hours, 6),
-            "cost_usd": round(gpu_hours * _price(spec["cluster"]), 4),
+            "cost_usd": round(gpu_hours * ClusterSpec.model_validate(
+                spec["cluster"]).price_per_gpu_hour, 4),
             "preemptions": sum(e["kind"] == "preempted" for e in self.store.events(record.job_id)),
             "inplace_restarts": sum(e["kind"] == "inplace_restart"
                                     for e in progress.job_events(record.job_id)),
@@ -514,14 +516,6 @@ def _router(metrics: dict) -> dict | None:
     return {"max_load": _number(metrics.get("moe_max_load")),
             "dropped_slots": int(metrics.get("moe_dropped_slots") or 0),
             "slots": int(metrics["moe_slots"])}
-
-
-def _price(cluster: dict) -> float:
-    """$/GPU-hour of a stored spec's cluster: its own, or its accelerator's catalog price."""
-    from fm_pipeline.accelerators import catalog_price
-
-    given = cluster.get("dollars_per_gpu_hour")
-    return given if given is not None else (catalog_price(cluster.get("accelerator", "cpu")) or 0.0)
 
 
 def _body_digest(body: JobCreate) -> str:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the test suite needs from the system, installed from Debian's packages when absent:
 # Chromium (tests/ui drives it headless), iproute2 (tests/resilience puts nodes in network
-# namespaces) and PostgreSQL 15 (tests/deploy starts a real server with initdb + pg_ctl).
+# namespaces), PostgreSQL 15 (tests/deploy starts a real server with initdb + pg_ctl) and
+# libfaketime (`fm chaos run`'s clock-skew fault runs a trainer whose wall clock is ahead).
 # `make test` runs it first, so the README's test command passes on a fresh machine.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing+=(faketime)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 SUDO=""

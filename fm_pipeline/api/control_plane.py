@@ -37,6 +37,7 @@ from fm_pipeline.api.store import JobRecord, JobStore
 from fm_pipeline.config import PRIORITY_VALUES, dump_job, parse_job
 from fm_pipeline.config.spec import ClusterSpec
 from fm_pipeline.config.paths import store_uri
+from fm_pipeline.failpoints import failpoint
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.scheduling import AdmissionError, FairSharePolicy, JobRequest, TenantsConfig
 from fm_pipeline.storage import open_store
@@ -348,6 +349,7 @@ class ControlPlane:
             self.store.update(record.job_id, queue_state="done")
             self.store.add_event(record.job_id, "launch_failed", {"reason": str(e)}, at=self.clock())
             return
+        failpoint("api.after_run_submitted")  # the run exists, the queue row says queued
         self.store.update(record.job_id, queue_state="admitted", resume_checkpoint=None,
                           stop_requested=None)
         self.store.add_event(record.job_id, "admitted", {"run_id": run_id}, at=self.clock())

@@ -121,8 +121,12 @@ def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uv
 
     from fm_pipeline.launch.reaper import reap_orphans
 
+    from fm_pipeline.failpoints import armed
+
     config = load_tenants(tenants)
     _check_launcher(config.launcher, orchestrator)
+    if points := armed():  # a chaos run's (FM_FAILPOINTS); malformed ones refused here
+        console.print(f"[yellow]fail points armed: {points}[/]", highlight=False)
     if reaped := reap_orphans():  # a killed server's segments left these behind
         console.print(f"ended {len(reaped)} process(es) left by segments whose launcher is "
                       "gone", highlight=False)

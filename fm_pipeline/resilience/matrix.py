@@ -38,6 +38,7 @@ class FaultResult:
     skipped: str | None = None
     error: str | None = None  # the scenario itself broke (not the system under test)
     wall_s: float = 0.0
+    job: str | None = None  # whose records the figures were read from
 
     def record_figures(self, runs: Path) -> None:
         """Steps lost, detection and resume time, read from the job's records under `runs`
@@ -45,6 +46,7 @@ class FaultResult:
         from fm_pipeline.resilience.figures import figures_from_records
 
         figures = figures_from_records(runs)
+        self.job = Path(runs).name
         self.steps_lost, self.detect_s, self.resume_s = (
             figures.steps_lost, figures.detect_s, figures.resume_s)
 
@@ -93,6 +95,12 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "second-trainer": ("a second trainer started on a live job", "writers.second_trainer"),
     "read-only-ckpt": ("the checkpoint directory on a read-only volume",
                        "writers.read_only_tier"),
+    "api-kill-submit": ("`fm api serve` killed after submitting a run, before recording it",
+                        "operations.api_kill_submit"),
+    "daemon-kill": ("the dagster-daemon killed while a segment trains",
+                    "operations.daemon_kill"),
+    "clock-skew": ("a trainer elsewhere with its clock 120 s ahead starts on a live job",
+                   "operations.clock_skew"),
 }
 FAULTS = tuple(SCENARIOS)
 

@@ -25,6 +25,12 @@ class FaultyOrchestrator(RecordingOrchestrator):
         super().__init__(clock)
         self.fault: tuple[str, type[BaseException]] | None = None
 
+    def preempt(self, job_name):
+        super().preempt(job_name)
+        fault, self.fault = self.fault, None
+        if fault and fault[0] == "preempt":  # the stop was asked; the row never heard of it
+            raise fault[1]("the control plane died after asking the run to stop")
+
     def _start(self, job, checkpoint):
         fault, self.fault = self.fault, None
         if fault and fault[0] == "before":
@@ -137,4 +143,30 @@ def test_a_control_plane_killed_mid_resume_does_not_start_a_second_run(
     check_invariant(again)
     assert [c[0] for c in faulty.calls] == ["submit", "resume"]
     assert again.store.get(job.job_id).queue_state == "admitted"
+    again.store.close()
+
+
+def test_a_control_plane_killed_mid_preemption_requeues_the_victim_and_never_overcommits(
+        plane, faulty, seed_body, mix_store):
+    victim = plane.submit(PROD, body(seed_body, 32))  # borrows research's share
+    check_invariant(plane)
+    faulty.fault = ("preempt", Killed)
+    with pytest.raises(Killed):  # research reclaims its quota: the preemption dies midway
+        plane.submit(RESEARCH, body(seed_body, 8))
+    assert [c[0] for c in faulty.calls] == ["submit", "preempt"]
+    assert plane.store.get(victim.job_id).stop_requested is None  # the row never heard
+    plane.store.close()
+
+    again = ControlPlane(tenants=plane.tenants, orchestrator=faulty, store=JobStore(),
+                         store_root=mix_store["root"], clock=plane.clock)
+    again.reconcile()
+    check_invariant(again)  # the victim still runs: its GPUs are counted, nothing starts
+    (waiting,) = [r for r in again.store.list() if r.tenant == "research"]
+    assert again.store.get(waiting.job_id).queue_state == "queued"
+    faulty.end(victim.job_id, "preempted")  # the stop asked before the crash lands
+    again.reconcile()
+    check_invariant(again)
+    assert again.store.get(victim.job_id).queue_state == "queued"  # requeued, not lost
+    assert again.store.get(waiting.job_id).queue_state == "admitted"
+    assert len(faulty.status(waiting.job_id)) == 1
     again.store.close()

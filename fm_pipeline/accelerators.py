@@ -17,7 +17,6 @@ fp32 figure, the threads as numpy's own).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 TFLOPS = 1e12
@@ -117,29 +116,6 @@ def _torch():
     except ImportError:
         return None
     return torch
-
-
-def measure_matmul_flops(dtype: str = "fp32", *, size: int = 1024, seconds: float = 0.5) -> float:
-    """Best sustained FLOP/s of a square matmul on this CPU with the current thread count."""
-    torch = _torch()
-    if torch is None:
-        import numpy as np
-
-        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-        mm, b = np.matmul, a.copy()
-    else:
-        tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-        a = torch.randn(size, size, dtype=tdtype)
-        mm, b = torch.mm, torch.randn(size, size, dtype=tdtype)
-    mm(a, b)  # warm up kernels and caches
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        mm(a, b)
-        dt = time.perf_counter() - t0
-        best = max(best, 2 * size**3 / dt)
-    return best
 
 
 _cpu_cache: dict[int, Accelerator] = {}

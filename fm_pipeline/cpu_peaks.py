@@ -78,9 +78,32 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _measure(dtype: str, threads: int) -> float:
-    from fm_pipeline.accelerators import measure_matmul_flops
+def measure_matmul_flops(dtype: str = "fp32", *, size: int = 1024, seconds: float = 0.5) -> float:
+    """Best sustained FLOP/s of a square matmul on this CPU with the current thread count
+    (numpy's fp32 where torch is missing)."""
+    if has_torch():
+        import torch
 
+        tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        a = torch.randn(size, size, dtype=tdtype)
+        mm, b = torch.mm, torch.randn(size, size, dtype=tdtype)
+    else:
+        import numpy as np
+
+        a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+        mm, b = np.matmul, a.copy()
+    mm(a, b)  # warm up kernels and caches
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        mm(a, b)
+        dt = time.perf_counter() - t0
+        best = max(best, 2 * size**3 / dt)
+    return best
+
+
+def _measure(dtype: str, threads: int) -> float:
     if not has_torch():
         return measure_matmul_flops("fp32")
     import torch

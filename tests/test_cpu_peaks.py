@@ -28,11 +28,9 @@ def test_the_shared_file_is_used_where_it_is_named(tmp_path, monkeypatch):
 
 
 def _count_probes(monkeypatch) -> list[str]:
-    import fm_pipeline.accelerators as acc
-
     probes: list[str] = []
-    real = acc.measure_matmul_flops
-    monkeypatch.setattr(acc, "measure_matmul_flops",
+    real = cpu_peaks.measure_matmul_flops
+    monkeypatch.setattr(cpu_peaks, "measure_matmul_flops",
                         lambda dtype="fp32", **kw: probes.append(dtype) or real(dtype, **kw))
     return probes
 
@@ -51,8 +49,8 @@ def test_a_peak_is_measured_once_and_read_back(fm_home, monkeypatch):
 
 def test_another_process_reads_the_peak_this_one_measured(fm_home, monkeypatch):
     mine = cpu_peaks.cpu_peak("fp32", threads=1)
-    code = ("import fm_pipeline.accelerators as a, fm_pipeline.cpu_peaks as c\n"
-            "a.measure_matmul_flops = lambda *x, **k: (_ for _ in ()).throw(AssertionError)\n"
+    code = ("import fm_pipeline.cpu_peaks as c\n"
+            "c.measure_matmul_flops = lambda *x, **k: (_ for _ in ()).throw(AssertionError)\n"
             "print(c.cpu_peak('fp32', threads=1))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -27,7 +27,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fm_pipeline.launch.jobset import JOBSET_API, JOBSET_NAME_LABEL, RenderedSegment
-from fm_pipeline.launch.k8s_follow import RESTART_ATTEMPT_LABEL, FollowResult, PodFailureWatch
+from fm_pipeline.launch.k8s_follow import (
+    RESTART_ATTEMPT_LABEL,
+    FollowResult,
+    JobSetStatus,
+    PodFailureWatch,
+    jobset_status,
+)
 
 GROUP, VERSION = JOBSET_API.split("/")
 PLURAL = "jobsets"
@@ -40,44 +46,6 @@ class JobSetExists(ValueError):
 
 class SegmentTimeout(TimeoutError):
     pass
-
-
-@dataclass
-class JobSetStatus:
-    name: str
-    # Pending, Suspended (queued by Kueue), Running, Stopping (deleted, its pods in their
-    # grace period), Completed, Failed, Deleted; Evicted: suspended again after it had been
-    # admitted (Kueue preempted it) and its pods have ended
-    phase: str
-    restarts: int = 0
-    message: str = ""
-
-    @property
-    def terminal(self) -> bool:
-        return self.phase in ("Completed", "Failed", "Deleted", "Evicted")
-
-
-def jobset_status(obj: dict | None, name: str) -> JobSetStatus:
-    if obj is None:
-        return JobSetStatus(name, "Deleted", message="the JobSet no longer exists")
-    status = obj.get("status") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or []
-                  if c.get("status") == "True"}
-    restarts = int(status.get("restarts") or 0)
-    if (obj.get("metadata") or {}).get("deletionTimestamp"):
-        return JobSetStatus(name, "Stopping", restarts,
-                            "deleted; waiting for its pods to end their grace period")
-    terminal = status.get("terminalState")
-    for phase in ("Completed", "Failed"):
-        if terminal == phase or phase in conditions:
-            message = (conditions.get(phase) or {}).get("message", "")
-            return JobSetStatus(name, phase, restarts, message)
-    if "Suspended" in conditions or (obj.get("spec") or {}).get("suspend"):
-        return JobSetStatus(name, "Suspended", restarts, "queued (suspended, e.g. by Kueue)")
-    # A replicated job counts `ready` Jobs: every pod ready or done (jobset_controller.go,
-    # calculateReplicatedJobStatuses); `active` also counts pods still pulling or scheduling.
-    ready = sum(int(r.get("ready") or 0) for r in status.get("replicatedJobsStatus") or [])
-    return JobSetStatus(name, "Running" if ready else "Pending", restarts)
 
 
 class JobSetClient:

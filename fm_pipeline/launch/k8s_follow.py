@@ -1,6 +1,6 @@
 """Following a JobSet: the failure causes its pods leave, and the segment's result.
 
-A pod watch (PodFailureWatch) keeps every container that ended non-zero with its exit code
+What a JobSet's status object says (jobset_status). A pod watch (PodFailureWatch) keeps every container that ended non-zero with its exit code
 and termination message, before the JobSet controller deletes the pods to restart;
 `segment_result` turns what `JobSetClient.follow` saw into the same SegmentResult the
 local launcher gives.
@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from fm_pipeline.launch.jobset import JOBSET_NAME_LABEL
 from fm_pipeline.launch.outcome import (
@@ -26,11 +26,14 @@ from fm_pipeline.launch.outcome import (
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.rundir.exit_codes import PREEMPTED
 
-if TYPE_CHECKING:
-    from fm_pipeline.launch.k8s_client import JobSetClient, JobSetStatus
-
 log = logging.getLogger(__name__)
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+
+class PodReader(Protocol):
+    """What the pod watch needs of a client (JobSetClient): the core API."""
+
+    core: Any  # kubernetes.client.CoreV1Api
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,44 @@ class PodFailure:
         # Latest attempt last; within it the first to finish, then one whose message named
         # the failing rank (torchrun's summary or a worker record) over a bare exit code.
         return (-self.restart_attempt, self.finished_at, self.evidence.rank is None, self.pod)
+
+
+@dataclass
+class JobSetStatus:
+    name: str
+    # Pending, Suspended (queued by Kueue), Running, Stopping (deleted, its pods in their
+    # grace period), Completed, Failed, Deleted; Evicted: suspended again after it had been
+    # admitted (Kueue preempted it) and its pods have ended
+    phase: str
+    restarts: int = 0
+    message: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Completed", "Failed", "Deleted", "Evicted")
+
+
+def jobset_status(obj: dict | None, name: str) -> JobSetStatus:
+    if obj is None:
+        return JobSetStatus(name, "Deleted", message="the JobSet no longer exists")
+    status = obj.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []
+                  if c.get("status") == "True"}
+    restarts = int(status.get("restarts") or 0)
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return JobSetStatus(name, "Stopping", restarts,
+                            "deleted; waiting for its pods to end their grace period")
+    terminal = status.get("terminalState")
+    for phase in ("Completed", "Failed"):
+        if terminal == phase or phase in conditions:
+            message = (conditions.get(phase) or {}).get("message", "")
+            return JobSetStatus(name, phase, restarts, message)
+    if "Suspended" in conditions or (obj.get("spec") or {}).get("suspend"):
+        return JobSetStatus(name, "Suspended", restarts, "queued (suspended, e.g. by Kueue)")
+    # A replicated job counts `ready` Jobs: every pod ready or done (jobset_controller.go,
+    # calculateReplicatedJobStatuses); `active` also counts pods still pulling or scheduling.
+    ready = sum(int(r.get("ready") or 0) for r in status.get("replicatedJobsStatus") or [])
+    return JobSetStatus(name, "Running" if ready else "Pending", restarts)
 
 
 @dataclass
@@ -72,7 +113,7 @@ class PodFailureWatch:
     WINDOW_S = 2
     DRAIN_S = 1
 
-    def __init__(self, client: JobSetClient, name: str, namespace: str):
+    def __init__(self, client: PodReader, name: str, namespace: str):
         self.client = client
         self.namespace = namespace
         self.selector = f"{JOBSET_NAME_LABEL}={name}"

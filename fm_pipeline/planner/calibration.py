@@ -25,6 +25,7 @@ from fm_pipeline.planner.literature import PUBLISHED_RUNS, PublishedRun
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
 from fm_pipeline.planner.step import evaluate
+from fm_pipeline.plotting import save_figure
 
 
 @dataclass
@@ -238,11 +239,7 @@ def plot(rows: list[CalibrationRow], out: Path) -> Path:
     ax.set_title("Planner vs published runs (one set of constants, no per-row tuning)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=120)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from fm_pipeline.planner.estimate import estimate
 from fm_pipeline.planner.layout import Layout
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
+from fm_pipeline.plotting import save_figure
 
 GPU_COUNTS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 BATCH = 16 * 2**20
@@ -63,11 +64,7 @@ def plot(out: Path) -> Path:
     ax.set_title("Llama 3 405B: predicted MFU vs GPU count")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=120)
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod import FAST_VOLUME
 from fm_pipeline.launch.pod_local import host_path_dir, pod_process
 from fm_pipeline.resilience.netns import NamespaceNetwork
+from fm_pipeline.resilience.processes import wait_for_step
 from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
 
@@ -158,16 +159,9 @@ class PodNodes:
                 if r.get("time", 0) >= (self.started_at or 0)]
 
     def wait_for_step(self, step: int, *, timeout_s: float = 300) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            done = [r for r in self.steps() if r["step"] >= step]
-            if done:
-                return done[0]
-            if all(p.poll() is not None for p in self.procs):
-                raise RuntimeError(f"nodes exited before step {step}:\n{self.tail()}")
-            time.sleep(0.1)
-        raise TimeoutError(f"nodes did not reach step {step} in {timeout_s:.0f} s:\n"
-                           f"{self.tail()}")
+        return wait_for_step(self.steps, step, timeout_s=timeout_s,
+                             alive=lambda: any(p.poll() is None for p in self.procs),
+                             what=lambda: f"the nodes:\n{self.tail()}\n")
 
     def kill_node(self, index: int) -> list[int]:
         """SIGKILL the node's agent and workers: in a namespace every process in it, on

@@ -78,6 +78,20 @@ def step_records(job_name: str, *, since: float) -> list[dict]:
             if r.get("time", 0) >= since]
 
 
+def wait_for_step(steps, step: int, *, alive, timeout_s: float, what) -> dict:
+    """Poll `steps()` (step records) for `step` or a later one; SegmentGone once `alive()`
+    is false first, or after `timeout_s`. `what()` describes the run for the error."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = [r for r in steps() if r["step"] >= step]
+        if done:
+            return done[0]
+        if not alive():
+            raise SegmentGone(f"{what()} ended before step {step}")
+        time.sleep(0.05)
+    raise SegmentGone(f"{what()} did not reach step {step} within {timeout_s:.0f} s")
+
+
 def wait_for_checkpoint(job_runs_dir: Path, step: int, *, timeout_s: float,
                         alive=lambda: True) -> Path:
     """Poll for runs_dir/checkpoints/step-XXXXXXXX/manifest.json (written last)."""
@@ -135,17 +149,9 @@ class LiveSegment:
 
     def wait_for_step(self, step: int, *, timeout_s: float = 300) -> dict:
         """The step record of `step` (or later) once rank 0 logged it."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            done = [r for r in self.steps() if r["step"] >= step]
-            if done:
-                return done[0]
-            if not self.running:
-                raise SegmentGone(f"segment to step {self.launch.end_step} ended before step "
-                                  f"{step}: {self._describe()}")
-            time.sleep(0.05)
-        raise SegmentGone(f"segment to step {self.launch.end_step} did not reach step {step} "
-                          f"within {timeout_s:.0f} s")
+        return wait_for_step(self.steps, step, alive=lambda: self.running, timeout_s=timeout_s,
+                             what=lambda: f"segment to step {self.launch.end_step} "
+                                          f"({self._describe()})")
 
     def wait_for_checkpoint(self, step: int, *, timeout_s: float = 300) -> Path:
         """The checkpoint of `step`, once committed (its manifest exists)."""

@@ -23,6 +23,11 @@ def fsync_dir(path: Path) -> None:
 def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Whole file or nothing, durable once this returns. A unique temporary name per call, so
     concurrent writers never share one; `mode`: the file's permissions (e.g. 0o600)."""
+    atomic_write_with(path, lambda f: f.write(data), mode=mode)
+
+
+def atomic_write_with(path: Path, write, *, mode: int | None = None) -> None:
+    """atomic_write for a body that `write(file)` streams (a copy of a large file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -30,7 +35,7 @@ def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
         if mode is not None:
             os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -7,7 +7,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from fm_pipeline.storage.base import (
@@ -18,7 +17,7 @@ from fm_pipeline.storage.base import (
     StoreError,
     check_key,
 )
-from fm_pipeline.storage.durable import fsync_dir
+from fm_pipeline.storage.durable import atomic_write_with
 from fm_pipeline.storage.walk import walk_files
 
 
@@ -44,18 +43,7 @@ class LocalStore(ObjectStore):
     def _atomic_write(self, key: str, write) -> ObjectInfo:
         dest = self._path(key)
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    write(f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, dest)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            fsync_dir(dest.parent)
+            atomic_write_with(dest, write)
         except OSError as e:
             raise StoreError(f"cannot write {self.uri_of(key)}: {e}") from e
         return ObjectInfo(key=key, size=dest.stat().st_size)

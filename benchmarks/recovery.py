@@ -135,7 +135,7 @@ def _decided_at(instance, job_name: str) -> float:
 
 
 def measure(instance, job_name: str, submitted_at: float) -> dict:
-    from fm_pipeline.assets.training.api_runs import api_run_records
+    from fm_pipeline.dagster_runs.api_jobs import api_run_records
 
     (records,) = api_run_records(instance, job_name).values()
     failed = next(r.dagster_run for r in records if r.dagster_run.status.value == "FAILURE")
@@ -209,7 +209,7 @@ def measure_node_loss(home: Path) -> dict:
 
 def _wait_done(instance, job_name: str) -> None:
     """Until the job's API run (number 1: its segment runs, resumes included) ends."""
-    from fm_pipeline.assets.training.api_runs import run_infos
+    from fm_pipeline.dagster_runs.api_jobs import run_infos
 
     deadline = time.monotonic() + 600
     while True:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "FM_STORE_URI": str(store_dir), "MLFLOW_LOGGING_LEVEL": "WARNING"})
     from dagster import DagsterInstance
 
-    from fm_pipeline.assets.training.submit import register_training_job
+    from fm_pipeline.dagster_runs.submit import register_training_job
     from fm_pipeline.data.testing import build_small_mix, small_job
     from fm_pipeline.deploy.instance import write_instance
     from fm_pipeline.deploy.services import daemon, default_signal_dispositions, running

@@ -8,10 +8,10 @@ that carry a job from its first segment to its target step.
     dagster dev -w workspace.yaml        # group "training", partitions "training_jobs"
     fm demo                              # the whole pipeline, driven by these sensors
 
-Modules: names (partitions, tags), plan / segment / checkpoints / evaluation / drills
-(assets and checks), jobs, requests (run requests), history (attempts read from the instance),
-sensors (intake, failure, progress, evaluation), schedules, submit (registering a job),
-api_runs / api_orchestrator (the REST API's view and verbs). Every run is started by the
+Modules: plan / segment / checkpoints / evaluation / drills (assets and checks), jobs,
+sensors (intake, failure, progress, evaluation), schedules. What they share about a job's
+runs (names and tags, run requests, history read from the instance, the REST API's
+orchestrator) is fm_pipeline.dagster_runs. Every run is started by the
 Dagster daemon (its sensors and schedule, the run queue); docs/orchestration.md explains it.
 Resources: "launcher" (launcher_from_env: local torchrun, or Kubernetes), "mlflow",
 "training_policy"; "store" comes from the data area's definitions.

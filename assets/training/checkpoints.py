@@ -14,9 +14,7 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetExecutionContext,
-    AssetKey,
     AssetMaterialization,
-    AssetRecordsFilter,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -24,31 +22,11 @@ from dagster import (
     asset,
     asset_check,
 )
-from fm_pipeline.assets.training.names import GROUP, checkpoint_steps_of, training_jobs
 from fm_pipeline.assets.training.segment import training_segment
-from fm_pipeline.resources.store import ObjectStoreResource
-
+from fm_pipeline.dagster_runs.history import CHECKPOINT, recorded_checkpoints
+from fm_pipeline.dagster_runs.names import GROUP, checkpoint_steps_of, training_jobs
 from fm_pipeline.orchestration import registered_job
-
-CHECKPOINT = AssetKey("checkpoint")
-
-
-def recorded_checkpoints(instance, job_name: str, *, run_id: str | None = None,
-                         limit: int = 1000) -> list[dict]:
-    """Checkpoint materializations of a job (optionally of one run), newest first, as
-    {"step", "uri", "storage_id", "run_id"}."""
-    records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=CHECKPOINT, asset_partitions=[job_name]),
-        limit=limit, ascending=False).records
-    out = []
-    for record in records:
-        entry = record.event_log_entry
-        if run_id is not None and entry.run_id != run_id:
-            continue
-        meta = record.asset_materialization.metadata
-        out.append({"step": meta["step"].value, "uri": str(meta["uri"].value),
-                    "storage_id": record.storage_id, "run_id": entry.run_id})
-    return out
+from fm_pipeline.resources.store import ObjectStoreResource
 
 
 def _metadata(facts: dict, copies) -> dict:

@@ -17,7 +17,7 @@ from dagster import (
     asset,
 )
 from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_for_run
-from fm_pipeline.assets.training.names import GROUP, training_jobs
+from fm_pipeline.dagster_runs.names import GROUP, training_jobs
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
 

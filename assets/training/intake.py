@@ -23,9 +23,9 @@ from dagster import (
     sensor,
 )
 from fm_pipeline.assets.data import data_mix_job, data_run_config
-from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
+from fm_pipeline.dagster_runs.history import recorded_checkpoints
 from fm_pipeline.assets.training.jobs import restore_drill_job, training_segment_job
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.names import (
     DRILL_JOB,
     JOBS_PARTITION,
     RUN_KEY_TAG,
@@ -35,7 +35,7 @@ from fm_pipeline.assets.training.names import (
     TAG_RESUME_FROM,
     short,
 )
-from fm_pipeline.assets.training.requests import (
+from fm_pipeline.dagster_runs.requests import (
     API_RESUME,
     SUBMIT,
     checkpoint_request,

@@ -12,7 +12,7 @@ from dagster import AssetSelection, define_asset_job, in_process_executor
 from fm_pipeline.assets.training.checkpoints import checkpoint, checkpoint_valid
 from fm_pipeline.assets.training.drills import restore_drill
 from fm_pipeline.assets.training.evaluation import evaluation
-from fm_pipeline.assets.training.names import DRILL_JOB, EVALUATION_JOB, SEGMENT_JOB, training_jobs
+from fm_pipeline.dagster_runs.names import DRILL_JOB, EVALUATION_JOB, SEGMENT_JOB, training_jobs
 from fm_pipeline.assets.training.plan import training_plan
 from fm_pipeline.assets.training.segment import training_segment
 

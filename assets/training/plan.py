@@ -10,7 +10,7 @@ segment run, so the lineage shows the plan each segment trained under.
 
 
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
-from fm_pipeline.assets.training.names import training_jobs
+from fm_pipeline.dagster_runs.names import training_jobs
 from fm_pipeline.resources.store import ObjectStoreResource
 
 from fm_pipeline.config.paths import runs_dir

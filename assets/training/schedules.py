@@ -13,10 +13,10 @@ from dagster import (
     SkipReason,
     schedule,
 )
-from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
+from fm_pipeline.dagster_runs.history import recorded_checkpoints
 from fm_pipeline.assets.training.jobs import restore_drill_job
-from fm_pipeline.assets.training.names import JOBS_PARTITION
-from fm_pipeline.assets.training.requests import checkpoint_request
+from fm_pipeline.dagster_runs.names import JOBS_PARTITION
+from fm_pipeline.dagster_runs.requests import checkpoint_request
 
 DRILL_CRON_ENV = "FM_DRILL_CRON"
 DEFAULT_DRILL_CRON = "0 */6 * * *"

@@ -32,7 +32,7 @@ from dagster import (
     ResourceParam,
     asset,
 )
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.names import (
     GROUP,
     TAG_API_RUN,
     TAG_EXIT_CODE,
@@ -192,7 +192,7 @@ def _record_termination(context, e: BaseException, ml_run, mlflow) -> None:
 def _job_goodput(instance, job_name: str, report: dict, *, reached_step: int) -> float | None:
     """The job's goodput including this segment: steps reached x median step time over
     the wall time of every launch so far (failed ones included)."""
-    from fm_pipeline.assets.training.history import attempts
+    from fm_pipeline.dagster_runs.history import attempts
 
     from fm_pipeline.orchestration import job_goodput
 

@@ -27,11 +27,11 @@ from dagster import (
     run_failure_sensor,
     sensor,
 )
-from fm_pipeline.assets.training.checkpoints import CHECKPOINT
-from fm_pipeline.assets.training.history import attempt_of, attempts, segment_run_records
+from fm_pipeline.dagster_runs.history import CHECKPOINT
+from fm_pipeline.dagster_runs.history import attempt_of, attempts, segment_run_records
 from fm_pipeline.assets.training.intake import run_intake_sensor
 from fm_pipeline.assets.training.jobs import checkpoint_evaluation_job, training_segment_job
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.names import (
     CARRIED_TAGS,
     JOBS_PARTITION,
     PARTITION_TAG,
@@ -51,7 +51,7 @@ from fm_pipeline.assets.training.names import (
     TAG_STOP,
     short,
 )
-from fm_pipeline.assets.training.requests import (
+from fm_pipeline.dagster_runs.requests import (
     NEXT_SEGMENT,
     RESUME_AFTER_FAILURE,
     RESUME_AFTER_PREEMPTION,

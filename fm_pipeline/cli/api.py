@@ -174,7 +174,7 @@ def _orchestrator(kind: str):
 
         return LocalOrchestrator()
     if kind == "dagster":
-        from fm_pipeline.assets.training.api_orchestrator import DagsterOrchestrator
+        from fm_pipeline.dagster_runs.orchestrator import DagsterOrchestrator
 
         return DagsterOrchestrator.for_project()
     raise ValueError(f"--orchestrator {kind!r}: expected one of {', '.join(ORCHESTRATORS)}")

@@ -59,10 +59,10 @@ def demo(job: Path = JOB,
 
     from dagster import DagsterInstance
 
-    from fm_pipeline.assets.training.names import TAG_API_RUN
-    from fm_pipeline.assets.training.submit import register_training_job
+    from fm_pipeline.dagster_runs.names import TAG_API_RUN
+    from fm_pipeline.dagster_runs.submit import register_training_job
     from fm_pipeline.cli.follow import RunFollower
-    from fm_pipeline.assets.training.summary import job_report
+    from fm_pipeline.dagster_runs.summary import job_report
     from fm_pipeline.config.paths import store_uri
     from fm_pipeline.orchestration import registered_jobs
     from fm_pipeline.orchestration.registry import plant_fault
@@ -140,7 +140,7 @@ def print_data_mix(spec, store, outcomes: list) -> None:
 
 
 def _failed(instance, run_id: str) -> int:
-    from fm_pipeline.assets.training.history import step_failure
+    from fm_pipeline.dagster_runs.history import step_failure
 
     _, reason = step_failure(instance, run_id)
     console.print(f"[bold red]run {run_id} failed:[/] {reason}")

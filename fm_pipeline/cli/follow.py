@@ -17,9 +17,9 @@ import time
 from dagster import DagsterRunStatus, RunsFilter
 from rich.progress import Progress
 
-from fm_pipeline.assets.training.api_runs import api_run_records, run_info
+from fm_pipeline.dagster_runs.api_jobs import api_run_records, run_info
 from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.names import (
     EVALUATION_JOB,
     RUN_KEY_TAG,
     SEGMENT_JOB,
@@ -90,7 +90,7 @@ class RunFollower:
             return "[green]done[/]"
         if run.status == DagsterRunStatus.CANCELED:
             return "[yellow]cancelled[/]"
-        from fm_pipeline.assets.training.history import step_failure
+        from fm_pipeline.dagster_runs.history import step_failure
 
         _, reason = step_failure(self.instance, run.run_id)
         return f"[red]failed:[/] {reason.splitlines()[0][:110]}"

@@ -37,7 +37,7 @@ def steps_by_launch(job_id: str) -> list[list[int]]:
 
 
 def segment_runs(instance, job_id: str) -> list:
-    from fm_pipeline.assets.training.api_runs import api_run_records
+    from fm_pipeline.dagster_runs.api_jobs import api_run_records
 
     return [r for records in api_run_records(instance, job_id).values() for r in records]
 
@@ -57,7 +57,7 @@ def stack(fm_home, mix_store, monkeypatch):
 
 @pytest.fixture
 def orch(stack):
-    from fm_pipeline.assets.training.api_orchestrator import DagsterOrchestrator
+    from fm_pipeline.dagster_runs.orchestrator import DagsterOrchestrator
 
     return DagsterOrchestrator(stack.instance)
 

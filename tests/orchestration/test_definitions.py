@@ -79,7 +79,7 @@ def webserver(env, fm_home):
 @pytest.mark.server
 def test_a_training_job_submitted_over_graphql_is_a_queued_segment_run_of_its_partition(
         webserver, fm_home):
-    from fm_pipeline.assets.training.submit import submit_over_graphql
+    from fm_pipeline.dagster_runs.submit import submit_over_graphql
     from fm_pipeline.resources.store import ObjectStoreResource
 
     job = job_spec("via-api")

@@ -20,11 +20,11 @@ from dagster import (
     SkipReason,
     build_schedule_context,
 )
-from fm_pipeline.assets.training.names import EVALUATION_JOB, SEGMENT_JOB
-from fm_pipeline.assets.training.requests import checkpoint_request
+from fm_pipeline.dagster_runs.names import EVALUATION_JOB, SEGMENT_JOB
+from fm_pipeline.dagster_runs.requests import checkpoint_request
 from fm_pipeline.assets.training.schedules import restore_drill_schedule
-from fm_pipeline.assets.training.submit import register_training_job
-from fm_pipeline.assets.training.summary import job_report
+from fm_pipeline.dagster_runs.submit import register_training_job
+from fm_pipeline.dagster_runs.summary import job_report
 from rich.progress import Progress
 
 from fm_pipeline.cli.follow import RunFollower
@@ -117,7 +117,7 @@ def test_segments_record_their_step_range_mfu_goodput_and_the_plan(ran):
     # The job's goodput counts the failed launch's wall time too: below what the same
     # formula gives over the successful launches alone (comparing with the segment's own
     # goodput is noise: each uses its own step time).
-    from fm_pipeline.assets.training.history import attempts
+    from fm_pipeline.dagster_runs.history import attempts
     from fm_pipeline.orchestration import job_goodput
 
     measured = [a for a in attempts(ran.instance, JOB) if a.step_time_s]

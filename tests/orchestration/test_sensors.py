@@ -15,7 +15,7 @@ from dagster import (
     build_sensor_context,
     partition_loading_context,
 )
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.names import (
     TAG_DECISION,
     TAG_DECISION_REASON,
     TAG_FAILED_AT,
@@ -27,7 +27,7 @@ from fm_pipeline.assets.training.sensors import (
     segment_failure_sensor,
     segment_progress_sensor,
 )
-from fm_pipeline.assets.training.submit import first_segment_request, register_training_job
+from fm_pipeline.dagster_runs.submit import first_segment_request, register_training_job
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource

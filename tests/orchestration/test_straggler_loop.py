@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterRunStatus, RunsFilter
-from fm_pipeline.assets.training.names import SEGMENT_JOB
-from fm_pipeline.assets.training.submit import register_training_job
-from fm_pipeline.assets.training.summary import job_report
+from fm_pipeline.dagster_runs.names import SEGMENT_JOB
+from fm_pipeline.dagster_runs.submit import register_training_job
+from fm_pipeline.dagster_runs.summary import job_report
 from rich.progress import Progress
 
 from fm_pipeline.cli.follow import RunFollower

@@ -8,7 +8,7 @@ import json
 
 def test_training_plan_materializes_per_job_and_is_planned_once(fm_home, monkeypatch):
     from dagster import DagsterInstance, materialize
-    from fm_pipeline.assets.training.names import JOBS_PARTITION
+    from fm_pipeline.dagster_runs.names import JOBS_PARTITION
     from fm_pipeline.assets.training.plan import training_plan
     from fm_pipeline.resources.store import ObjectStoreResource
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dagster import RunRequest
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.names import (
     TAG_CHECKPOINT_STEP,
     TAG_CHECKPOINT_STEPS,
     TAG_END,

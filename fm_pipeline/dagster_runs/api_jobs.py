@@ -25,8 +25,8 @@ webserver read the same records.
 from __future__ import annotations
 
 from dagster import DagsterRunStatus, RunsFilter
-from fm_pipeline.assets.training.history import attempt_of
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.history import attempt_of
+from fm_pipeline.dagster_runs.names import (
     PARTITION_TAG,
     SEGMENT_JOB,
     STOPPED,

@@ -26,8 +26,8 @@ import time
 from dataclasses import replace
 
 from dagster import DagsterInstance, DagsterRunStatus
-from fm_pipeline.assets.training.api_runs import api_job_names, api_run_records, run_infos
-from fm_pipeline.assets.training.names import TAG_API_JOB, TAG_STOP, short
+from fm_pipeline.dagster_runs.api_jobs import api_job_names, api_run_records, run_infos
+from fm_pipeline.dagster_runs.names import TAG_API_JOB, TAG_STOP, short
 
 from fm_pipeline.api.orchestrator import RunInfo
 from fm_pipeline.config import JobSpec
@@ -112,7 +112,7 @@ class DagsterOrchestrator:
     # -- starting ----------------------------------------------------------------------
 
     def _start(self, job: JobSpec, *, checkpoint: str | None) -> str:
-        from fm_pipeline.assets.training.submit import register_training_job
+        from fm_pipeline.dagster_runs.submit import register_training_job
 
         runs = self.status(job.name) if job_submissions(self.store, job.name) else []
         if runs and not runs[-1].ended:

@@ -9,7 +9,7 @@ Tags on segment runs (set by whoever requests them: the intake and the other sen
     fm/job, fm/segment_of (the instance's run queue admits one per value), fm/trigger (submit | next_segment | resume_after_failure |
     resume_after_preemption), fm/start_step, fm/end_step, fm/resumes_run, fm/resume_from,
     fm/tenant, fm/priority
-Tags of runs the REST API started (api_orchestrator.py), carried by the sensors to every
+Tags of runs the REST API started (orchestrator.py), carried by the sensors to every
 segment that follows: fm/api_job_id, fm/api_run (the API run's sequence number, 1, 2, ...);
 fm/stop (preempt | cancel) marks a run the control plane stopped: the sensors neither
 resume it nor start its next segment (the control plane decides when the job resumes).

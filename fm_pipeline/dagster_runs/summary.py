@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterRunStatus
-from fm_pipeline.assets.training.checkpoints import recorded_checkpoints
-from fm_pipeline.assets.training.history import (
+from fm_pipeline.dagster_runs.history import recorded_checkpoints
+from fm_pipeline.dagster_runs.history import (
     segment_metadata,
     segment_run_records,
     step_failure,
 )
-from fm_pipeline.assets.training.names import (
+from fm_pipeline.dagster_runs.names import (
     TAG_DECISION,
     TAG_DECISION_REASON,
     TAG_END,

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dagster import RunRequest
-from fm_pipeline.assets.training.names import JOBS_PARTITION, PARTITION_TAG, SEGMENT_JOB
-from fm_pipeline.assets.training.requests import SUBMIT, segment_request
+from fm_pipeline.dagster_runs.names import JOBS_PARTITION, PARTITION_TAG, SEGMENT_JOB
+from fm_pipeline.dagster_runs.requests import SUBMIT, segment_request
 
 from fm_pipeline.orchestration import register_job
 from fm_pipeline.orchestration.segments import first_segment

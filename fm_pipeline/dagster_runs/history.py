@@ -5,8 +5,8 @@ job-level goodput reason about. Nothing here decides; fm_pipeline.orchestration 
 
 from __future__ import annotations
 
-from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
-from fm_pipeline.assets.training.names import (
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterRunStatus, RunsFilter
+from fm_pipeline.dagster_runs.names import (
     PARTITION_TAG,
     SEGMENT_JOB,
     TAG_END,
@@ -17,6 +17,7 @@ from fm_pipeline.assets.training.names import (
 
 from fm_pipeline.orchestration import SegmentAttempt
 
+CHECKPOINT = AssetKey("checkpoint")  # the checkpoint asset (assets/training/checkpoints.py)
 _FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 
 
@@ -101,3 +102,21 @@ def attempts(instance, job_name: str, *, limit: int = 100) -> list[SegmentAttemp
     found = (attempt_of(instance, r) for r in segment_run_records(instance, job_name,
                                                                    limit=limit))
     return [a for a in found if a is not None]
+
+
+def recorded_checkpoints(instance, job_name: str, *, run_id: str | None = None,
+                         limit: int = 1000) -> list[dict]:
+    """Checkpoint materializations of a job (optionally of one run), newest first, as
+    {"step", "uri", "storage_id", "run_id"}."""
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=CHECKPOINT, asset_partitions=[job_name]),
+        limit=limit, ascending=False).records
+    out = []
+    for record in records:
+        entry = record.event_log_entry
+        if run_id is not None and entry.run_id != run_id:
+            continue
+        meta = record.asset_materialization.metadata
+        out.append({"step": meta["step"].value, "uri": str(meta["uri"].value),
+                    "storage_id": record.storage_id, "run_id": entry.run_id})
+    return out

@@ -88,7 +88,7 @@ def _raw_write(path: Path, payload: memoryview) -> float:
 
 
 def _raw_write_streamed(path: Path, payload: memoryview, piece: int = 16 << 20) -> float:
-    from fm_pipeline.checkpoint.streams import HashingFile
+    from fm_pipeline.checkpoint.writer import HashingFile
 
     t0 = time.perf_counter()
     stream = HashingFile(path, algorithm=None, writeback_bytes=piece)
@@ -248,7 +248,7 @@ def measure(model: str, repeats: int, workdir: Path, *, write_threads: int = 1) 
 
 
 def _writes_direct(workdir: Path) -> bool:
-    from fm_pipeline.checkpoint.streams import HashingFile
+    from fm_pipeline.checkpoint.writer import HashingFile
 
     stream = HashingFile(workdir / "probe.bin", algorithm=None)
     stream.close()

@@ -7,7 +7,7 @@
 Kept: the last `keep_last` checkpoints that validate, every `milestone_every`-th step,
 anything marked drill-passed, evaluated or pinned (see marks.py), and always the newest
 checkpoint that validates. A committed checkpoint that fails validation is counted in none
-of these and is set aside with its problems (aside.py): never kept in place of a valid one,
+of these and is set aside with its problems (set_aside.py): never kept in place of a valid one,
 never deleted. A tier that cannot be judged (store unreachable) keeps everything. Checkpoints
 a rollback superseded (supersede.py) are kept and counted in neither. Incomplete directories older
 than the newest committed checkpoint are leftovers of crashed saves and are removed; newer
@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fm_pipeline.catalog.aside import set_aside
+from fm_pipeline.catalog.set_aside import set_aside
 from fm_pipeline.catalog.marks import keep_reason, read_marks
 from fm_pipeline.catalog.refs import (
     MANIFEST,
@@ -32,7 +32,7 @@ from fm_pipeline.catalog.refs import (
     store_root,
 )
 from fm_pipeline.catalog.supersede import LedgerUnreadable, superseded_steps
-from fm_pipeline.catalog.verdict import check
+from fm_pipeline.catalog.validity import check
 from fm_pipeline.storage import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def apply_retention(job_name: str, *, keep_last: int, milestone_every: int = 0,
                     root: Path | None = None, known_valid: set[int] = frozenset(),
                     dry_run: bool = False, partial_copy: bool = False) -> RetentionReport:
     """Delete what `plan_retention` does not keep; set aside what does not validate. Local
-    checksums are verified (or their verified mark is current, verdict.py); in the store,
+    checksums are verified (or their verified mark is current, validity.py); in the store,
     structure, sizes and recorded verdicts (the store checked content hashes on upload).
     `partial_copy`: this local tier holds only one node's files of each checkpoint."""
     if tier == "local":

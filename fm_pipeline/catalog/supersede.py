@@ -9,7 +9,7 @@ manifest bytes. Writing the ledger (one atomic file or object per tier) is the r
 commit point; nothing is moved or deleted then. `validate` reports a ledgered checkpoint as a
 problem ("superseded: ..."), so every discovery path skips it. A new save of the same step
 has another manifest (another hash) and is selectable at once; a superseded checkpoint in its
-way is set aside in each tier first (aside.py: `<root>/superseded/<utc>/`, kept).
+way is set aside in each tier first (set_aside.py: `<root>/superseded/<utc>/`, kept).
 """
 
 from __future__ import annotations

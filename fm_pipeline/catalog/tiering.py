@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fm_pipeline.catalog.aside import set_aside
+from fm_pipeline.catalog.set_aside import set_aside
 from fm_pipeline.catalog.manifest import Manifest, atomic_write, entry_problem, fsync_dir
 from fm_pipeline.catalog.marks import read_mark, write_mark
 from fm_pipeline.catalog.refs import (
@@ -39,7 +39,7 @@ from fm_pipeline.storage import ObjectNotFound, ObjectStore, StoreError
 log = logging.getLogger(__name__)
 
 UPLOAD_WORKERS = 4
-# Verdicts about one copy's files (verdict.py), not about the checkpoint: never uploaded.
+# Verdicts about one copy's files (validity.py), not about the checkpoint: never uploaded.
 _LOCAL_ONLY_MARKS = {"marks/verified.json", "marks/invalid.json"}
 
 
@@ -117,7 +117,7 @@ def is_committed_remotely(store: ObjectStore, job_name: str, ref: CheckpointRef)
 def clear_remote_step(store: ObjectStore, prefix: str, manifest_bytes: bytes) -> None:
     """Before uploading a checkpoint: empty its prefix unless it already holds this very
     checkpoint, so no stale file of another one is left to fail validation as an extra file.
-    A committed one is set aside with its reason (aside.py); a half upload is deleted."""
+    A committed one is set aside with its reason (set_aside.py); a half upload is deleted."""
     head = f"{prefix}/"
     if not any(True for _ in store.list(head)):
         return

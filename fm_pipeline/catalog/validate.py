@@ -46,7 +46,7 @@ class Problem:
     where: str  # a file name, or "manifest.json <field>"
     message: str
     # "missing": a listed file is absent; "superseded": see supersede.py; "invalid": a restore
-    # found it corrupt (verdict.py); "unreachable": the tier did not answer (no verdict).
+    # found it corrupt (validity.py); "unreachable": the tier did not answer (no verdict).
     kind: str = ""
 
     def __str__(self) -> str:
@@ -116,7 +116,7 @@ def validate(ref: CheckpointRef | str | Path, job=None, *, checksums: bool = Tru
 
 
 def invalid_reason(ref: CheckpointRef, manifest_bytes: bytes) -> str | None:
-    """The problems a failed restore recorded for this very manifest (verdict.py), or None."""
+    """The problems a failed restore recorded for this very manifest (validity.py), or None."""
     import hashlib
 
     from fm_pipeline.catalog.marks import read_mark

@@ -1,6 +1,6 @@
 """Turning written DCP files into a committed checkpoint: per-rank entries, then the manifest.
 
-Each rank's files are checksummed as they are written (streams.py) and are durable when the
+Each rank's files are checksummed as they are written (writer.py) and are durable when the
 write returns; the ranks' (name, size, checksum) entries are gathered to rank 0 over the
 checkpoint's gloo group, and rank 0 writes `manifest.json` last, once every rank reported
 success and the entries cover exactly the files `.metadata` references. Until then the
@@ -29,7 +29,7 @@ from fm_pipeline.catalog.manifest import (
     now_iso,
 )
 from fm_pipeline.catalog.refs import DCP_METADATA, MANIFEST, PROBE_FILE, is_content_file
-from fm_pipeline.checkpoint.streams import write_file
+from fm_pipeline.checkpoint.writer import write_file
 
 
 @dataclass(frozen=True)

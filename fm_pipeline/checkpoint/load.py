@@ -4,7 +4,7 @@
     result = restore(app_state, ref, job=job)               # a given checkpoint
 
 Collective: every rank calls it with the same checkpoint. Each copy of the local tier (one per
-node with its own disk, one in all for a shared filesystem, see copies.py) must hold every
+node with its own disk, one in all for a shared filesystem, see shared_dirs.py) must hold every
 file, because DCP resharding may read any rank's file: a remote checkpoint is downloaded
 once per copy, and a local one whose copy lacks files (written by other nodes) gets them
 from the store; each fetched file is checked against the manifest. DCP then reads each file
@@ -47,9 +47,9 @@ from fm_pipeline.catalog.validate import (
     read_manifest,
     validate,
 )
-from fm_pipeline.catalog.verdict import record_invalid
+from fm_pipeline.catalog.validity import record_invalid
 from fm_pipeline.checkpoint import comm
-from fm_pipeline.checkpoint.copies import Copies, discover_copies
+from fm_pipeline.checkpoint.shared_dirs import Copies, discover_copies
 from fm_pipeline.checkpoint.reader import VerifyingReader
 from fm_pipeline.storage import ObjectStore, StoreError
 
@@ -276,7 +276,7 @@ def _fetchable(ref: CheckpointRef, problems: list[Problem], store, job_name: str
 
 
 def _marked_invalid(ref: CheckpointRef) -> str | None:
-    """What a failed restore recorded against this very checkpoint (verdict.py), or None."""
+    """What a failed restore recorded against this very checkpoint (validity.py), or None."""
     from fm_pipeline.catalog.validate import invalid_reason
 
     try:

@@ -10,11 +10,11 @@
 
 An async save blocks the loop only while the state is copied to host memory (staging, see
 staging.py: by default the copy overlaps the next forward/backward and the optimizer step
-waits for it); writing (checksummed and flushed to disk as it streams, streams.py), the
+waits for it); writing (checksummed and flushed to disk as it streams, writer.py), the
 manifest, upload and retention then run in one background thread that talks to the other
 ranks over its own gloo group (the default group keeps serving training; sharing it would
 interleave collectives). The commit is collective (commit.py): nodes need not share a
-filesystem, each node's directory holds its ranks' files (copies.py) and the store tier
+filesystem, each node's directory holds its ranks' files (shared_dirs.py) and the store tier
 holds the whole checkpoint. At most one save is in
 flight: a second one waits (`on_busy="wait"`, default) or is skipped with a logged reason
 (`"skip"`); final saves always wait. All ranks call `save`, `restore_latest` and `close` at
@@ -35,8 +35,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.utils.serialization.config as serialization_config
 
-from fm_pipeline.catalog.aside import in_the_way, set_aside
-from fm_pipeline.catalog.aside import stamp as aside_stamp
+from fm_pipeline.catalog.set_aside import in_the_way, set_aside
+from fm_pipeline.catalog.set_aside import stamp as aside_stamp
 from fm_pipeline.catalog.manifest import DataInfo, ModelInfo, fsync_dir
 from fm_pipeline.catalog.refs import (
     MANIFEST,
@@ -47,7 +47,7 @@ from fm_pipeline.catalog.refs import (
 )
 from fm_pipeline.catalog.retention import RetentionReport
 from fm_pipeline.catalog.tiering import UploadReport
-from fm_pipeline.catalog.verdict import record_verified
+from fm_pipeline.catalog.validity import record_verified
 from fm_pipeline.checkpoint import comm
 from fm_pipeline.checkpoint.commit import (
     Probe,
@@ -57,9 +57,9 @@ from fm_pipeline.checkpoint.commit import (
     parallelism_info,
     write_probe,
 )
-from fm_pipeline.checkpoint.copies import discover_copies
+from fm_pipeline.checkpoint.shared_dirs import discover_copies
 from fm_pipeline.checkpoint.publish import Publisher
-from fm_pipeline.checkpoint.streams import ChecksummingWriter
+from fm_pipeline.checkpoint.writer import ChecksummingWriter
 from fm_pipeline.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ class CheckpointManager:
                                           commit_s=time.perf_counter() - ctx.started_at)
                 commit_local(directory, manifest, referenced=referenced,
                              all_files_here=self.copies.shared)
-                if self.copies.shared:  # so retention need not re-read it (verdict.py)
+                if self.copies.shared:  # so retention need not re-read it (validity.py)
                     record_verified(CheckpointRef.local(directory), how="written")
                 result.committed, result.total_bytes = True, manifest.total_bytes
                 result.commit_s = manifest.timings.commit_s

@@ -3,7 +3,7 @@ retention. Runs in the save's background thread on every rank, over the checkpoi
 gloo group; rank 0 decides, the other ranks follow.
 
     publisher = Publisher(job, store=store, root=root, copies=copies, group=group)
-    publisher.copy_manifest(directory)       # nodes with their own disk (copies.py)
+    publisher.copy_manifest(directory)       # nodes with their own disk (shared_dirs.py)
     report = publisher.upload(directory, step, own_files)   # each rank its own files
     reports = publisher.retain(step, report)                 # rank 0's reports
 
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fm_pipeline.catalog.aside import set_aside
+from fm_pipeline.catalog.set_aside import set_aside
 from fm_pipeline.catalog.manifest import atomic_write
 from fm_pipeline.catalog.refs import MANIFEST, CheckpointRef, delete_checkpoint, list_local
 from fm_pipeline.catalog.retention import apply_retention
@@ -36,7 +36,7 @@ from fm_pipeline.catalog.tiering import (
     upload_files,
 )
 from fm_pipeline.checkpoint import comm
-from fm_pipeline.checkpoint.copies import Copies
+from fm_pipeline.checkpoint.shared_dirs import Copies
 from fm_pipeline.rundir.lease import LeaseLost
 from fm_pipeline.storage import ObjectStore, StoreError
 

@@ -55,7 +55,7 @@ from fm_pipeline.catalog.manifest import CHECKSUMS, FileEntry, Manifest
 from fm_pipeline.catalog.refs import DCP_METADATA
 from fm_pipeline.catalog.validate import Problem
 from fm_pipeline.checkpoint.comm import single_threaded
-from fm_pipeline.checkpoint.streams import Hasher
+from fm_pipeline.checkpoint.writer import Hasher
 from fm_pipeline.checkpoint.torch_records import locate, tensor_view
 
 READ_THREADS = 2  # files read in parallel per rank (reads, hashing and copies release the GIL)

@@ -71,9 +71,9 @@ def list_(job: Path = JOB, store: str | None = STORE,
     """Every checkpoint of the job in both tiers, validated: status, size, tokens, topology,
     marks; then the checkpoints set aside (superseded, invalid, replaced) with the reason."""
     from fm_pipeline.catalog import read_marks, validate
-    from fm_pipeline.catalog.aside import list_set_aside
+    from fm_pipeline.catalog.set_aside import list_set_aside
     from fm_pipeline.catalog.validate import candidates
-    from fm_pipeline.catalog.verdict import check
+    from fm_pipeline.catalog.validity import check
 
     spec, target = load_job(job), _store(store)
     table = Table(title=f"checkpoints of {spec.name}")

@@ -68,7 +68,7 @@ def torchrun_executable() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
 
 
-def prepare_segment(launch: SegmentLaunch,
+def segment_command(launch: SegmentLaunch,
                     segment_dir: Path | None = None) -> tuple[list[str], SegmentPaths]:
     """Create the segment directory with its job.yaml; return (argv, paths)."""
     segment_dir = segment_dir or new_segment_dir(launch)
@@ -99,7 +99,7 @@ def run_segment_locally(
     if refused:
         return _refused(launch, refused, segment_dir)
     reap_orphans()  # what a crashed launcher left must not hold cores or the job's files
-    argv, paths = prepare_segment(launch, segment_dir)
+    argv, paths = segment_command(launch, segment_dir)
     segment_dir = paths.job_file.parent
     output_log = segment_dir / "torchrun.log"
     tag, tag_env = tag_segment()

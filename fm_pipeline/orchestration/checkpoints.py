@@ -6,7 +6,7 @@ copies in the local tier and the object store, and the facts a user wants beside
     describe(copy)                                       # step, tokens, bytes, topology, ...
 
 "Committed" means the manifest exists (it is written last), no rollback superseded it
-(supersede.py) and no restore found it corrupt (verdict.py); whether the files still match
+(supersede.py) and no restore found it corrupt (validity.py); whether the files still match
 it is the validation check's job.
 """
 

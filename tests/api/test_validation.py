@@ -107,7 +107,7 @@ def test_every_problem_of_a_body_is_listed_at_once(client, tokens, seed_body):
 def test_resume_naming_a_checkpoint_marked_invalid_is_refused(client, plane, tokens, seed_body):
     from fm_pipeline.catalog import CheckpointRef
     from fm_pipeline.catalog.validate import Problem
-    from fm_pipeline.catalog.verdict import record_invalid
+    from fm_pipeline.catalog.validity import record_invalid
     from tests.api.progress_files import write_checkpoint
 
     prod = auth(tokens["prod"])

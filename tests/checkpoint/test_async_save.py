@@ -11,7 +11,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
 from fm_pipeline.catalog import read_manifest, validate
-from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import CheckpointRef
 from fm_pipeline.checkpoint import CheckpointManager, Probe, load_full_state
 from tests.checkpoint.tiny import TinyLM, Trainer, batch, tiny_job

@@ -15,7 +15,7 @@ from fm_pipeline.catalog import (
     store_root,
     write_mark,
 )
-from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import MANIFEST
 from fm_pipeline.checkpoint import CheckpointManager
 from fm_pipeline.storage import open_store

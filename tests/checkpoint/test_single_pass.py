@@ -93,7 +93,7 @@ def test_stream_holds_exactly_what_was_written_with_its_checksum(tmp_path, algor
     # Buffered: small writes are gathered, large ones go straight out, and ranges already on
     # the disk leave the page cache. Direct: pieces cross the two aligned buffers' edges and
     # the file ends in a partial block. Windows of a few KB exercise all of it on a 1 MB file.
-    from fm_pipeline.checkpoint.streams import HashingFile, _open_direct
+    from fm_pipeline.checkpoint.writer import HashingFile, _open_direct
 
     if direct and (fd := _open_direct(tmp_path / "probe")) is None:
         pytest.fail(f"{tmp_path}'s filesystem does not take O_DIRECT writes: the direct path "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from fm_pipeline.catalog import CheckpointRef, apply_retention, latest_valid, local_root, validate
-from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import MANIFEST
 from fm_pipeline.catalog.supersede import supersede_newer
 from fm_pipeline.checkpoint import CheckpointManager, restore
@@ -65,7 +65,7 @@ def test_a_checkpoint_marked_invalid_cannot_be_named_in_a_resume(fm_home):
     import pytest
 
     from fm_pipeline.catalog.validate import CheckpointInvalid, Problem
-    from fm_pipeline.catalog.verdict import record_invalid
+    from fm_pipeline.catalog.validity import record_invalid
     from fm_pipeline.checkpoint.load import resume
 
     store = open_store(fm_home / "store")

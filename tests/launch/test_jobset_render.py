@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from fm_pipeline.cli.k8s import app as k8s_app
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.k8s_validate import ManifestInvalid, validate_object
-from fm_pipeline.launch.local import prepare_segment
+from fm_pipeline.launch.local import segment_command
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import tiny_job
@@ -78,7 +78,7 @@ def _without_rendezvous_and_paths(argv: list[str]) -> list[str]:
 def test_the_pod_runs_the_local_command_with_only_the_rendezvous_changed(two_nodes, tmp_path):
     launch = SegmentLaunch(two_nodes, end_step=20, overrides=("training.lr=0.001",))
     container = _container(render_segment(launch, _target()))
-    local_argv, _ = prepare_segment(launch, tmp_path / "seg")
+    local_argv, _ = segment_command(launch, tmp_path / "seg")
     pod = container["command"]
     assert pod[0] == "torchrun"
     assert _without_rendezvous_and_paths(pod) == _without_rendezvous_and_paths(local_argv)
@@ -228,10 +228,10 @@ def test_a_chosen_checkpoint_reaches_the_trainer_as_resume_from(two_nodes, tmp_p
     chosen = "s3://fm-test/runs/checkpoints/tiny/step-00000010"
     launch = SegmentLaunch(two_nodes, end_step=20, resume_from=chosen)
     pod = _container(render_segment(launch, _target()))["command"]
-    local_argv, _ = prepare_segment(launch, tmp_path / "seg")
+    local_argv, _ = segment_command(launch, tmp_path / "seg")
     for argv in (pod, local_argv):
         assert argv[-4:] == ["--end-step", "20", "--resume-from", chosen]
-    assert "--resume-from" not in prepare_segment(
+    assert "--resume-from" not in segment_command(
         SegmentLaunch(two_nodes, end_step=20), tmp_path / "other")[0]
 
 

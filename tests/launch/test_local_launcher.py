@@ -14,7 +14,7 @@ import yaml
 
 from fm_pipeline.config import parse_job
 from fm_pipeline.data.testing import build_small_mix, small_job
-from fm_pipeline.launch.local import descendants, prepare_segment, run_segment_locally, stop
+from fm_pipeline.launch.local import descendants, run_segment_locally, segment_command, stop
 from fm_pipeline.launch.outcome import Outcome, SegmentFailed, SegmentPreempted
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import TINY_WORKER
@@ -130,7 +130,7 @@ def test_stopping_kills_workers_that_ignore_sigterm_even_if_torchrun_dies(job2, 
     """Workers run in sessions of their own: killing torchrun's group would orphan them."""
     out = tmp_path / "out"
     out.mkdir()
-    argv, paths = prepare_segment(SegmentLaunch(job2, end_step=5, module=TINY_WORKER),
+    argv, paths = segment_command(SegmentLaunch(job2, end_step=5, module=TINY_WORKER),
                                   tmp_path / "segment")
     env = {**os.environ, **paths.env(), "FM_TINY_WORKER": "ignore_sigterm",
            "FM_TINY_OUT": str(out)}

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from fm_pipeline.catalog import CheckpointRef, read_manifest, validate
-from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import list_local, list_store, store_root
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix

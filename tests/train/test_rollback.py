@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from fm_pipeline.api import progress
 from fm_pipeline.catalog import CheckpointRef, latest_valid, read_manifest
-from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.cli.ckpt import app as ckpt_app
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix

@@ -10,7 +10,7 @@ import json
 import time
 
 from fm_pipeline.catalog import CheckpointRef, validate
-from fm_pipeline.catalog.aside import list_set_aside
+from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import list_local, list_store, store_root
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome

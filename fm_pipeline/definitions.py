@@ -1,7 +1,10 @@
 """The Dagster code location (workspace.yaml loads this module).
 
-The only module under fm_pipeline/ that touches Dagster: it merges the definitions each
-area of the Dagster layer (fm_pipeline.assets.*) exports.
+It merges the definitions each area of the Dagster layer (fm_pipeline.assets.*) exports.
+Dagster is imported by the Dagster layer (assets/, resources/, fm_pipeline/dagster_runs/),
+this module and the entry points that drive a deployment (cli/demo.py, cli/follow.py,
+cli/data_workers.py); launch/data_k8s.py still imports dagster-k8s inside a function
+(docs/architecture.md). The domain core never does (tests/test_layers.py).
 """
 
 from dagster import Definitions

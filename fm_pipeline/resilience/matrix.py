@@ -205,7 +205,8 @@ docs/resilience.md.
 
 Every fault is injected into a real local run of the debug model on the small data mix
 (2 ranks under torchrun, gloo on CPU; `kill-node`: 2 nodes x 1 rank running the Kubernetes
-pod command). Every figure is read from the run's own records
+pod command; `api-kill-submit` and `daemon-kill`: jobs submitted through `fm api serve`,
+run by its dagster-daemon). Every figure is read from the run's own records
 (fm_pipeline/resilience/figures.py): rank 0's metrics.jsonl and the job's events.jsonl,
 where the runner records the moment of each injection (`fault_injected`), an operator's
 fix (`fault_cleared`) and each end of a segment it saw (`segment_ended`). *Steps lost*:

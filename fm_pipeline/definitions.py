@@ -3,8 +3,7 @@
 It merges the definitions each area of the Dagster layer (fm_pipeline.assets.*) exports.
 Dagster is imported by the Dagster layer (assets/, resources/, fm_pipeline/dagster_runs/),
 this module and the entry points that drive a deployment (cli/demo.py, cli/follow.py,
-cli/data_workers.py); launch/data_k8s.py still imports dagster-k8s inside a function
-(docs/architecture.md). The domain core never does (tests/test_layers.py).
+cli/data_workers.py), never by the domain core (tests/test_layers.py).
 """
 
 from dagster import Definitions

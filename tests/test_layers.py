@@ -33,6 +33,44 @@ def test_domain_core_imports_without_dagster():
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def dagster_imports(root: Path, dotted: str, allowed: set[str]) -> list[str]:
+    """'file:line: module' for every import of Dagster (dagster, dagster_k8s, ...; the
+    Dagster-free dagster_pipes aside), lazy ones included, in a module of `root` whose first
+    part below it is not in `allowed`."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [f"{dotted}/{rel}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[0].startswith("dagster") and
+                      n.split(".")[0] != "dagster_pipes"]
+    return found
+
+
+def test_no_dagster_import_outside_the_dagster_layer_and_the_entry_points():
+    found = dagster_imports(REPO / "fm_pipeline", "fm_pipeline", DAGSTER_LAYER)
+    assert not found, "\n".join(found)
+
+
+def test_a_planted_lazy_dagster_import_is_found(tmp_path):
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "render.py").write_text(
+        "def render():\n    from dagster_k8s.job import construct_dagster_k8s_job\n")
+    (tmp_path / "train.py").write_text("from dagster_pipes import open_dagster_pipes\n")
+    assert dagster_imports(tmp_path, "planted", set()) == [
+        "planted/launch/render.py:2: dagster_k8s.job"]
+
+
 def test_dagster_layer_installs_under_fm_pipeline():
     import fm_pipeline.assets
     import fm_pipeline.resources

@@ -47,7 +47,7 @@ def _k8s_job_executor(init_context):
 
 
 # Past one machine: each step a Kubernetes Job (dagster-k8s's k8s_job_executor, its config
-# checked against that executor's own schema by `fm k8s render-data`, launch/data_k8s.py).
+# checked against that executor's own schema by `fm k8s render-data`, fm_pipeline/dagster_runs/data_k8s.py).
 k8s_executor = ExecutorDefinition(
     name="k8s", config_schema=Permissive(), executor_creation_fn=_k8s_job_executor,
     requirements=multiple_process_executor_requirements(),

@@ -129,7 +129,7 @@ def render_data(
     data.workers at once), the job spec's ConfigMap and the Job one step becomes."""
     from fm_pipeline.assets.data.k8s import check_k8s_run_config
     from fm_pipeline.config import load_job, parse_overrides
-    from fm_pipeline.launch.data_k8s import DataK8sTarget, render_data_job
+    from fm_pipeline.dagster_runs.data_k8s import DataK8sTarget, render_data_job
 
     spec = load_job(job, **parse_overrides(overrides, where="--set"))
     rendered = render_data_job(spec, DataK8sTarget(

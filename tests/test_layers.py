@@ -33,6 +33,25 @@ def test_domain_core_imports_without_dagster():
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def imported(tree, *, submodules: bool = False, skip=frozenset()):
+    """(line, module) of every absolute import in `tree`, nested ones included, except nodes
+    in `skip`; `submodules`: `from a import b` also as a.b (b may be a module)."""
+    import ast
+
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = ([f"{node.module}.{a.name}" for a in node.names] if submodules
+                     else [node.module])
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            yield node.lineno, name
+
+
 def dagster_imports(root: Path, dotted: str, allowed: set[str]) -> list[str]:
     """'file:line: module' for every import of Dagster (dagster, dagster_k8s, ...; the
     Dagster-free dagster_pipes aside), lazy ones included, in a module of `root` whose first
@@ -44,16 +63,9 @@ def dagster_imports(root: Path, dotted: str, allowed: set[str]) -> list[str]:
         rel = path.relative_to(root)
         if rel.parts[0] in allowed:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            found += [f"{dotted}/{rel}:{node.lineno}: {n}" for n in names
-                      if n.split(".")[0].startswith("dagster") and
-                      n.split(".")[0] != "dagster_pipes"]
+        found += [f"{dotted}/{rel}:{line}: {n}" for line, n in
+                  imported(ast.parse(path.read_text(encoding="utf-8")))
+                  if n.split(".")[0].startswith("dagster") and n.split(".")[0] != "dagster_pipes"]
     return found
 
 
@@ -110,17 +122,10 @@ def _imports():
         for path in sorted((REPO / root).rglob("*.py")):
             rel = path.relative_to(REPO / root).with_suffix("").parts
             src = _package(".".join((dotted, *rel)))
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                    targets = [node.module]
-                elif isinstance(node, ast.Import):
-                    targets = [a.name for a in node.names]
-                else:
-                    continue
-                for target in targets:
-                    dst = _package(target)
-                    if dst and dst != src:
-                        yield path.relative_to(REPO), node.lineno, src, dst
+            for line, target in imported(ast.parse(path.read_text(encoding="utf-8"))):
+                dst = _package(target)
+                if dst and dst != src:
+                    yield path.relative_to(REPO), line, src, dst
 
 
 def test_every_package_has_a_floor():
@@ -163,18 +168,9 @@ def module_graph(sources: tuple[tuple[Path, str], ...]) -> dict[str, set[str]]:
         skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
         edges = set()
-        for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for name in names:
-                if name.split(".")[0] in top and (target := resolve(name)) != module:
-                    edges.add(target)
+        for _, name in imported(tree, submodules=True, skip=skipped):
+            if name.split(".")[0] in top and (target := resolve(name)) != module:
+                edges.add(target)
         graph[module] = edges - {None}
     return graph
 

@@ -107,7 +107,7 @@ def _owner_alive(owner: str) -> bool:
     return _start_ticks(int(pid)) == ticks and _alive(int(pid))
 
 
-def _stat(pid: int) -> list[str]:
+def proc_stat(pid: int) -> list[str]:
     """/proc/PID/stat's fields after the command name ([] when the process is gone)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -116,13 +116,13 @@ def _stat(pid: int) -> list[str]:
 
 
 def _state(pid: int) -> str | None:
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return fields[0] if fields else None
 
 
 def _start_ticks(pid: int) -> str:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return fields[19] if len(fields) > 19 else ""
 
 

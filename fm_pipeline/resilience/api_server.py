@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,26 +24,19 @@ import httpx
 import yaml
 
 from fm_pipeline.deploy.exclusive import held
+from fm_pipeline.launch.reaper import proc_stat
+from fm_pipeline.resilience.ports import free_port
 
 START_TIMEOUT_S = 180.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def group_members(pgid: int) -> list[int]:
-    """Live processes of process group `pgid` (from /proc/PID/stat; zombies excluded)."""
+    """Live processes of process group `pgid` (zombies excluded)."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text(encoding="ascii").rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(stat.parent.name))
+    for entry in Path("/proc").iterdir():
+        fields = proc_stat(int(entry.name)) if entry.name.isdigit() else []
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry.name))
     return found
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -38,14 +37,10 @@ from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod import FAST_VOLUME
 from fm_pipeline.launch.pod_local import host_path_dir, pod_process
 from fm_pipeline.resilience.netns import NamespaceNetwork
+from fm_pipeline.resilience.ports import free_port
 from fm_pipeline.resilience.processes import wait_for_step
 from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PodNodes:
@@ -74,7 +69,7 @@ class PodNodes:
         self.extra_env = {"OMP_NUM_THREADS": "1", **(env or {})}
         if store_uri is not None:
             self.extra_env.update(FM_STORE_URI=store_uri, FM_S3_ENDPOINT_URL="")
-        self.port = None if network is not None else str(_free_port())
+        self.port = None if network is not None else str(free_port())
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         self.started_at: float | None = None

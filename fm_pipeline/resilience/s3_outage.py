@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 
+from fm_pipeline.resilience.ports import free_port
 from fm_pipeline.storage import open_store
 
 MOTO_START_TIMEOUT_S = 30.0
@@ -28,15 +29,10 @@ DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "t
                      "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class OutageEndpoint:
     def __init__(self):
-        self.moto_port = _free_port()
+        self.moto_port = free_port()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -86,7 +82,7 @@ class OutageEndpoint:
         # A fresh port each time: the old one may still be held (TIME_WAIT, a slow
         # shutdown), and moto's start() would then wait forever for a server that never
         # bound. The relay reads moto_port per connection; moto's state is in-process.
-        self.moto_port = _free_port()
+        self.moto_port = free_port()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port,
                                     verbose=False)
         starter = threading.Thread(target=server.start, daemon=True, name="moto-start")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,15 +26,17 @@ import uuid
 from pathlib import Path
 
 import httpx
+import yaml
 
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.resilience.api_server import ApiServer, group_members
 from fm_pipeline.resilience.injectors import Unavailable
 from fm_pipeline.resilience.matrix import FaultResult
+from fm_pipeline.resilience.processes import LiveSegment, step_records
 from fm_pipeline.resilience.scenarios.common import first_line
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 from fm_pipeline.rundir.events import append_event
-from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE, read_records
+from fm_pipeline.rundir.records import SEGMENTS_FILE, read_records
 
 POOL_GPUS = 2
 TENANTS = {"pool": {"gpu": POOL_GPUS}, "launcher": "local", "tenants": [
@@ -93,7 +96,7 @@ def _wait(what: str, predicate, *, timeout_s: float, every_s: float = 0.5):
 
 
 def _steps(job_id: str) -> list[dict]:
-    return read_records(runs_dir(job_id) / METRICS_FILE, "step")
+    return step_records(job_id, since=0.0)
 
 
 def _segments(job_id: str) -> list[dict]:
@@ -266,7 +269,6 @@ SKEW_S = 120
 def clock_skew(ws: ChaosWorkspace) -> FaultResult:
     from fm_pipeline.config import dump_job
     from fm_pipeline.launch.spec import SegmentLaunch
-    from fm_pipeline.resilience.processes import LiveSegment
 
     libs = sorted(glob.glob(FAKETIME_LIBS))
     if not libs:
@@ -281,8 +283,6 @@ def clock_skew(ws: ChaosWorkspace) -> FaultResult:
     ws.prepare(job)
     job_file = ws.home / "node-b" / "job.yaml"
     job_file.parent.mkdir(parents=True, exist_ok=True)
-    import yaml
-
     job_file.write_text(yaml.safe_dump(dump_job(job)), encoding="utf-8")
     holder_run = LiveSegment(SegmentLaunch(job, end_step=job.training.steps),
                              env={"FM_FAULT_SLOW_RANKS": "0:0.5,1:0.5"}).start()
@@ -302,7 +302,7 @@ def clock_skew(ws: ChaosWorkspace) -> FaultResult:
     finally:
         holder_run.cleanup()
     text = contender.stdout + contender.stderr
-    steps = [r["step"] for r in read_records(runs_dir(job.name) / METRICS_FILE, "step")]
+    steps = [r["step"] for r in _steps(job.name)]
     lease_lines = [ln for ln in text.splitlines() if "already being trained" in ln]
     result.record_figures(runs_dir(job.name))
     result.outcome = (f"contender exit {contender.returncode} after {refused_s:.1f} s: "
@@ -323,8 +323,6 @@ def clock_skew(ws: ChaosWorkspace) -> FaultResult:
 
 
 def _heartbeat_ages(text: str) -> list[float]:
-    import re
-
     return [float(m) for m in re.findall(r"heartbeat (-?\d+(?:\.\d+)?) s ago", text)]
 
 

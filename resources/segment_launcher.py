@@ -11,7 +11,8 @@ KubernetesLauncher) offers the `training_segment` asset and the control plane.
 outcome, exit_code, failed_rank, reason; fm_pipeline.resources.launcher_results) unless the
 segment reached its end step. `env` is added to every worker's environment (e.g. the MLflow
 run to log into); `resume_from` (a checkpoint directory or store location the workers can
-read) replaces the newest valid checkpoint; `placement` is where the ranks may run (one
+read) replaces the newest valid checkpoint (`planned`: it is the orchestrator's plan, and
+the trainer falls back to the newest valid one when it fails validation); `placement` is where the ranks may run (one
 machine has nothing to place). A subclass defines `run_launch(context, launch, *, extras,
 placement, env)` for the torchrun invocation `launch` and `stop_segments`.
 """
@@ -35,17 +36,18 @@ class SegmentLauncher(ConfigurableResource):
     timeout_s: float | None = Field(default=None, description="stop a segment after this long")
 
     def segment_launch(self, job: JobSpec, *, end_step: int, overrides: Sequence[str],
-                       resume_from: str | None) -> SegmentLaunch:
+                       resume_from: str | None, planned: bool = False) -> SegmentLaunch:
         """The torchrun invocation of one segment (the same command locally and in a pod)."""
         return SegmentLaunch(job, end_step=end_step, module=self.trainer_module,
-                             overrides=tuple(overrides), resume_from=resume_from)
+                             overrides=tuple(overrides), resume_from=resume_from,
+                             planned=planned)
 
     def launch_segment(self, context, *, job: JobSpec, end_step: int,
                        overrides: Sequence[str] = (), extras: Mapping[str, Any] | None = None,
                        placement: Placement | None = None, env: Mapping[str, str] | None = None,
-                       resume_from: str | None = None) -> SegmentRun:
+                       resume_from: str | None = None, planned: bool = False) -> SegmentRun:
         """See the module docstring."""
         launch = self.segment_launch(job, end_step=end_step, overrides=overrides,
-                                     resume_from=resume_from)
+                                     resume_from=resume_from, planned=planned)
         return self.run_launch(context, launch, extras=dict(extras or {}),
                                placement=placement or Placement(), env=dict(env or {}))

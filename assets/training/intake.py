@@ -44,7 +44,7 @@ from fm_pipeline.dagster_runs.requests import (
 from fm_pipeline.resources.store import ObjectStoreResource
 
 from fm_pipeline.orchestration import registered_job
-from fm_pipeline.orchestration.segments import first_segment
+from fm_pipeline.orchestration.segments import plan_segment
 from fm_pipeline.orchestration.submissions import reject, stop_of, submissions
 
 # Submissions are looked at again for this long after the newest one seen: a control plane
@@ -71,13 +71,11 @@ def submission_request(submission, store, instance) -> RunRequest | None:
                                            tags={**request.tags, **submission.tags})
     job = registered_job(store, submission.job)
     tags = {**submission.tags, TAG_API_RUN: str(submission.number)}
-    start, end, location = first_segment(job, store, submission.resume_from)
-    if location:
-        tags[TAG_RESUME_FROM] = short(location)
-    request = segment_request(job, start_step=start, end_step=end,
-                              trigger=API_RESUME if submission.number > 1 else SUBMIT,
-                              run_key=submission.run_key, tags=tags,
-                              fail_at=submission.fail_at, resume_from=submission.resume_from)
+    plan = plan_segment(job, store, resume_from=submission.resume_from)
+    if plan.checkpoint:
+        tags[TAG_RESUME_FROM] = short(plan.checkpoint)
+    request = segment_request(job, plan, trigger=API_RESUME if submission.number > 1 else SUBMIT,
+                              run_key=submission.run_key, tags=tags, fail_at=submission.fail_at)
     return request.with_replaced_attrs(job_name=SEGMENT_JOB)
 
 

@@ -17,7 +17,8 @@ Run config (ops.training_segment.config): end_step (0: the next segment boundary
 checkpoint it starts from), fail_at ("RANK:STEP" fault injection, FM_FAULT_FAIL_AT; or a
 fault planted for the job, orchestration.registry.plant_fault),
 resume_from (a committed checkpoint of the job, directory or store location, to start from
-instead of the newest valid one: the trainer's --resume-from).
+instead of the newest valid one: a rollback), planned_start (the request's plan:
+orchestration.segments.plan_segment; the trainer gets it as --resume-from ... --planned).
 """
 
 import time
@@ -79,6 +80,9 @@ class SegmentConfig(Config):
     resume_from: str = Field(default="", description=(
         "start from this committed checkpoint (directory or store location) instead of the "
         "newest valid one; empty: the newest valid"))
+    planned_start: str = Field(default="", description=(
+        "the checkpoint the request's plan starts from ('scratch': none; empty: plan now); "
+        "checked at launch, replanned (and recorded) if a checkpoint came or went since"))
 
 
 def _values(metadata) -> dict:
@@ -99,6 +103,7 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     try:
         segment = prepare_segment(job, target, end_step=config.end_step,
                                   resume_from=config.resume_from,
+                                  planned_start=config.planned_start,
                                   api_run=int(api_run) if api_run.isdigit() else None,
                                   target="kubernetes" if isinstance(launcher, KubernetesLauncher)
                                   else "local")
@@ -121,12 +126,11 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
     context.log.info(f"{job.name}: segment steps {segment.start} -> {segment.end} "
                      f"(resuming from {segment.resume_from or 'scratch'})")
     launched_at = time.time()
-    chosen = {"resume_from": segment.resume_from} if segment.chosen else {}
     try:
         placement = Placement(avoid_hosts=segment.avoid_hosts) if segment.avoid_hosts else None
         run = launcher.launch_segment(
-            context, job=segment.launch_job, end_step=segment.end, env=env, **chosen,
-            placement=placement,
+            context, job=segment.launch_job, end_step=segment.end, env=env,
+            resume_from=segment.resume_from, planned=not segment.chosen, placement=placement,
             extras={"job": job.name, "start_step": segment.start, "end_step": segment.end})
     except BaseException as e:
         if not isinstance(e, Failure):  # terminated, or the launcher itself broke

@@ -61,9 +61,9 @@ from fm_pipeline.dagster_runs.requests import (
 from fm_pipeline.resources.store import ObjectStoreResource
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
 
-from fm_pipeline.orchestration import decide_after_failure, next_segment, registered_job
+from fm_pipeline.orchestration import decide_after_failure, registered_job
 from fm_pipeline.orchestration.retry import LEASE_HELD
-from fm_pipeline.orchestration.segments import newest_valid_step
+from fm_pipeline.orchestration.segments import SegmentNotRunnable, plan_segment
 from fm_pipeline.orchestration.submissions import stop_of
 
 SEGMENT_ASSET = "training_segment"
@@ -90,15 +90,14 @@ def resume_request(job, *, failed_run_id: str, outcome: str, store,
                    tags=None) -> RunRequest | None:
     """The segment that continues from the newest valid checkpoint; None at the target.
     `tags`: the failed run's, whose carried tags the resume keeps."""
-    start, location = newest_valid_step(job, store)
-    following = next_segment(job, reached_step=start)
-    if following is None:
+    try:
+        plan = plan_segment(job, store)
+    except SegmentNotRunnable:  # at the target already
         return None
     trigger = RESUME_AFTER_PREEMPTION if outcome == "preempted" else RESUME_AFTER_FAILURE
-    return segment_request(job, start_step=following[0], end_step=following[1],
-                           trigger=trigger, run_key=f"resume-{failed_run_id}",
+    return segment_request(job, plan, trigger=trigger, run_key=f"resume-{failed_run_id}",
                            tags={**carried(tags or {}), TAG_RESUMES: failed_run_id,
-                                 TAG_RESUME_FROM: short(location or "scratch")})
+                                 TAG_RESUME_FROM: short(plan.checkpoint or "scratch")})
 
 
 def _record(instance, job_name: str, run_id: str, tags: dict[str, str]) -> None:
@@ -177,13 +176,13 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
             continue
         if run.status == DagsterRunStatus.SUCCESS:
             job = registered_job(target, name)
-            reached, _ = newest_valid_step(job, target)
-            following = next_segment(job, reached_step=reached)
-            if following is None:
+            try:
+                plan = plan_segment(job, target)
+            except SegmentNotRunnable:
                 notes.append(f"{name}: at its target step {job.training.steps}")
                 continue
             requests.append(segment_request(
-                job, start_step=following[0], end_step=following[1], trigger=NEXT_SEGMENT,
+                job, plan, trigger=NEXT_SEGMENT,
                 run_key=f"next-after-{run.run_id}", tags=carried(run.tags)))
         elif run.status == DagsterRunStatus.FAILURE and \
                 run.tags.get(TAG_DECISION) == RESUME_PENDING:

@@ -72,7 +72,7 @@ def render(
     from fm_pipeline.launch.spec import SegmentLaunch
 
     spec = load_job(job, **parse_overrides(overrides, where="--set"))
-    step = end_step or min(spec.training.segment_steps, spec.training.steps)
+    step = end_step or spec.training.segment_end(0)
     target = KubernetesTarget(
         store_uri=store_uri or os.environ.get("FM_STORE_URI", ""),
         s3_endpoint_url=s3_endpoint or None,

@@ -199,6 +199,12 @@ class TrainingSpec(_Strict):
             raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
         return self
 
+    def segment_end(self, start_step: int) -> int:
+        """Where a segment starting at `start_step` stops: the next multiple of
+        segment_steps, capped at the target. The one segment-end rule: the orchestrators,
+        the trainer's default --end-step and the JobSet renderer all ask here."""
+        return min(self.steps, (start_step // self.segment_steps + 1) * self.segment_steps)
+
 
 class SourceSpec(_Strict):
     name: str = Field(min_length=1)

@@ -33,7 +33,7 @@ from fm_pipeline.api.orchestrator import RunInfo
 from fm_pipeline.config import JobSpec
 from fm_pipeline.config.paths import store_uri
 from fm_pipeline.orchestration import registered_job
-from fm_pipeline.orchestration.segments import first_segment
+from fm_pipeline.orchestration.segments import plan_segment
 from fm_pipeline.orchestration.submissions import (
     job_submissions,
     rejection,
@@ -50,8 +50,6 @@ WAIT_POLL_S = 0.5
 
 
 class DagsterOrchestrator:
-    supports_resume_from = True
-
     def __init__(self, instance: DagsterInstance, *, store=None):
         self.instance = instance
         self._store = store
@@ -118,7 +116,7 @@ class DagsterOrchestrator:
         if runs and not runs[-1].ended:
             raise ValueError(f"job {job.name} already has an active run {runs[-1].run_id}")
         register_training_job(self.instance, job, store=self.store)
-        first_segment(job, self.store, checkpoint or "")  # refused now, not by the daemon
+        plan_segment(job, self.store, resume_from=checkpoint or "")  # refused now, not later
         submission = submit_run(self.store, job, tags={TAG_API_JOB: job.name},
                                 resume_from=checkpoint or "")
         log.info("job %s: training run %d submitted (%s)", job.name, submission.number,

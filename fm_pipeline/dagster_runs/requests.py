@@ -20,29 +20,30 @@ from fm_pipeline.dagster_runs.names import (
     TAG_TRIGGER,
 )
 
+from fm_pipeline.orchestration.segments import SCRATCH
+
 SUBMIT, NEXT_SEGMENT = "submit", "next_segment"
 API_RESUME = "api_resume"  # the control plane started the job again (after a stop or failure)
 RESUME_AFTER_FAILURE, RESUME_AFTER_PREEMPTION = "resume_after_failure", "resume_after_preemption"
 
 
-def segment_request(job, *, start_step: int, end_step: int, trigger: str,
-                    run_key: str | None = None, tags: Mapping[str, str] | None = None,
-                    fail_at: str = "", resume_from: str = "") -> RunRequest:
-    """Train `job` from its newest valid checkpoint (expected at `start_step`), or from the
-    checkpoint `resume_from` (a directory or store location at `start_step`), to `end_step`."""
-    if not 0 <= start_step < end_step <= job.training.steps:
-        raise ValueError(f"segment {start_step} -> {end_step} is outside job {job.name}'s "
+def segment_request(job, plan, *, trigger: str, run_key: str | None = None,
+                    tags: Mapping[str, str] | None = None, fail_at: str = "") -> RunRequest:
+    """Train `job` by `plan` (orchestration.segments.plan_segment's SegmentPlan), carried in
+    the run config: the segment asset launches it after checking it still holds."""
+    if not 0 <= plan.start < plan.end <= job.training.steps:
+        raise ValueError(f"segment {plan.start} -> {plan.end} is outside job {job.name}'s "
                          f"steps 0..{job.training.steps}")
-    config = {"end_step": end_step}
+    config = {"end_step": plan.end, "planned_start": plan.checkpoint or SCRATCH}
     if fail_at:
         config["fail_at"] = fail_at
-    if resume_from:
-        config["resume_from"] = resume_from
+    if plan.chosen:
+        config["resume_from"] = plan.checkpoint
     return RunRequest(
         run_key=run_key, partition_key=job.name,
         run_config={"ops": {"training_segment": {"config": config}}},
         tags={TAG_JOB: job.name, TAG_SEGMENT_OF: job.name, TAG_TRIGGER: trigger,
-              TAG_START: str(start_step), TAG_END: str(end_step), TAG_TENANT: job.tenant,
+              TAG_START: str(plan.start), TAG_END: str(plan.end), TAG_TENANT: job.tenant,
               TAG_PRIORITY: job.priority, **dict(tags or {})})
 
 

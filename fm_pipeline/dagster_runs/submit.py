@@ -23,7 +23,7 @@ from fm_pipeline.dagster_runs.names import JOBS_PARTITION, PARTITION_TAG, SEGMEN
 from fm_pipeline.dagster_runs.requests import SUBMIT, segment_request
 
 from fm_pipeline.orchestration import register_job
-from fm_pipeline.orchestration.segments import first_segment
+from fm_pipeline.orchestration.segments import plan_segment
 
 DEFAULT_LOCATION = "fm_pipeline"  # workspace.yaml's location_name
 
@@ -49,8 +49,7 @@ def register_training_job(instance, job, *, store) -> str:
 def first_segment_request(job, *, store, tags: Mapping[str, str] | None = None,
                           fail_at: str = "") -> RunRequest:
     """The segment a (re)submitted job starts with: from its newest valid checkpoint."""
-    start, end, _ = first_segment(job, store)
-    return segment_request(job, start_step=start, end_step=end, trigger=SUBMIT, tags=tags,
+    return segment_request(job, plan_segment(job, store), trigger=SUBMIT, tags=tags,
                            fail_at=fail_at)
 
 

@@ -111,6 +111,9 @@ class SegmentLaunch:
     # JobSet's restarts of whole pods are another budget (jobset.py).
     max_restarts: int | None = None
     resume_from: str | None = None  # trainer --resume-from: this checkpoint, not the newest
+    # resume_from is the orchestrator's plan (plan_segment), not a rollback the user chose:
+    # the trainer restores the newest valid checkpoint instead when it fails validation.
+    planned: bool = False
 
     def __post_init__(self):
         if self.end_step < 1:
@@ -150,6 +153,8 @@ class SegmentLaunch:
         trainer_args = ["--job", str(paths.job_file), "--end-step", str(self.end_step)]
         if self.resume_from:
             trainer_args += ["--resume-from", self.resume_from]
+            if self.planned:
+                trainer_args.append("--planned")
         for item in self.overrides:
             trainer_args += ["--set", item]
         return [

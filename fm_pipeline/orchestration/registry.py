@@ -2,6 +2,7 @@
 
     register_job(store, job)            # jobs/<name>/spec.yaml in the object store
     job = registered_job(store, "demo") # what every segment, evaluation and drill reads
+                                        # (parsed once per process and stored spec)
     registered_jobs(store)              # ["demo", ...]
     plan = job_plan(store, job)         # jobs/<name>/plan.json: planned once per spec
 
@@ -31,15 +32,26 @@ class UnknownJob(ValueError):
     """No job of that name was registered."""
 
 
+# (store, name) -> (sha256 of the stored spec, the spec parsed): a process parses each
+# registered spec once, however many sensors, segments and requests read it (JobSpec is frozen).
+_parsed: dict[tuple[str, str], tuple[str, JobSpec]] = {}
+
+
 def registered_job(store: ObjectStore, name: str) -> JobSpec:
+    source = store.uri_of(spec_key(name))
     try:
-        data = load_yaml(store.get_bytes(spec_key(name)).decode("utf-8"),
-                         source=store.uri_of(spec_key(name)))
+        raw = store.get_bytes(spec_key(name))
     except (ObjectNotFound, FileNotFoundError):
         known = ", ".join(registered_jobs(store)) or "none"
         raise UnknownJob(f"training job {name!r} is not registered in {store.uri} "
                          f"(registered: {known})") from None
-    return parse_job(data, source=store.uri_of(spec_key(name)))
+    digest = hashlib.sha256(raw).hexdigest()
+    cached = _parsed.get((store.uri, name))
+    if cached is not None and cached[0] == digest:
+        return cached[1]
+    job = parse_job(load_yaml(raw.decode("utf-8"), source=source), source=source)
+    _parsed[(store.uri, name)] = (digest, job)
+    return job
 
 
 def registered_jobs(store: ObjectStore) -> list[str]:

@@ -1,11 +1,11 @@
-"""What to do after a training segment ends: start the next one, resume after a failure
-(now or after a backoff), or stop and say why. Pure decisions over the job's attempts;
-the Dagster sensors (fm_pipeline.assets.training.sensors) act on them.
+"""What to do after a training segment fails: resume (now or after a backoff), or stop and
+say why. Pure decisions over the job's attempts; the Dagster sensors
+(fm_pipeline.assets.training.sensors) and the local orchestrator act on them. Where the
+next segment starts and ends is orchestration.segments.plan_segment's answer.
 
     policy = RetryPolicy(max_consecutive_failures=3, backoff_base_s=30)
     decision = decide_after_failure(failed, earlier=attempts, policy=policy)
     decision.action, decision.not_before, decision.reason   # "resume", t + 60 s, "..."
-    next_segment(job, reached_step=40)                      # (40, 60), or None at the target
 
 Rules, in order:
   preempted    resume at once from the checkpoint it saved; never counted as a failure
@@ -138,17 +138,3 @@ def decide_after_failure(failed: SegmentAttempt, *, earlier: Sequence[SegmentAtt
     return Decision("resume", f"failure {in_a_row} in a row ({at}): resume from the newest "
                               f"valid checkpoint after {wait:.0f} s",
                     not_before=failed.ended_at + wait, failures_in_a_row=in_a_row)
-
-
-def segment_end(job, start_step: int) -> int:
-    """Where a segment starting at `start_step` stops: the next multiple of
-    training.segment_steps, capped at the job's target (the trainer's own default)."""
-    t = job.training
-    return min(t.steps, (start_step // t.segment_steps + 1) * t.segment_steps)
-
-
-def next_segment(job, *, reached_step: int) -> tuple[int, int] | None:
-    """(start, end) of the segment after `reached_step`; None once the target is reached."""
-    if reached_step >= job.training.steps:
-        return None
-    return reached_step, segment_end(job, reached_step)

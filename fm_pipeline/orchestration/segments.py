@@ -1,7 +1,9 @@
 """One training segment, as the orchestrator prepares and closes it (no Dagster here: the
 `training_segment` asset calls these and only adds the run's context and its metadata).
 
-    segment = prepare_segment(job, store, end_step=0, resume_from="")   # SegmentNotRunnable
+    plan = plan_segment(job, store, resume_from="", end_step=0)      # SegmentNotRunnable
+    plan.start, plan.end, plan.checkpoint
+    segment = prepare_segment(job, store, end_step=0, resume_from="")   # + stop, data, stragglers
     segment.start, segment.end, segment.resume_from
     metadata = failure_metadata(segment, launcher_metadata, failed_at_step=37, mlflow_run=id)
 
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fm_pipeline.orchestration.retry import segment_end
+
+
+SCRATCH = "scratch"  # a plan that starts from no checkpoint
 
 
 class SegmentNotRunnable(ValueError):
@@ -80,27 +84,48 @@ def checkpoint_step(job, store, location: str) -> int:
                      f"(its checkpoints: {known})")
 
 
-def first_segment(job, store, resume_from: str = "") -> tuple[int, int, str | None]:
-    """(start, end, location) of the segment a (re)submitted training run starts with: from
-    `resume_from` (one of the job's checkpoints) or the newest valid one; ValueError when it
-    is not a checkpoint of the job or the job has nothing left to train."""
-    from fm_pipeline.orchestration.retry import next_segment
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Where a segment starts, ends and restores from: decided once, by plan_segment, and
+    carried to the launcher and to the trainer (--resume-from, with --planned unless the
+    user chose the checkpoint)."""
 
+    start: int
+    end: int
+    checkpoint: str | None  # the location it restores (None: from scratch)
+    chosen: bool = False  # a checkpoint the user asked for (a rollback), not discovered
+
+
+def plan_segment(job, store, *, resume_from: str = "", end_step: int = 0) -> SegmentPlan:
+    """The one function that decides a segment's plan, wherever it is asked (the API, the
+    intake and failure sensors, the segment asset, the local orchestrator): from
+    `resume_from` (one of the job's checkpoints, either tier) or the newest valid one, else
+    step 0; to `end_step` or the spec's next segment boundary. SegmentNotRunnable (a
+    ValueError) when the checkpoint is not the job's or nothing is left to train."""
     if resume_from:
-        start, location = checkpoint_step(job, store, resume_from), resume_from
+        try:
+            start = checkpoint_step(job, store, resume_from)
+        except ValueError as e:
+            raise SegmentNotRunnable(str(e)) from None
+        location = resume_from
     else:
         start, location = newest_valid_step(job, store)
-    following = next_segment(job, reached_step=start)
-    if following is None:
-        raise ValueError(f"job {job.name} already reached its target step "
-                         f"{job.training.steps}")
-    return following[0], following[1], location
+    end = end_step or job.training.segment_end(start)
+    if start >= job.training.steps or end <= start:
+        raise SegmentNotRunnable(
+            f"job {job.name} is at step {start}; a segment to step {end} has nothing to train "
+            f"(target {job.training.steps})", start_step=start, end_step=end)
+    return SegmentPlan(start=start, end=end, checkpoint=location, chosen=bool(resume_from))
 
 
 def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
-                    api_run: int | None = None, target: str = "local") -> PreparedSegment:
-    """Where the segment starts and ends, checked before anything launches, and what
-    launches after the job's straggler exclusions (`target`: "local" | "kubernetes"). A
+                    planned_start: str = "", api_run: int | None = None,
+                    target: str = "local") -> PreparedSegment:
+    """The segment's plan (plan_segment), checked before anything launches, and what
+    launches after the job's straggler exclusions (`target`: "local" | "kubernetes").
+    `planned_start`: the checkpoint (or "scratch") the run's request planned to start from;
+    when a checkpoint was committed or found invalid since, the launch follows today's
+    plan and the job's event log says why ("segment_replanned"). A
     segment of training run `api_run` that a control plane stopped (submissions.request_stop)
     does not launch: SegmentNotRunnable with outcome "stopped"."""
     from fm_pipeline.data import DataError, open_job_mix
@@ -112,27 +137,31 @@ def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
             raise SegmentNotRunnable(f"training run {api_run} of {job.name} was stopped "
                                      f"({stop.how}) before this segment started",
                                      outcome="stopped", stop=stop.how)
+    plan = plan_segment(job, store, resume_from=resume_from, end_step=end_step)
+    if planned_start and not resume_from and planned_start != (plan.checkpoint or SCRATCH):
+        from fm_pipeline.rundir.events import append_event
 
-    if resume_from:
-        try:
-            start = checkpoint_step(job, store, resume_from)
-        except ValueError as e:
-            raise SegmentNotRunnable(str(e)) from None
-        location = resume_from
-    else:
-        start, location = newest_valid_step(job, store)
-    end = end_step or segment_end(job, start)
-    if start >= job.training.steps or end <= start:
-        raise SegmentNotRunnable(
-            f"job {job.name} is at step {start}; a segment to step {end} has nothing to train "
-            f"(target {job.training.steps})", start_step=start, end_step=end)
+        append_event(job.name, "segment_replanned", planned=planned_start,
+                     now=plan.checkpoint or SCRATCH, reason="the job's newest valid checkpoint "
+                     "changed between the request and the launch")
     try:
         open_job_mix(job, store)
     except DataError as e:
         raise SegmentNotRunnable(f"data mix of {job.name} is not ready: {e}; materialize "
                                  "data_mix for this job spec first") from None
-    return PreparedSegment(job=job, start=start, end=end, resume_from=location,
-                           chosen=bool(resume_from), exclusion=apply_exclusions(job, target))
+    _record_plan(job.name, plan)
+    return PreparedSegment(job=job, start=plan.start, end=plan.end,
+                           resume_from=plan.checkpoint, chosen=plan.chosen,
+                           exclusion=apply_exclusions(job, target))
+
+
+def _record_plan(job_name: str, plan: SegmentPlan) -> None:
+    """The plan of each segment that launches, in the job's event log ("segment_planned"):
+    whichever orchestrator launched it, the same record."""
+    from fm_pipeline.rundir.events import append_event
+
+    append_event(job_name, "segment_planned", start=plan.start, end=plan.end,
+                 checkpoint=plan.checkpoint or SCRATCH, chosen=plan.chosen)
 
 
 def apply_exclusions(job, target: str):

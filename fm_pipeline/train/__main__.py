@@ -4,7 +4,8 @@
     torchrun ... -m fm_pipeline.train --job JOB.yaml --end-step 40 --set training.lr=1e-3
     python -m fm_pipeline.train --job JOB.yaml     # a world of one, without torchrun
 
-Resumes from the job's newest valid checkpoint (or --resume-from DIR_OR_STORE_LOCATION),
+Resumes from the job's newest valid checkpoint (or --resume-from DIR_OR_STORE_LOCATION, a
+rollback; with --planned it is the orchestrator's plan, held against the newest valid one),
 trains to --end-step (default: the next multiple of training.segment_steps, capped at
 training.steps), checkpoints every checkpoint.every_steps and at the end. The data mix must
 be prepared first (`fm data prepare --job JOB.yaml`).
@@ -41,6 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="DOTTED.KEY=VALUE", help="override a job spec field (repeatable)")
     parser.add_argument("--resume-from", default=None,
                         help="a checkpoint directory or store location instead of the newest")
+    parser.add_argument("--planned", action="store_true",
+                        help="--resume-from is the orchestrator's plan, not a rollback: the "
+                             "newest valid checkpoint restores, and the job's events say why "
+                             "when it is not the planned one")
     return parser.parse_args(argv)
 
 
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         while True:
             try:
                 return run_segment(job, end_step=args.end_step, resume_from=resume_from,
-                                   restart_cause=restarts.cause)
+                                   restart_cause=restarts.cause, planned=args.planned)
             except SegmentSetupError as e:
                 # Raised before the first step (a missing data mix, an unusable checkpoint,
                 # a bad --end-step); errors while training fall through to @record (exit 1).

@@ -94,7 +94,7 @@ class SegmentResult:
 def segment_target(job: JobSpec, start_step: int, end_step: int | None) -> int:
     t = job.training
     if end_step is None:
-        return min(t.steps, (start_step // t.segment_steps + 1) * t.segment_steps)
+        return t.segment_end(start_step)
     if end_step > t.steps:
         raise SegmentSetupError(f"--end-step {end_step} exceeds training.steps ({t.steps})")
     if end_step < 1:
@@ -107,9 +107,13 @@ def _manifest_topology(manifest) -> str:
     return layout_key(p, world_size=p.world_size, dp_shard=p.dp_shard)
 
 
-def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | None):
+def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | None,
+            planned: bool = False):
     """Load the chosen checkpoint into the trainer (all ranks; checkpoint.load.resume does
-    discovery, the load and a rollback's bookkeeping). None: start from scratch."""
+    discovery, the load and a rollback's bookkeeping). None: start from scratch.
+    `planned`: resume_from is the orchestrator's plan, not a rollback (restore_planned)."""
+    if planned and resume_from:
+        return restore_planned(trainer, manager, planned=resume_from)
     ref = None
     if resume_from:
         try:
@@ -128,6 +132,34 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
             raise
         raise SegmentSetupError(f"cannot read the checkpoint of --resume-from {resume_from}: "
                                 f"{type(e).__name__}: {e}") from e
+
+
+def restore_planned(trainer: Trainer, manager: CheckpointManager, *, planned: str):
+    """Restore the newest checkpoint that passes full validation (checksums, torch's
+    metadata) and hold it against the orchestrator's plan: normally they are the same. When
+    the planned one fails validation an older one restores; when the segment already went
+    past its plan (pods recreated by their JobSet carry the same arguments) the newer one
+    restores. Either way rank 0 records why in the job's events ("resume_plan_differs")."""
+    try:
+        planned_step = ref_from_location(planned, manager.store).step
+    except ValueError as e:
+        raise SegmentSetupError(f"--resume-from {e}") from None
+    restored = restore(trainer, manager, resume_from=None)
+    step = restored.step if restored is not None else 0
+    if step != planned_step:
+        if step < planned_step:
+            skipped = "; ".join(restored.skipped) if restored is not None else ""
+            why = f"the planned checkpoint failed validation{f': {skipped}' if skipped else ''}"
+        else:
+            why = "a newer checkpoint was committed after the plan (the segment went past it)"
+        log.warning("planned to resume %s from step %d, restored step %d: %s",
+                    trainer.job.name, planned_step, step, why)
+        if dist.get_rank() == 0:
+            append_event(trainer.job.name, "resume_plan_differs", planned=planned,
+                         planned_step=planned_step, restored_step=step,
+                         restored=restored.source if restored is not None else "scratch",
+                         reason=why)
+    return restored
 
 
 def open_fast_tier(job: JobSpec, trainer: Trainer):
@@ -270,7 +302,8 @@ class _Setup:
 
 
 def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
-           resume_from: str | None, store, lease, restart_cause: str | None = None) -> _Setup:
+           resume_from: str | None, store, lease, restart_cause: str | None = None,
+           planned: bool = False) -> _Setup:
     from fm_pipeline.data import open_job_mix
 
     dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
@@ -286,12 +319,13 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     attempt, joined = job_attempt()
     # A first attempt that finds this run's snapshots in node memory: the pods were
     # recreated inside the launch (a JobSet restart), the memory outlived them.
-    recreated = (fast is not None and resume_from is None and attempt == 0
+    rollback = None if planned else resume_from  # a plan yields to the segment's own progress
+    recreated = (fast is not None and rollback is None and attempt == 0
                  and fast.has_snapshots())
-    if fast is not None and resume_from is None and (attempt > 0 or recreated):
+    if fast is not None and rollback is None and (attempt > 0 or recreated):
         restored = restore_in_job(fast, manager)
     if restored is None:
-        restored = restore(trainer, manager, resume_from=resume_from)
+        restored = restore(trainer, manager, resume_from=resume_from, planned=planned)
     restore_s = time.perf_counter() - t0
     target = segment_target(job, trainer.state.step, end_step)
     restart = None
@@ -310,7 +344,7 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
 
 
 def run_segment(job: JobSpec, *, end_step: int | None = None, resume_from: str | None = None,
-                restart_cause: str | None = None) -> SegmentResult:
+                restart_cause: str | None = None, planned: bool = False) -> SegmentResult:
     """Train this segment on every rank of the (possibly new) default process group.
     `restart_cause`: this rank's failure, when the process runs the segment again in place
     (train.inprocess)."""
@@ -321,7 +355,7 @@ def run_segment(job: JobSpec, *, end_step: int | None = None, resume_from: str |
     try:
         return _run_leased(job, device=device, end_step=end_step, resume_from=resume_from,
                            store=store, lease=lease, owns_process_group=owns_process_group,
-                           restart_cause=restart_cause)
+                           restart_cause=restart_cause, planned=planned)
     finally:
         if lease is not None:
             lease.release()
@@ -329,11 +363,12 @@ def run_segment(job: JobSpec, *, end_step: int | None = None, resume_from: str |
 
 def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
                 resume_from: str | None, store, lease, owns_process_group: bool,
-                restart_cause: str | None = None) -> SegmentResult:
+                restart_cause: str | None = None, planned: bool = False) -> SegmentResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         setup = _setup(job, device=device, end_step=end_step, resume_from=resume_from,
-                       store=store, lease=lease, restart_cause=restart_cause)
+                       store=store, lease=lease, restart_cause=restart_cause,
+                       planned=planned)
     except ValueError as e:  # bad input of any kind, found before the first step
         raise SegmentSetupError(f"{type(e).__name__}: {e}") from e
     dims, mesh, trainer, manager, watcher = (setup.dims, setup.mesh, setup.trainer,

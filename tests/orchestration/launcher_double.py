@@ -47,9 +47,11 @@ class LauncherDouble(ConfigurableResource):
     step_time_s: float = 0.01
 
     def launch_segment(self, context, *, job, end_step, overrides=(), extras=None,
-                       placement=None, env=None):
+                       placement=None, env=None, resume_from=None, planned=False):
         env = dict(env or {})
-        start = _newest_step(job)
+        # The trainer's rule: a plan yields to the newest valid checkpoint, a rollback not.
+        start = _newest_step(job) if planned or not resume_from else \
+            int(str(resume_from).rstrip("/").rsplit("step-", 1)[1])
         fail_after = int(env["FM_FAULT_FAIL_AT"].split(":")[1]) if env.get(
             "FM_FAULT_FAIL_AT") else None
         preempt_at = int(env[PREEMPT_ENV]) if env.get(PREEMPT_ENV) else None

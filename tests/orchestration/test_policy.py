@@ -4,17 +4,18 @@ segment dies at 3 a.m."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fm_pipeline.orchestration import (
     RetryPolicy,
     SegmentAttempt,
     decide_after_failure,
-    next_segment,
     register_job,
     registered_job,
     registered_jobs,
 )
 from fm_pipeline.orchestration.registry import UnknownJob
+from fm_pipeline.orchestration.segments import SegmentNotRunnable, SegmentPlan, plan_segment
 from fm_pipeline.storage import open_store
 from tests.orchestration.conftest import job_spec
 
@@ -96,11 +97,50 @@ def test_a_bad_config_is_never_retried():
 
 
 def test_segments_follow_the_segment_boundaries_up_to_the_target():
-    job = job_spec("bounds", **{"training.steps": 50, "training.segment_steps": 20})
-    assert next_segment(job, reached_step=0) == (0, 20)
-    assert next_segment(job, reached_step=27) == (27, 40)  # after a preemption at 27
-    assert next_segment(job, reached_step=40) == (40, 50)
-    assert next_segment(job, reached_step=50) is None
+    training = job_spec("bounds", **{"training.steps": 50, "training.segment_steps": 20}).training
+    assert training.segment_end(0) == 20
+    assert training.segment_end(27) == 40  # after a preemption at 27
+    assert training.segment_end(40) == 50
+
+
+def test_a_segment_plan_starts_at_the_newest_valid_checkpoint_or_the_one_chosen(tmp_path):
+    from fm_pipeline.checkpoint import CheckpointManager
+    from fm_pipeline.checkpoint.state import ModelState
+
+    store = open_store(str(tmp_path / "store"))
+    job = job_spec("plans", **{"training.steps": 6, "training.segment_steps": 4,
+                               "checkpoint.every_steps": 2})
+    assert plan_segment(job, store) == SegmentPlan(0, 4, None)  # from scratch
+    manager = CheckpointManager(job, {"model": ModelState([torch.nn.Linear(2, 2)])},
+                                store=store, async_save=False)
+    for step in (2, 4):
+        manager.save(step, tokens_seen=step * job.tokens_per_step, final=True)
+    manager.close()
+    newest = plan_segment(job, store)
+    assert (newest.start, newest.end, newest.chosen) == (4, 6, False)
+    assert newest.checkpoint.rstrip("/").endswith("step-00000004")
+    older = newest.checkpoint.replace("step-00000004", "step-00000002")
+    assert plan_segment(job, store, resume_from=older) == SegmentPlan(2, 4, older, chosen=True)
+    with pytest.raises(SegmentNotRunnable, match="is not a checkpoint of job plans"):
+        plan_segment(job, store, resume_from="/nowhere/step-00000002")
+    with pytest.raises(SegmentNotRunnable, match="has nothing to train"):
+        plan_segment(job, store, end_step=4)
+
+
+def test_a_registered_spec_is_parsed_once_per_process(tmp_path, monkeypatch):
+    import fm_pipeline.orchestration.registry as registry
+
+    store = open_store(str(tmp_path / "store"))
+    register_job(store, job_spec("parsed-once"))
+    parsed = []
+    real = registry.parse_job
+    monkeypatch.setattr(registry, "parse_job", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    first = registered_job(store, "parsed-once")
+    assert all(registered_job(store, "parsed-once") is first for _ in range(5))
+    assert len(parsed) == 1
+    register_job(store, job_spec("parsed-once", **{"training.steps": 12}), replace=True)
+    assert registered_job(store, "parsed-once").training.steps == 12  # a new spec: parsed
+    assert len(parsed) == 2
 
 
 @pytest.mark.parametrize("bad", [dict(backoff_base_s=-1), dict(crash_loop_repeats=1),

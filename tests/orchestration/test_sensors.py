@@ -35,6 +35,7 @@ from fm_pipeline.resources.training_policy import TrainingPolicyResource
 from fm_pipeline.definitions import defs
 from tests.orchestration.conftest import job_spec
 from tests.orchestration.launcher_double import PREEMPT_ENV, LauncherDouble
+from tests.orchestration.plans import FAULT, PLANS, SHAPE, planned_segments
 
 
 class Pipeline:
@@ -120,6 +121,28 @@ def test_failed_segment_resumes_from_the_newest_valid_checkpoint(instance):
     (mat,) = resumed.asset_materializations_for_node("training_segment")
     assert mat.metadata["start_step"].value == 6 and mat.metadata["end_step"].value == 8
     assert "at its target step 8" in p.progress().skip_message  # the job is done
+
+
+def test_the_dagster_path_launches_the_plans_the_local_orchestrator_launches(instance):
+    """The job shape and planted fault of tests/api/test_local_orchestrator.py, carried by
+    the sensors: the same plans, from plan_segment, carried in each run's config."""
+    from fm_pipeline.orchestration.registry import plant_fault
+
+    p = Pipeline(instance, job_spec("same-plans", **SHAPE),
+                 policy=TrainingPolicyResource(backoff_base_s=0))
+    plant_fault(p.store.open(), p.job.name, FAULT)
+    request = first_segment_request(p.job, store=p.store.open())
+    for _ in range(len(PLANS)):
+        config = request.run_config["ops"]["training_segment"]["config"]
+        assert config["planned_start"] == "scratch" or config["planned_start"].endswith(
+            f"step-{config['end_step'] - 2:08d}")  # the plan rides in the run config
+        result = p.run(request)
+        following = _requests(p.progress()) if result.success else [p.on_failure(result)]
+        if not following:
+            break
+        request = following[0]
+    assert "at its target step 6" in p.progress().skip_message
+    assert planned_segments(p.job.name) == PLANS
 
 
 def test_the_same_failure_at_the_same_step_twice_stops_the_job(instance):

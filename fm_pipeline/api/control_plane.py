@@ -458,15 +458,7 @@ class ControlPlane:
             if c.invalid:
                 continue
             if wanted in (c.location, f"step-{c.step:08d}", str(c.step)):
-                if getattr(self.orchestrator, "supports_resume_from", True):
-                    return c.location
-                newest = progress.last_committed(committed) or c
-                if c.step != newest.step:
-                    raise FieldError([("checkpoint", (
-                        f"this deployment restarts from the newest valid checkpoint only "
-                        f"(step-{newest.step:08d}); omit checkpoint or name that one"
-                    ))])
-                return None  # the newest: what the orchestrator restores anyway
+                return c.location
         # One name per step, newest first (a step is listed once per tier that holds it).
         known = ", ".join(f"step-{step:08d}" for step in sorted(
             {c.step for c in committed}, reverse=True)) or "none yet"

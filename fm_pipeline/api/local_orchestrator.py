@@ -1,7 +1,10 @@
 """The orchestrator on one machine: a run is a thread that launches the job's torchrun
 segments one after another (`fm_pipeline.launch.run_segment_locally`) until the job's
-target step, a failure, or a stop. The Dagster orchestrator replaces it at scale; both
-answer the same `Orchestrator` interface.
+target step, a failure the retry policy stops on, or a stop. Each segment is planned,
+checked and adjusted for stragglers by the functions the Dagster path calls
+(orchestration.segments.prepare_segment: plan_segment, the data mix, the exclusions), and a
+failure is resumed or not by its retry policy (orchestration.retry.decide_after_failure).
+The Dagster orchestrator replaces it at scale; both answer the same `Orchestrator` interface.
 
 Each segment leaves its evidence under runs_dir(job)/segments/ (the launcher's layout);
 run records are kept in runs_dir(job)/runs.json so a restarted control plane still knows
@@ -19,10 +22,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fm_pipeline.api import progress
 from fm_pipeline.api.orchestrator import RunInfo, ThreadedRuns
 from fm_pipeline.config import JobSpec
 from fm_pipeline.config.paths import runs_dir, store_uri
+from fm_pipeline.orchestration.retry import RetryPolicy
 from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
@@ -39,11 +42,10 @@ class _Active:
 
 
 class LocalOrchestrator(ThreadedRuns):
-    # SegmentLaunch has no --resume-from yet: runs restore the newest valid checkpoint.
-    supports_resume_from = False
-
-    def __init__(self, *, trainer_module: str = TRAINER_MODULE):
+    def __init__(self, *, trainer_module: str = TRAINER_MODULE,
+                 policy: RetryPolicy | None = None):
         self.trainer_module = trainer_module
+        self.policy = policy or RetryPolicy()  # the Dagster path's TrainingPolicyResource
         self._lock = threading.Lock()
         self._active: dict[str, _Active] = {}
 
@@ -53,9 +55,8 @@ class LocalOrchestrator(ThreadedRuns):
         return self._start(job, resumed_from=None)
 
     def resume(self, job: JobSpec, *, checkpoint: str | None = None) -> str:
-        if checkpoint is not None:
-            raise ValueError("the local orchestrator resumes from the newest valid checkpoint only")
-        return self._start(job, resumed_from="latest valid")
+        return self._start(job, resumed_from=checkpoint or "latest valid",
+                           checkpoint=checkpoint or "")
 
     def status(self, job_name: str) -> list[RunInfo]:
         runs = self._load(job_name)
@@ -81,7 +82,7 @@ class LocalOrchestrator(ThreadedRuns):
 
     # -- internals ---------------------------------------------------------------------
 
-    def _start(self, job: JobSpec, *, resumed_from: str | None) -> str:
+    def _start(self, job: JobSpec, *, resumed_from: str | None, checkpoint: str = "") -> str:
         with self._lock:
             current = self._active.get(job.name)
             # A recorded end is enough (its thread may still be returning): a requeued job
@@ -93,44 +94,83 @@ class LocalOrchestrator(ThreadedRuns):
             active = _Active(info)
             self._active[job.name] = active
             self._save(job.name, info)
-            active.thread = threading.Thread(target=self._run, args=(job, active), daemon=True,
-                                             name=f"run-{job.name}")
+            active.thread = threading.Thread(target=self._run, args=(job, active, checkpoint),
+                                             daemon=True, name=f"run-{job.name}")
             active.thread.start()
         return info.run_id
 
-    def _run(self, job: JobSpec, active: _Active) -> None:
-        from fm_pipeline.launch import SegmentLaunch, run_segment_locally
-        from fm_pipeline.launch.local import new_segment_dir
-
-        target, every = job.training.steps, job.training.segment_steps
-        step = self._committed_step(job.name)
-        state, reason = "succeeded", f"reached the target step {target}"
+    def _run(self, job: JobSpec, active: _Active, checkpoint: str) -> None:
         try:
-            while step < target:
-                if active.stop_as:
-                    state, reason = active.stop_as, f"{active.stop_as} before segment start"
-                    break
-                end = min(target, (step // every + 1) * every)
-                launch = SegmentLaunch(job, end_step=end, module=self.trainer_module)
-                active.segment_dir = new_segment_dir(launch)
-                if active.stop_as:  # asked between the check and the directory
-                    self._flag(job.name, active)
-                result = run_segment_locally(launch, segment_dir=active.segment_dir, echo=None)
-                if result.outcome.value == "succeeded":
-                    step = end
-                    continue
-                if result.outcome.value == "preempted":
-                    state = active.stop_as or "preempted"
-                    reason = f"{state} at a checkpoint: {result.reason}"
-                else:
-                    state, reason = "failed", f"{result.outcome.value}: {result.reason}"
-                break
+            state, reason = self._segments(job, active, rollback_to=checkpoint)
         except Exception as e:  # the launcher itself failed: the run ends with the reason
             state, reason = "failed", f"launch failed: {e}"
             log.warning("run of %s failed to launch: %s", job.name, e)
         with self._lock:
             active.info = replace(active.info, state=state, ended_at=time.time(), reason=reason)
             self._save(job.name, active.info)
+
+    def _segments(self, job: JobSpec, active: _Active, *, rollback_to: str) -> tuple[str, str]:
+        """The job's segments in turn, on the decisions the Dagster path makes: each one's
+        plan, data-mix check and straggler exclusions (orchestration.segments), its planted
+        fault, and after a failure the retry policy's resume or stop (orchestration.retry).
+        `rollback_to`: the checkpoint the first segment starts from ("": the newest valid)."""
+        from fm_pipeline.launch import SegmentLaunch, run_segment_locally
+        from fm_pipeline.launch.local import new_segment_dir
+        from fm_pipeline.orchestration.registry import take_fault
+        from fm_pipeline.orchestration.retry import decide_after_failure
+        from fm_pipeline.orchestration.segments import SegmentNotRunnable, prepare_segment
+        from fm_pipeline.train.faults import FAIL_AT_ENV
+
+        store, attempts = open_store(store_uri()), []
+        while True:
+            if active.stop_as:
+                return active.stop_as, f"{active.stop_as} before segment start"
+            try:
+                segment = prepare_segment(job, store, resume_from=rollback_to, target="local")
+            except SegmentNotRunnable as e:
+                if e.metadata.get("start_step", -1) >= job.training.steps:
+                    return "succeeded", f"reached the target step {job.training.steps}"
+                return "failed", f"bad_config: {e}"
+            launch = SegmentLaunch(segment.launch_job, end_step=segment.end,
+                                   module=self.trainer_module, resume_from=segment.resume_from,
+                                   planned=not segment.chosen)
+            env = segment.launch_env
+            if fault := take_fault(store, job.name, start=segment.start, end=segment.end):
+                env[FAIL_AT_ENV] = fault
+            active.segment_dir = new_segment_dir(launch)
+            if active.stop_as:  # asked between the check and the directory
+                self._flag(job.name, active)
+            launched_at = time.time()
+            result = run_segment_locally(launch, segment_dir=active.segment_dir, env=env,
+                                         echo=None)
+            rollback_to = ""  # rolled back once: from here on the newest valid again
+            if result.ok:
+                continue
+            if result.outcome.value == "preempted":
+                state = active.stop_as or "preempted"
+                return state, f"{state} at a checkpoint: {result.reason}"
+            failed = self._attempt(job, result, start=segment.start, since=launched_at,
+                                   number=len(attempts))
+            decision = decide_after_failure(failed, earlier=attempts, policy=self.policy)
+            attempts.append(failed)
+            if not decision.resume:
+                return "failed", f"{result.outcome.value}: {result.reason} ({decision.reason})"
+            log.info("run of %s: %s", job.name, decision.reason)
+            while time.time() < decision.not_before and not active.stop_as:
+                time.sleep(min(1.0, decision.not_before - time.time()))
+
+    @staticmethod
+    def _attempt(job: JobSpec, result, *, start: int, since: float, number: int):
+        """The failed launch as the retry policy reads it (the Dagster path's attempt_of)."""
+        from fm_pipeline.orchestration.retry import SegmentAttempt
+        from fm_pipeline.rundir.records import METRICS_FILE, latest_record
+
+        record = latest_record(runs_dir(job.name) / METRICS_FILE, "step")
+        return SegmentAttempt(
+            run_id=f"local-{number}", outcome=result.outcome.value, ended_at=time.time(),
+            reason=result.reason, exit_code=result.exit_code,
+            failed_at_step=record["step"] if record.get("time", 0) >= since else None,
+            start_step=start, end_step=result.end_step, wall_s=result.duration_s)
 
     def _stop(self, job_name: str, how: str) -> None:
         with self._lock:
@@ -155,10 +195,6 @@ class LocalOrchestrator(ThreadedRuns):
         the trainer checkpoints at the next step boundary and exits 75."""
         if active.segment_dir is not None:
             (active.segment_dir / "preempt").touch()
-
-    def _committed_step(self, job_name: str) -> int:
-        last = progress.last_committed(progress.checkpoints(job_name, open_store(store_uri())))
-        return last.step if last else 0
 
     def _load(self, job_name: str) -> list[RunInfo]:
         path = runs_dir(job_name) / RUNS_FILE

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from pathlib import Path
 
 import typer
@@ -172,7 +173,12 @@ def _orchestrator(kind: str):
     if kind == "local":
         from fm_pipeline.api.local_orchestrator import LocalOrchestrator
 
-        return LocalOrchestrator()
+        from fm_pipeline.orchestration.retry import RetryPolicy
+
+        backoff = os.environ.get("FM_RETRY_BACKOFF_S")  # as the Dagster path's policy reads it
+        return LocalOrchestrator(policy=RetryPolicy(
+            backoff_base_s=float(backoff), backoff_max_s=max(900.0, float(backoff)))
+            if backoff else None)
     if kind == "dagster":
         from fm_pipeline.dagster_runs.orchestrator import DagsterOrchestrator
 

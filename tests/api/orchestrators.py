@@ -10,8 +10,6 @@ from fm_pipeline.api.orchestrator import RunInfo
 
 
 class RecordingOrchestrator:
-    supports_resume_from = True
-
     def __init__(self, clock):
         self.clock = clock
         self.runs: dict[str, list[RunInfo]] = {}

@@ -1,32 +1,90 @@
-"""The local orchestrator runs a job as torchrun segments toward its target step, and a
-preemption ends the run `preempted` through the trainer's exit-code contract."""
+"""The local orchestrator (what `fm api serve` runs by default) carries a job to its target
+on the decisions the Dagster path makes: each segment planned by plan_segment and carried to
+the trainer as --resume-from ... --planned, a failure resumed by the retry policy, a
+rollback honoured, a preemption ending the run `preempted` through the trainer's exit code.
+The real trainer runs under torchrun on a small job."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from fm_pipeline.api.local_orchestrator import LocalOrchestrator
-from fm_pipeline.config import parse_job
-from fm_pipeline.config.paths import runs_dir
-from fm_pipeline.data.testing import SMALL_JOB
+from fm_pipeline.config.paths import runs_dir, store_uri
+from fm_pipeline.data.testing import build_small_mix, small_job
+from fm_pipeline.orchestration.registry import plant_fault
+from fm_pipeline.orchestration.retry import RetryPolicy
+from fm_pipeline.rundir.events import read_events
+from fm_pipeline.storage import open_store
+from tests.orchestration.plans import FAULT, PLANS, SHAPE, planned_segments
 
 
-def test_segments_run_in_turn_and_a_preempted_segment_ends_the_run(monkeypatch):
-    job = parse_job({**SMALL_JOB, "name": "job-local",
-                     "training": {**SMALL_JOB["training"], "steps": 4, "segment_steps": 2}})
-    orch = LocalOrchestrator(trainer_module="tests.api.stand_in_trainer")
-    monkeypatch.setenv("STAND_IN_HOLD_AT", "4")  # the second segment waits to be preempted
+@pytest.fixture
+def job():
+    job = small_job(**{"name": "job-local", **SHAPE, "resilience.inplace_restarts": 0,
+                       "resilience.inprocess_restart": False})
+    build_small_mix(job)
+    return job
+
+
+def _orchestrator() -> LocalOrchestrator:
+    return LocalOrchestrator(policy=RetryPolicy(backoff_base_s=0.0, backoff_max_s=0.0))
+
+
+def test_a_failed_segment_resumes_by_the_retry_policy_from_the_planned_checkpoint(job):
+    plant_fault(open_store(store_uri()), job.name, FAULT)
+    orch = _orchestrator()
     orch.submit(job)
-    log = runs_dir(job.name) / "stand_in.log"
+    run = orch.wait(job.name, timeout=300)
+    assert run.state == "succeeded", run.reason
+    assert planned_segments(job.name) == PLANS  # as the Dagster path's (test_sensors.py)
+    # The trainer restored what was planned each time: nothing to report.
+    assert read_events(job.name, kinds=("resume_plan_differs",))[0] == []
+    restored = [_step(r.get("restored_from")) for r in _segment_records(job)]
+    assert restored == [None, 2, 2, 4]  # the segments that trained (the failed one too)
+    # Run records survive the orchestrator: a new one (a restarted service) reads them.
+    assert [r.state for r in _orchestrator().status(job.name)] == ["succeeded"]
+    assert orch.list() == ["job-local"]
+
+    # A rollback: the first segment starts at the named checkpoint (not the newest), the
+    # trainer gets it without --planned, and the run goes on from there to the target.
+    at_two = next(r for r in _checkpoints(job) if r.step == 2)
+    orch.resume(job, checkpoint=at_two.location)
+    run = orch.wait(job.name, timeout=300)
+    assert run.state == "succeeded", run.reason
+    assert planned_segments(job.name)[4:] == [(2, 4, 2, True), (4, 6, 4, False)]
+
+
+def test_a_stop_ends_the_run_preempted_at_a_checkpoint(job, monkeypatch):
+    monkeypatch.setenv("FM_FAULT_SLOW_RANKS", "0:1.0")  # a second per step: time to stop it
+    orch = _orchestrator()
+    orch.submit(job)
+    metrics = runs_dir(job.name) / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while not (log.is_file() and len(log.read_text().split()) == 2):
-        assert time.monotonic() < deadline, "the second segment never started"
-        time.sleep(0.05)
+    while not (metrics.is_file() and '"step": 1' in metrics.read_text()):
+        assert time.monotonic() < deadline, "the first segment never trained a step"
+        time.sleep(0.1)
     assert orch.status(job.name)[-1].state == "running"
     orch.preempt(job.name)
     run = orch.wait(job.name, timeout=120)
-    assert log.read_text().split() == ["end_step=2", "end_step=4"]
-    assert run.state == "preempted" and "preempted before step 4" in run.reason
-    # Run records survive the orchestrator: a new one (a restarted service) reads them.
-    assert [r.state for r in LocalOrchestrator().status(job.name)] == ["preempted"]
-    assert orch.list() == ["job-local"]
+    assert run.state == "preempted", run.reason
+    assert "preempted" in run.reason
+    assert len(planned_segments(job.name)) == 1  # no segment after the stop
+
+
+def _segment_records(job) -> list[dict]:
+    import json
+
+    path = runs_dir(job.name) / "segments.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _step(location) -> int | None:
+    return int(str(location).rstrip("/").rsplit("step-", 1)[1]) if location else None
+
+
+def _checkpoints(job):
+    from fm_pipeline.catalog.validate import candidates
+
+    return candidates(job.name, store=open_store(store_uri()))

@@ -176,9 +176,8 @@ def _orchestrator(kind: str):
         from fm_pipeline.orchestration.retry import RetryPolicy
 
         backoff = os.environ.get("FM_RETRY_BACKOFF_S")  # as the Dagster path's policy reads it
-        return LocalOrchestrator(policy=RetryPolicy(
-            backoff_base_s=float(backoff), backoff_max_s=max(900.0, float(backoff)))
-            if backoff else None)
+        return LocalOrchestrator(
+            policy=RetryPolicy.first_backoff(float(backoff)) if backoff else None)
     if kind == "dagster":
         from fm_pipeline.dagster_runs.orchestrator import DagsterOrchestrator
 

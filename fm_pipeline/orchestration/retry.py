@@ -48,6 +48,12 @@ class RetryPolicy:
         if self.crash_loop_repeats < 2:
             raise ValueError(f"crash_loop_repeats must be >= 2, got {self.crash_loop_repeats}")
 
+    @classmethod
+    def first_backoff(cls, seconds: float) -> RetryPolicy:
+        """The defaults with the first resume's wait set (FM_RETRY_BACKOFF_S; fm demo sets
+        3), the cap raised to it when it is longer."""
+        return cls(backoff_base_s=seconds, backoff_max_s=max(cls.backoff_max_s, seconds))
+
     def backoff_s(self, failures_in_a_row: int) -> float:
         if failures_in_a_row < 1:
             return 0.0

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-
 SCRATCH = "scratch"  # a plan that starts from no checkpoint
 
 

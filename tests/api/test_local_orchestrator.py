@@ -1,4 +1,4 @@
-"""The local orchestrator (what `fm api serve` runs by default) carries a job to its target
+"""The local orchestrator (`fm api serve --orchestrator local`) carries a job to its target
 on the decisions the Dagster path makes: each segment planned by plan_segment and carried to
 the trainer as --resume-from ... --planned, a failure resumed by the retry policy, a
 rollback honoured, a preemption ending the run `preempted` through the trainer's exit code.
@@ -17,7 +17,7 @@ from fm_pipeline.orchestration.registry import plant_fault
 from fm_pipeline.orchestration.retry import RetryPolicy
 from fm_pipeline.rundir.events import read_events
 from fm_pipeline.storage import open_store
-from tests.orchestration.plans import FAULT, PLANS, SHAPE, planned_segments
+from tests.orchestration.plans import FAULT, PLANS, SHAPE, planned_segments, step_of
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_a_failed_segment_resumes_by_the_retry_policy_from_the_planned_checkpoin
     assert planned_segments(job.name) == PLANS  # as the Dagster path's (test_sensors.py)
     # The trainer restored what was planned each time: nothing to report.
     assert read_events(job.name, kinds=("resume_plan_differs",))[0] == []
-    restored = [_step(r.get("restored_from")) for r in _segment_records(job)]
+    restored = [step_of(r.get("restored_from")) for r in _segment_records(job)]
     assert restored == [None, 2, 2, 4]  # the segments that trained (the failed one too)
     # Run records survive the orchestrator: a new one (a restarted service) reads them.
     assert [r.state for r in _orchestrator().status(job.name)] == ["succeeded"]
@@ -80,8 +80,12 @@ def _segment_records(job) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _step(location) -> int | None:
-    return int(str(location).rstrip("/").rsplit("step-", 1)[1]) if location else None
+def test_fm_api_serve_builds_its_retry_policy_from_the_environment(monkeypatch):
+    from fm_pipeline.cli.api import _orchestrator
+
+    assert _orchestrator("local").policy == RetryPolicy()
+    monkeypatch.setenv("FM_RETRY_BACKOFF_S", "3")
+    assert _orchestrator("local").policy == RetryPolicy.first_backoff(3.0)
 
 
 def _checkpoints(job):

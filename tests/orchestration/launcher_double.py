@@ -23,6 +23,7 @@ from fm_pipeline.resources.launcher_results import segment_failure
 from fm_pipeline.checkpoint import CheckpointManager, ModelState
 from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome, SegmentResult
+from tests.orchestration.plans import step_of
 
 PREEMPT_ENV = "FM_DOUBLE_PREEMPT_AT"
 
@@ -50,8 +51,7 @@ class LauncherDouble(ConfigurableResource):
                        placement=None, env=None, resume_from=None, planned=False):
         env = dict(env or {})
         # The trainer's rule: a plan yields to the newest valid checkpoint, a rollback not.
-        start = _newest_step(job) if planned or not resume_from else \
-            int(str(resume_from).rstrip("/").rsplit("step-", 1)[1])
+        start = _newest_step(job) if planned or not resume_from else step_of(resume_from)
         fail_after = int(env["FM_FAULT_FAIL_AT"].split(":")[1]) if env.get(
             "FM_FAULT_FAIL_AT") else None
         preempt_at = int(env[PREEMPT_ENV]) if env.get(PREEMPT_ENV) else None

@@ -17,10 +17,12 @@ PLANS = [(0, 2, None, False), (2, 4, 2, False), (2, 4, 2, False), (4, 6, 4, Fals
 def planned_segments(job_name: str) -> list[tuple[int, int, int | None, bool]]:
     """(start, end, step of the checkpoint it starts from or None, chosen) per launch."""
     planned, _ = read_events(job_name, kinds=("segment_planned",))
-    return [(p["start"], p["end"], _step(p["checkpoint"]), p["chosen"]) for p in planned]
+    return [(p["start"], p["end"], step_of(p["checkpoint"]), p["chosen"]) for p in planned]
 
 
-def _step(location: str) -> int | None:
-    if location == "scratch":
+def step_of(location) -> int | None:
+    """The step of a checkpoint location (a directory or store URI ending in step-N);
+    None for no checkpoint ("scratch", None, "")."""
+    if not location or location == "scratch":
         return None
-    return int(location.rstrip("/").rsplit("step-", 1)[1])
+    return int(str(location).rstrip("/").rsplit("step-", 1)[1])

@@ -143,6 +143,11 @@ def test_a_registered_spec_is_parsed_once_per_process(tmp_path, monkeypatch):
     assert len(parsed) == 2
 
 
+def test_the_first_backoff_alone_can_be_set_and_raises_the_cap_when_longer():
+    assert RetryPolicy.first_backoff(3) == RetryPolicy(backoff_base_s=3)
+    assert RetryPolicy.first_backoff(2000).backoff_max_s == 2000
+
+
 @pytest.mark.parametrize("bad", [dict(backoff_base_s=-1), dict(crash_loop_repeats=1),
                                  dict(backoff_base_s=10, backoff_max_s=5)])
 def test_policy_rejects_nonsense(bad):

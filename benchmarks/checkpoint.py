@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 
 import torch
+from tests import local_site
 
 SAVE_TARGET, LOAD_TARGET, STALL_TARGET, ASYNC_TOTAL_TARGET = 0.8, 0.8, 0.03, 1.0
 WIDE = {"size": "small", "n_layers": 2, "dim": 1024, "n_heads": 8, "n_kv_heads": 8,
@@ -147,7 +148,7 @@ def measure(model: str, repeats: int, workdir: Path, *, write_threads: int = 1) 
     run = Run(model, batch=2, seq=128)
     run.step()  # optimizer state exists from here on
     sync = CheckpointManager(run.job, run.app_state, root=workdir / "sync", async_save=False,
-                             write_threads=write_threads)
+                             write_threads=write_threads, site=local_site.site())
     first = sync.save(1, tokens_seen=0).result()  # warm-up: allocations, imports
     nbytes = first.total_bytes
     payload = memoryview(os.urandom(1 << 20) * (nbytes >> 20) + os.urandom(nbytes % (1 << 20)))
@@ -180,7 +181,7 @@ def measure(model: str, repeats: int, workdir: Path, *, write_threads: int = 1) 
 
     # Async: baseline steps, then a save, then the steps that overlap the background write.
     manager = CheckpointManager(run.job, run.app_state, root=workdir / "async", async_save=True,
-                                write_threads=write_threads)
+                                write_threads=write_threads, site=local_site.site())
     blocks, calls, waits, extras, base_steps, overlapped = [], [], [], [], [], []
     step = 100
     for _ in range(repeats):

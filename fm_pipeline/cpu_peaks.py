@@ -5,8 +5,9 @@ change between them.
 
     cpu_peak("fp32", threads=1)     # FLOP/s; measured on the first call on this host
 
-Kept in FM_HOME/host/cpu-peaks.json ($FM_CPU_PEAKS_FILE names another file: one shared by
-every FM_HOME on the machine), one entry per host, CPU model, core count, thread
+Kept per machine, not per site: in $XDG_CACHE_HOME/fm-pipeline/cpu-peaks.json (default
+~/.cache/fm-pipeline/; $FM_CPU_PEAKS_FILE names another file), shared by every FM_HOME on
+the machine, one entry per host, CPU model, core count, thread
 count and matmul library (torch and its version, or numpy), with when it was measured.
 Delete the file to measure again (after a BIOS or kernel change, say). Writers replace the
 file whole; two processes measuring at once both measure, and the last write wins.
@@ -30,9 +31,8 @@ CACHE_ENV = "FM_CPU_PEAKS_FILE"
 def cache_path() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    # config.paths.fm_home's rule, read here: config is a floor above the accelerators.
-    home = Path(os.environ.get("FM_HOME", Path.cwd() / ".fm")).resolve()
-    return home / "host" / CACHE_NAME
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "fm-pipeline" / CACHE_NAME
 
 
 def cpu_peak(dtype: str, *, threads: int) -> float:

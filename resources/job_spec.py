@@ -29,10 +29,9 @@ class JobSpecResource(ConfigurableResource):
 
     def load(self) -> JobSpec:
         if self.registered:
-            from fm_pipeline.config.paths import store_uri
+            from fm_pipeline.config.site import Site
             from fm_pipeline.orchestration import registered_job
-            from fm_pipeline.storage import open_store
 
-            return registered_job(open_store(store_uri()), self.registered)
+            return registered_job(Site.from_environ().store(), self.registered)
         return load_job(self.resolved_path(),
                         **parse_overrides(self.overrides, where="<overrides>"))

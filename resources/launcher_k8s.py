@@ -89,7 +89,7 @@ class KubernetesLauncher(SegmentLauncher):
                                         namespace=ns)
 
             try:
-                with followed_jobset(job.name, rendered) as record:
+                with followed_jobset(self.site().runs_dir(job.name), rendered) as record:
                     followed = self._follow(context, client, name, ns, read_leader)
                     stopped = record.stop_reason()
             except BaseException:
@@ -107,9 +107,10 @@ class KubernetesLauncher(SegmentLauncher):
     def stop_segments(self, job_name: str, *, reason: str) -> list[str]:
         """Stop the job's running segments as a preemption does (see the module docstring);
         returns the JobSets asked to stop now. Repeating it is cheap (one delete each)."""
-        if not followed_jobsets(job_name):
+        runs = self.site().runs_dir(job_name)
+        if not followed_jobsets(runs):
             return []  # nothing launched from this machine: no API server to reach
-        return stop_jobsets(self.jobset_client(), job_name, reason=reason)
+        return stop_jobsets(self.jobset_client(), runs, reason=reason)
 
     def _follow(self, context, client: JobSetClient, name: str, ns: str, read_leader):
         return client.follow(

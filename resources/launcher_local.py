@@ -59,7 +59,7 @@ class LocalLauncher(SegmentLauncher):
             extras=extras,
         ) as session:
             result = run_segment_locally(
-                launch, env={**env, **session.get_bootstrap_env_vars()},
+                launch, site=self.site(), env={**env, **session.get_bootstrap_env_vars()},
                 timeout_s=self.timeout_s,
                 echo=sys.stdout if self.echo_output else None,
             )
@@ -74,4 +74,4 @@ class LocalLauncher(SegmentLauncher):
         """Ask the job's running segments to checkpoint and exit 75 (their preemption flag;
         `reason` is for the caller's log). The trainer ignores a flag older than itself:
         a caller that may be early (a segment still starting) repeats this until the end."""
-        return [str(d) for d in preempt_running_segments(job_name)]
+        return [str(d) for d in preempt_running_segments(self.site().runs_dir(job_name))]

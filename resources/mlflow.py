@@ -36,7 +36,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from fm_pipeline.config import JobSpec
-from fm_pipeline.config.paths import mlflow_uri
+from fm_pipeline.config.site import Site
 from fm_pipeline.tracking import JobTracker
 from fm_pipeline.tracking.names import DEFAULT_EXPERIMENT, ENV_UI_URL
 
@@ -52,7 +52,8 @@ class MlflowTrackingResource(ConfigurableResource):
 
     def tracker(self) -> JobTracker:
         # Resolved per call: FM_HOME is read when the run executes, not when code loads.
-        return JobTracker(self.tracking_uri or mlflow_uri(), experiment=self.experiment)
+        return JobTracker(self.tracking_uri or Site.from_environ().tracking_uri,
+                          experiment=self.experiment)
 
     def job_run(self, job: JobSpec) -> str:
         return self.tracker().job_run(job)

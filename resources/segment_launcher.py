@@ -27,6 +27,7 @@ from fm_pipeline.resources.launcher_results import SegmentRun
 from pydantic import Field
 
 from fm_pipeline.config import JobSpec
+from fm_pipeline.config.site import Site
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
 
@@ -34,6 +35,11 @@ from fm_pipeline.launch.spec import TRAINER_MODULE, SegmentLaunch
 class SegmentLauncher(ConfigurableResource):
     trainer_module: str = Field(default=TRAINER_MODULE, description="module torchrun runs (-m)")
     timeout_s: float | None = Field(default=None, description="stop a segment after this long")
+
+    def site(self) -> Site:
+        """Where the launched segments keep their state: built here, at the Dagster entry
+        point, from the environment of the process that launches them."""
+        return Site.from_environ()
 
     def segment_launch(self, job: JobSpec, *, end_step: int, overrides: Sequence[str],
                        resume_from: str | None, planned: bool = False) -> SegmentLaunch:

@@ -4,14 +4,15 @@
     resources={"store": ObjectStoreResource(uri="s3://bucket/prefix",
                                             endpoint_url="http://127.0.0.1:9000")}
 
-Assets call `store.open()` and hand the resulting ObjectStore to the domain core.
+Assets call `store.open()` and hand the resulting ObjectStore to the domain core, and
+`store.site()` for the rest of where state lives (the Dagster entry point of config.site).
 """
 
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from fm_pipeline.config.paths import store_uri
+from fm_pipeline.config.site import Site
 from fm_pipeline.storage import ObjectStore, open_store
 
 
@@ -19,5 +20,9 @@ class ObjectStoreResource(ConfigurableResource):
     uri: str = Field(default="", description="directory or s3://bucket/prefix; empty: FM_STORE_URI or <FM_HOME>/store")
     endpoint_url: str | None = Field(default=None, description="S3 endpoint; default FM_S3_ENDPOINT_URL")
 
+    def site(self) -> Site:
+        """Built where the run executes (its FM_HOME), with this resource's store."""
+        return Site.from_environ().with_store(self.uri or None)
+
     def open(self) -> ObjectStore:
-        return open_store(self.uri or store_uri(), endpoint_url=self.endpoint_url)
+        return open_store(self.uri or self.site().store_uri, endpoint_url=self.endpoint_url)

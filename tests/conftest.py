@@ -42,6 +42,14 @@ def fm_home(tmp_path, monkeypatch) -> Iterator[Path]:
     _forget_dagster_instance()
 
 
+@pytest.fixture
+def site(fm_home):
+    """The test's Site (config.site): what the code below the entry points is handed."""
+    from fm_pipeline.config.site import Site
+
+    return Site.from_environ()
+
+
 def _forget_dagster_instance() -> None:
     """An instance entered without being exited (DagsterInstance.get() in a test, a run
     executed in process) leaves itself as the current definitions-state storage of this

@@ -15,9 +15,11 @@ from fm_pipeline.planner.cluster import cpu_per_rank
 
 
 @pytest.fixture(autouse=True)
-def own_cache(monkeypatch):
-    """These tests measure: the FM_HOME's own file, not the session's shared one."""
+def own_cache(monkeypatch, tmp_path):
+    """These tests measure: a cache directory of their own (the default place under
+    XDG_CACHE_HOME), not the session's shared file."""
     monkeypatch.delenv(cpu_peaks.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
 def test_the_shared_file_is_used_where_it_is_named(tmp_path, monkeypatch):

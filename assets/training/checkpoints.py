@@ -53,7 +53,7 @@ def checkpoint(context: AssetExecutionContext, store: ObjectStoreResource) -> Ma
     name = context.partition_key
     target = store.open()
     registered_job(target, name)  # a clear error for an unknown job
-    steps = committed_steps(name, target)
+    steps = committed_steps(name, target, root=store.site().checkpoints_dir(name))
     if not steps:
         raise Failure(description=f"job {name} has no committed checkpoint yet")
     last = max((r["step"] for r in recorded_checkpoints(context.instance, name, limit=1)),
@@ -92,7 +92,7 @@ def _checkpoint_valid(context: AssetCheckExecutionContext,
     name = context.partition_key
     target = store.open()
     job = registered_job(target, name)
-    steps = committed_steps(name, target)
+    steps = committed_steps(name, target, root=store.site().checkpoints_dir(name))
     problems: list[str] = []
     checked = steps_to_check(context, name)
     copies_checked = 0
@@ -121,18 +121,18 @@ with warnings.catch_warnings():  # a partitioned asset check is a "preview" feat
                     "job's model; blocks evaluation otherwise.")(_checkpoint_valid)
 
 
-def checkpoint_for_run(context, job_name: str, store) -> tuple[int, list]:
+def checkpoint_for_run(context, job_name: str, store, *, site) -> tuple[int, list]:
     """(step, committed copies) of the checkpoint a drill run is about: the run's
     fm/checkpoint_step tag, else the newest committed one."""
-    return checkpoints_for_run(context, job_name, store)[-1]
+    return checkpoints_for_run(context, job_name, store, site=site)[-1]
 
 
-def checkpoints_for_run(context, job_name: str, store) -> list[tuple[int, list]]:
+def checkpoints_for_run(context, job_name: str, store, *, site) -> list[tuple[int, list]]:
     """[(step, committed copies)] of the checkpoints an evaluation or drill run is about,
     oldest first: the run's tags, else the newest committed one."""
     from fm_pipeline.orchestration.checkpoints import committed_steps
 
-    steps = committed_steps(job_name, store)
+    steps = committed_steps(job_name, store, root=site.checkpoints_dir(job_name))
     tagged = checkpoint_steps_of(context.run.tags)
     if tagged:
         if missing := [s for s in tagged if s not in steps]:

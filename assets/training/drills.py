@@ -37,11 +37,11 @@ def restore_drill(context: AssetExecutionContext, store: ObjectStoreResource,
     from fm_pipeline.checkpoint.drill import run_restore_drill
     from fm_pipeline.orchestration.checkpoints import preferred_copy
 
-    target = store.open()
+    target, site = store.open(), store.site()
     job = registered_job(target, context.partition_key)
-    step, copies = checkpoint_for_run(context, job.name, target)
+    step, copies = checkpoint_for_run(context, job.name, target, site=site)
     ref = preferred_copy(copies, tier="store")
-    result = run_restore_drill(ref, job=job, store=target)
+    result = run_restore_drill(ref, site=site, job=job, store=target)
     context.log.info(result.summary())
     ml_run = mlflow.log_drill(
         job, checkpoint_step=step, checkpoint_uri=ref.location, passed=result.passed,

@@ -49,12 +49,12 @@ def evaluation(context: AssetExecutionContext, config: EvaluationConfig,
     from fm_pipeline.eval import evaluate_checkpoints
     from fm_pipeline.orchestration.checkpoints import preferred_copy
 
-    target = store.open()
+    target, site = store.open(), store.site()
     job = registered_job(target, context.partition_key)
-    chosen = checkpoints_for_run(context, job.name, target)
+    chosen = checkpoints_for_run(context, job.name, target, site=site)
     # The local copy where this machine trained it: no download.
     results = evaluate_checkpoints([preferred_copy(copies, tier="local") for _, copies in chosen],
-                                   job=job, store=target, nproc=config.nproc,
+                                   site=site, job=job, store=target, nproc=config.nproc,
                                    max_batches=config.max_batches)
     entries = []
     for (step, copies), result in zip(chosen, results, strict=True):

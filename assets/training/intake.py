@@ -53,7 +53,7 @@ from fm_pipeline.orchestration.submissions import reject, stop_of, submissions
 LOOKBACK_S = 120.0
 
 
-def submission_request(submission, store, instance) -> RunRequest | None:
+def submission_request(submission, store, instance, *, site) -> RunRequest | None:
     """The run `submission` asks for; None when there is nothing to run (a job at its
     target step, a drill of a job without checkpoints)."""
     if submission.kind == "data_mix":
@@ -71,7 +71,7 @@ def submission_request(submission, store, instance) -> RunRequest | None:
                                            tags={**request.tags, **submission.tags})
     job = registered_job(store, submission.job)
     tags = {**submission.tags, TAG_API_RUN: str(submission.number)}
-    plan = plan_segment(job, store, resume_from=submission.resume_from)
+    plan = plan_segment(job, store, site=site, resume_from=submission.resume_from)
     if plan.checkpoint:
         tags[TAG_RESUME_FROM] = short(plan.checkpoint)
     request = segment_request(job, plan, trigger=API_RESUME if submission.number > 1 else SUBMIT,
@@ -100,7 +100,8 @@ def run_intake_sensor(context: SensorEvaluationContext, store: ObjectStoreResour
             notes.append(f"{submission.run_key}: stopped before it started")
             continue
         try:
-            request = submission_request(submission, target, context.instance)
+            request = submission_request(submission, target, context.instance,
+                                         site=store.site())
         except ValueError as e:  # an unknown job or checkpoint: nothing to start, say why
             notes.append(f"{submission.run_key}: {e}")
             if submission.kind == "train" and not _started(context.instance, submission):

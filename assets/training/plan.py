@@ -13,7 +13,6 @@ from dagster import AssetExecutionContext, MetadataValue, Output, asset
 from fm_pipeline.dagster_runs.names import training_jobs
 from fm_pipeline.resources.store import ObjectStoreResource
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.orchestration import registered_job
 from fm_pipeline.orchestration.registry import job_plan
 from fm_pipeline.planner.job_plan import save_plan
@@ -30,7 +29,7 @@ def training_plan(context: AssetExecutionContext, store: ObjectStoreResource) ->
     plan = job_plan(target, job)
     if plan is None:
         return Output(None, metadata={"plan": "the planner cannot model this layout"})
-    path = save_plan(plan, runs_dir(job.name) / "plan.json")
+    path = save_plan(plan, store.site().runs_dir(job.name) / "plan.json")
     est = plan["estimate"]
     for warning in est["warnings"]:
         context.log.warning(warning)

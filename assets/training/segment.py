@@ -49,7 +49,6 @@ from fm_pipeline.resources.mlflow import MlflowTrackingResource
 from fm_pipeline.resources.store import ObjectStoreResource
 from pydantic import Field
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.orchestration import registered_job, segment_report
 from fm_pipeline.orchestration.registry import take_fault
@@ -97,11 +96,11 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
                      mlflow: MlflowTrackingResource) -> MaterializeResult:
     """One torchrun segment of the partition's training job, from its newest valid checkpoint
     to the next segment boundary; metadata: steps, loss, MFU, goodput, plan vs measured."""
-    target = store.open()
+    target, site = store.open(), store.site()
     job = registered_job(target, context.partition_key)
     api_run = context.run.tags.get(TAG_API_RUN, "")
     try:
-        segment = prepare_segment(job, target, end_step=config.end_step,
+        segment = prepare_segment(job, target, site=site, end_step=config.end_step,
                                   resume_from=config.resume_from,
                                   planned_start=config.planned_start,
                                   api_run=int(api_run) if api_run.isdigit() else None,
@@ -142,7 +141,7 @@ def training_segment(context: AssetExecutionContext, config: SegmentConfig,
         failure = _values(e.metadata)
         mlflow.finish_segment(ml_run, outcome=str(failure.get("outcome", "failed")),
                               failure_reason=e.description)
-        record = latest_record(runs_dir(job.name) / METRICS_FILE, "step")
+        record = latest_record(site.runs_dir(job.name) / METRICS_FILE, "step")
         failed_at = record["step"] if record.get("time", 0) >= launched_at else None
         raise Failure(description=e.description, allow_retries=False, metadata=failure_metadata(
             segment, e.metadata, failed_at_step=failed_at, mlflow_run=ml_run)) from e

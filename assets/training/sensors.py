@@ -86,12 +86,12 @@ def stop_asked(run, store) -> str | None:
     return stop.how if stop else None
 
 
-def resume_request(job, *, failed_run_id: str, outcome: str, store,
+def resume_request(job, *, failed_run_id: str, outcome: str, store, site,
                    tags=None) -> RunRequest | None:
     """The segment that continues from the newest valid checkpoint; None at the target.
     `tags`: the failed run's, whose carried tags the resume keeps."""
     try:
-        plan = plan_segment(job, store)
+        plan = plan_segment(job, store, site=site)
     except SegmentNotRunnable:  # at the target already
         return None
     trigger = RESUME_AFTER_PREEMPTION if outcome == "preempted" else RESUME_AFTER_FAILURE
@@ -147,7 +147,7 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
         return SkipReason(f"{name}: resume after backoff, at {decision.not_before:.0f}")
     job = registered_job(store.open(), name)
     request = resume_request(job, failed_run_id=run.run_id, outcome=failed.outcome,
-                             store=store.open(), tags=run.tags)
+                             store=store.open(), site=store.site(), tags=run.tags)
     if request is None:
         _record(instance, name, run.run_id, {**tags, TAG_DECISION: STOPPED,
                                              TAG_DECISION_REASON: "target step reached"})
@@ -161,7 +161,7 @@ def segment_failure_sensor(context: RunFailureSensorContext, store: ObjectStoreR
 def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStoreResource):
     """Start each job's next segment after a successful one, until the target step; start
     the resumes whose backoff has passed."""
-    instance, target = context.instance, store.open()
+    instance, target, site = context.instance, store.open(), store.site()
     requests, notes = [], []
     for name in instance.get_dynamic_partitions(JOBS_PARTITION):
         # A duplicate launch refused by the job's lease says nothing about the job's line.
@@ -177,7 +177,7 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
         if run.status == DagsterRunStatus.SUCCESS:
             job = registered_job(target, name)
             try:
-                plan = plan_segment(job, target)
+                plan = plan_segment(job, target, site=site)
             except SegmentNotRunnable:
                 notes.append(f"{name}: at its target step {job.training.steps}")
                 continue
@@ -193,7 +193,7 @@ def segment_progress_sensor(context: SensorEvaluationContext, store: ObjectStore
             job = registered_job(target, name)
             request = resume_request(job, failed_run_id=run.run_id,
                                      outcome=run.tags.get(TAG_OUTCOME, "failed"), store=target,
-                                     tags=run.tags)
+                                     site=site, tags=run.tags)
             instance.add_run_tags(run.run_id, {TAG_DECISION: RESUMED})
             if request is not None:
                 requests.append(request)

@@ -8,7 +8,8 @@ Tokens are 256 random bits (`fmt_` + urlsafe base64), so a plain SHA-256 is enou
 store them (no dictionary to attack, unlike passwords). Verification compares the
 presented token's hash with every stored hash using `hmac.compare_digest` and never stops
 early, so timing reveals neither a match's position nor a prefix. The store is
-`<FM_HOME>/api/tokens.json`, mode 0600, changed under a file lock by any number of processes.
+`<site home>/api/tokens.json` (tokens_path), mode 0600, changed under a file lock by any
+number of processes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fm_pipeline.config.paths import fm_home
+from fm_pipeline.config.site import Site
 from fm_pipeline.storage.durable import atomic_write
 
 TOKEN_PREFIX = "fmt_"
@@ -47,8 +48,8 @@ class Principal:
         return self.tenant is None
 
 
-def tokens_path() -> Path:
-    return fm_home() / "api" / "tokens.json"
+def tokens_path(site: Site) -> Path:
+    return site.api_dir / "tokens.json"
 
 
 def _digest(token: str) -> str:
@@ -68,8 +69,8 @@ class TokenStore:
     file whenever it changed (a stat per call), so a revocation counts at once everywhere.
     """
 
-    def __init__(self, path: Path | None = None):
-        self.path = path or tokens_path()
+    def __init__(self, path: Path):
+        self.path = Path(path)  # tokens_path(site)
         self._lock = threading.Lock()
         self._entries: list[dict] = []
         self._signature: tuple | None = None

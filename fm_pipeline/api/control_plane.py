@@ -34,11 +34,11 @@ from fm_pipeline.api.job_mapping import to_job_spec
 from fm_pipeline.api.orchestrator import Orchestrator, RunInfo
 from fm_pipeline.api.schemas import JobCreate
 from fm_pipeline.api.store import JobRecord, JobStore
-from fm_pipeline.config import PRIORITY_VALUES, dump_job, parse_job
-from fm_pipeline.config.spec import ClusterSpec
-from fm_pipeline.config.paths import store_uri
+from fm_pipeline.config import PRIORITY_VALUES, JobSpec, parse_job
+from fm_pipeline.config.site import Site
 from fm_pipeline.failpoints import failpoint
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
+from fm_pipeline.orchestration.registry import register_job, registered_digest, registered_job
 from fm_pipeline.scheduling import AdmissionError, FairSharePolicy, JobRequest, TenantsConfig
 from fm_pipeline.storage import open_store
 
@@ -57,9 +57,10 @@ _FIT_FIELD = {"parallelism": "gpus", "model": "model"}  # launch.capacity's fiel
 
 class ControlPlane:
     def __init__(self, *, tenants: TenantsConfig, orchestrator: Orchestrator, store: JobStore,
-                 store_root: str | None = None, clock: Callable[[], float] = time.time,
+                 site: Site, clock: Callable[[], float] = time.time,
                  capacity: LocalCapacity | None = None):
-        """`capacity`: the machine a local pool's jobs run on (default: this one, measured);
+        """`site`: where the jobs' specs, checkpoints and run directories are (config.site).
+        `capacity`: the machine a local pool's jobs run on (default: this one, measured);
         unused when the pool feeds Kubernetes."""
         self.tenants = tenants
         if tenants.launcher == "local" and capacity is None:
@@ -67,7 +68,8 @@ class ControlPlane:
         self.capacity = capacity if tenants.launcher == "local" else None
         self.orchestrator = orchestrator
         self.store = store
-        self.store_root = store_root or store_uri()
+        self.site = site
+        self.store_root = site.store_uri
         self.clock = clock
         self.policy = FairSharePolicy(tenants, clock=clock)
         # job id -> why the tenants config cannot schedule it (its tenant is gone, it is
@@ -120,7 +122,7 @@ class ControlPlane:
                                                job_id=job_id, at=self.clock())
             record = self.store.add(
                 job_id=job_id, tenant=tenant.name, priority=body.priority, gpus=body.gpus,
-                request=body.model_dump(mode="json"), spec=dump_job(job),
+                request=body.model_dump(mode="json"), spec_sha256=self._register(job),
                 submitted_at=self.clock(),
             )
             self.policy.submit(_request(record))
@@ -235,7 +237,8 @@ class ControlPlane:
 
     def checkpoints(self, who: Principal, job_id: str) -> list[progress.CheckpointSeen]:
         self._visible(who, job_id)
-        return progress.checkpoints(job_id, self._object_store())
+        return progress.checkpoints(job_id, self._object_store(),
+                                    root=self.site.checkpoints_dir(job_id))
 
     def evaluations(self, who: Principal, job_id: str) -> list[dict]:
         return [
@@ -254,7 +257,7 @@ class ControlPlane:
                 if run.ended:
                     events.append({"at": run.ended_at or run.started_at, "kind": f"run_{run.state}",
                                    "detail": {"run_id": run.run_id, "reason": run.reason}})
-        events += progress.job_events(job_id)
+        events += progress.job_events(self.site.runs_dir(job_id))
         return sorted(events, key=lambda e: e["at"])
 
     def tenant_usage(self, who: Principal) -> list[dict]:
@@ -324,6 +327,33 @@ class ControlPlane:
     def _object_store(self):
         return open_store(self.store_root)
 
+    def _register(self, job: JobSpec) -> str:
+        """The one stored copy of the spec (orchestration.registry); the queue keeps its
+        sha256."""
+        store = self._object_store()
+        register_job(store, job)
+        return registered_digest(store, job.name)
+
+    def job_spec(self, job_id: str) -> JobSpec:
+        """The spec job `job_id` was queued with (from the registry)."""
+        record = self.store.get(job_id)
+        if record is None:
+            raise NotFound(f"no job {job_id}")
+        return self._job(record)
+
+    def _job(self, record: JobRecord) -> JobSpec:
+        """The record's spec from the registry, checked against the digest it was queued
+        with; a row of a queue.db from before (its spec in the row) is registered first."""
+        store = self._object_store()
+        if record.spec_sha256 is None:
+            if record.legacy_spec is None:
+                raise ValueError(f"job {record.job_id}: the queue holds neither its spec nor "
+                                 "its digest")
+            digest = self._register(parse_job(record.legacy_spec,
+                                              source=f"job {record.job_id} (queue.db)"))
+            record = self.store.update(record.job_id, spec_sha256=digest)
+        return registered_job(store, record.job_id, sha256=record.spec_sha256)
+
     def _event(self, job_id: str, kind: str, *, by: Principal, **detail) -> None:
         who = "admin" if by.is_admin else f"tenant {by.tenant}"
         self.store.add_event(job_id, kind, {"by": who, **detail}, at=self.clock())
@@ -332,7 +362,7 @@ class ControlPlane:
         runs = self._runs(record.job_id)
         if runs and not runs[-1].ended:  # a run this queue row never heard of: keep it
             return self._adopt(record, runs[-1], why="already running when admitted")
-        job = parse_job(record.spec, source=f"job {record.job_id}")
+        job = self._job(record)
         try:
             if runs or record.resume_checkpoint:
                 run_id = self.orchestrator.resume(job, checkpoint=record.resume_checkpoint)
@@ -419,9 +449,10 @@ class ControlPlane:
         now = self.clock()
         held_s = sum(((r.ended_at or now) - r.started_at) for r in runs)
         gpu_hours = held_s * record.gpus / 3600.0
-        spec = record.spec
-        metrics = progress.latest_metrics(record.job_id)
-        seen = progress.checkpoints(record.job_id, self._object_store())
+        job = self._job(record)
+        metrics = progress.latest_metrics(self.site.runs_dir(record.job_id))
+        seen = progress.checkpoints(record.job_id, self._object_store(),
+                                    root=self.site.checkpoints_dir(record.job_id))
         last = progress.last_committed(seen)
         step = metrics.get("step", last.step if last else None)
         return {
@@ -429,26 +460,27 @@ class ControlPlane:
             "priority": record.priority, "model": record.request["model"], "gpus": record.gpus,
             "submitted_at": record.submitted_at,
             "queue_position": self.policy.queue_position(record.job_id),
-            "step": step, "target_step": spec["training"]["steps"],
+            "step": step, "target_step": job.training.steps,
             "mfu": _number(metrics.get("mfu")),
             "step_time_ms": _step_time_ms(metrics),
             "tokens_per_s": _number(metrics.get("tokens_per_s")),
-            "goodput": _goodput(record.job_id, held_s),
+            "goodput": _goodput(self.site.runs_dir(record.job_id), held_s),
             "last_ckpt": last.location if last else None,
             "last_ckpt_step": last.step if last else None,
             "failure_reason": self._failure_reason(record, runs, status),
             "gpu_hours": round(gpu_hours, 6),
-            "cost_usd": round(gpu_hours * ClusterSpec.model_validate(
-                spec["cluster"]).price_per_gpu_hour, 4),
+            "cost_usd": round(gpu_hours * job.cluster.price_per_gpu_hour, 4),
             "preemptions": sum(e["kind"] == "preempted" for e in self.store.events(record.job_id)),
             "inplace_restarts": sum(e["kind"] == "inplace_restart"
-                                    for e in progress.job_events(record.job_id)),
+                                    for e in progress.job_events(self.site.runs_dir(record.job_id))),
             "runs": len(runs),
             "router": _router(metrics),
         }
 
     def _checkpoint_location(self, job_id: str, wanted: str) -> str | None:
-        committed = [c for c in progress.checkpoints(job_id, self._object_store()) if c.committed]
+        committed = [c for c in progress.checkpoints(job_id, self._object_store(),
+                                                     root=self.site.checkpoints_dir(job_id))
+                     if c.committed]
         named = [c for c in committed if wanted in (c.location, f"step-{c.step:08d}", str(c.step))]
         if named and all(c.invalid for c in named):  # every copy of it was found corrupt
             raise FieldError([("checkpoint", (
@@ -471,7 +503,8 @@ class ControlPlane:
         from fm_pipeline.catalog import write_mark
         from fm_pipeline.catalog.validate import candidates
 
-        for ref in candidates(job_id, store=self._object_store()):
+        for ref in candidates(job_id, store=self._object_store(),
+                              root=self.site.checkpoints_dir(job_id)):
             if ref.location == location:
                 write_mark(ref, "pin", {"reason": "a resume from this checkpoint was requested"})
 
@@ -534,8 +567,8 @@ def _step_time_ms(metrics: dict) -> float | None:
     return round(seconds * 1000.0, 3) if seconds is not None else None
 
 
-def _goodput(job_id: str, held_s: float) -> float | None:
+def _goodput(runs, held_s: float) -> float | None:
     """Fraction of the GPU time held that went into steps that count (None before any)."""
     if held_s <= 0:
         return None
-    return round(min(1.0, progress.productive_seconds(job_id) / held_s), 6)
+    return round(min(1.0, progress.productive_seconds(runs) / held_s), 6)

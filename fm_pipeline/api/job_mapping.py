@@ -11,7 +11,7 @@
     precision         -> parallelism.mixed_precision
     priority, tenant  -> priority, tenant, owner; cluster.namespace / local_queue per tenant
 
-The mix must be published in the job store (`store_uri()`), where the trainer finds it by
+The mix must be published in the job store (`store_root`, the site's), where the trainer finds it by
 `mix_key(job)`; the mapping checks that the key it derives is the manifest's own.
 Default batch: micro_batch_size 4 and the smallest global batch >= 16 that every dp rank
 and pipeline stage divides (dp x micro x pp, times an integer).
@@ -26,7 +26,6 @@ import re
 from fm_pipeline.api.errors import FieldError
 from fm_pipeline.api.schemas import JobCreate
 from fm_pipeline.config import JobSpec, JobSpecError, parse_job
-from fm_pipeline.config.paths import store_uri
 from fm_pipeline.model.registry import model_names
 from fm_pipeline.scheduling.kueue import local_queue_name
 from fm_pipeline.scheduling.tenants import TenantSpec
@@ -103,7 +102,7 @@ def default_global_batch(dp: int, pp: int, micro: int) -> int:
 
 
 def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
-                store_root: str | None = None, problems: list | None = None,
+                store_root: str, problems: list | None = None,
                 cluster: dict | None = None) -> JobSpec:
     """The JobSpec for `body`; FieldError names the body's fields (never the JobSpec's),
     every problem at once: `problems` already found (the pool's) come first. `cluster`:
@@ -134,7 +133,6 @@ def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
         problems.append(("parallelism.dp", (
             f"tp {p.tp} x pp {p.pp} x dp {dp} = {p.tp * p.pp * dp} must equal gpus ({body.gpus})"
         )))
-    store_root = store_root or store_uri()
     try:
         manifest = read_mix_manifest(mix_key_of(body.data_manifest, store_root), store_root)
     except FieldError as e:

@@ -6,8 +6,8 @@ checked and adjusted for stragglers by the functions the Dagster path calls
 failure is resumed or not by its retry policy (orchestration.retry.decide_after_failure).
 The Dagster orchestrator replaces it at scale; both answer the same `Orchestrator` interface.
 
-Each segment leaves its evidence under runs_dir(job)/segments/ (the launcher's layout);
-run records are kept in runs_dir(job)/runs.json so a restarted control plane still knows
+Each segment leaves its evidence under site.runs_dir(job)/segments/ (the launcher's layout);
+run records are kept in site.runs_dir(job)/runs.json so a restarted control plane still knows
 them (a run that was active when the control plane died is reported failed, with that
 reason: resume it). Stopping a run asks the trainer to checkpoint and exit (code 75).
 """
@@ -24,9 +24,8 @@ from pathlib import Path
 
 from fm_pipeline.api.orchestrator import RunInfo, ThreadedRuns
 from fm_pipeline.config import JobSpec
-from fm_pipeline.config.paths import runs_dir, store_uri
+from fm_pipeline.config.site import Site
 from fm_pipeline.orchestration.retry import RetryPolicy
-from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
 RUNS_FILE = "runs.json"
@@ -42,8 +41,9 @@ class _Active:
 
 
 class LocalOrchestrator(ThreadedRuns):
-    def __init__(self, *, trainer_module: str = TRAINER_MODULE,
+    def __init__(self, *, site: Site, trainer_module: str = TRAINER_MODULE,
                  policy: RetryPolicy | None = None):
+        self.site = site  # where the jobs' store and run directories are
         self.trainer_module = trainer_module
         self.policy = policy or RetryPolicy()  # the Dagster path's TrainingPolicyResource
         self._lock = threading.Lock()
@@ -77,8 +77,7 @@ class LocalOrchestrator(ThreadedRuns):
         self._stop(job_name, "cancelled")
 
     def list(self) -> list[str]:
-        root = runs_dir("x").parent
-        return sorted(p.parent.name for p in root.glob(f"*/{RUNS_FILE}"))
+        return sorted(p.parent.name for p in self.site.runs_root.glob(f"*/{RUNS_FILE}"))
 
     # -- internals ---------------------------------------------------------------------
 
@@ -121,12 +120,13 @@ class LocalOrchestrator(ThreadedRuns):
         from fm_pipeline.orchestration.segments import SegmentNotRunnable, prepare_segment
         from fm_pipeline.train.faults import FAIL_AT_ENV
 
-        store, attempts = open_store(store_uri()), []
+        store, attempts = self.site.store(), []
         while True:
             if active.stop_as:
                 return active.stop_as, f"{active.stop_as} before segment start"
             try:
-                segment = prepare_segment(job, store, resume_from=rollback_to, target="local")
+                segment = prepare_segment(job, store, site=self.site, resume_from=rollback_to,
+                                          target="local")
             except SegmentNotRunnable as e:
                 if e.metadata.get("start_step", -1) >= job.training.steps:
                     return "succeeded", f"reached the target step {job.training.steps}"
@@ -137,12 +137,12 @@ class LocalOrchestrator(ThreadedRuns):
             env = segment.launch_env
             if fault := take_fault(store, job.name, start=segment.start, end=segment.end):
                 env[FAIL_AT_ENV] = fault
-            active.segment_dir = new_segment_dir(launch)
+            active.segment_dir = new_segment_dir(launch, self.site)
             if active.stop_as:  # asked between the check and the directory
                 self._flag(job.name, active)
             launched_at = time.time()
-            result = run_segment_locally(launch, segment_dir=active.segment_dir, env=env,
-                                         echo=None)
+            result = run_segment_locally(launch, site=self.site, segment_dir=active.segment_dir,
+                                         env=env, echo=None)
             rollback_to = ""  # rolled back once: from here on the newest valid again
             if result.ok:
                 continue
@@ -159,13 +159,12 @@ class LocalOrchestrator(ThreadedRuns):
             while time.time() < decision.not_before and not active.stop_as:
                 time.sleep(min(1.0, decision.not_before - time.time()))
 
-    @staticmethod
-    def _attempt(job: JobSpec, result, *, start: int, since: float, number: int):
+    def _attempt(self, job: JobSpec, result, *, start: int, since: float, number: int):
         """The failed launch as the retry policy reads it (the Dagster path's attempt_of)."""
         from fm_pipeline.orchestration.retry import SegmentAttempt
         from fm_pipeline.rundir.records import METRICS_FILE, latest_record
 
-        record = latest_record(runs_dir(job.name) / METRICS_FILE, "step")
+        record = latest_record(self.site.runs_dir(job.name) / METRICS_FILE, "step")
         return SegmentAttempt(
             run_id=f"local-{number}", outcome=result.outcome.value, ended_at=time.time(),
             reason=result.reason, exit_code=result.exit_code,
@@ -197,14 +196,14 @@ class LocalOrchestrator(ThreadedRuns):
             (active.segment_dir / "preempt").touch()
 
     def _load(self, job_name: str) -> list[RunInfo]:
-        path = runs_dir(job_name) / RUNS_FILE
+        path = self.site.runs_dir(job_name) / RUNS_FILE
         if not path.is_file():
             return []
         return [RunInfo(**r) for r in json.loads(path.read_text(encoding="utf-8"))]
 
     def _save(self, job_name: str, info: RunInfo) -> None:
         runs = [r for r in self._load(job_name) if r.run_id != info.run_id] + [info]
-        path = runs_dir(job_name) / RUNS_FILE
+        path = self.site.runs_dir(job_name) / RUNS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps([asdict(r) for r in runs], indent=1), encoding="utf-8")

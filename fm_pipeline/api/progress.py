@@ -2,12 +2,14 @@
 (evaluations, drills), and the trainer's JSON lines (schema: fm_pipeline/rundir/records.py).
 Read on every request, never cached, so the API cannot drift from what the job wrote.
 
-    checkpoints   runs_dir(job)/checkpoints/step-*/ and <store>/checkpoints/<job>/step-*/
+Each reads the job's run directory `runs` (site.runs_dir(job)), which its caller names.
+
+    checkpoints   runs/checkpoints/step-*/ and <store>/checkpoints/<job>/step-*/
     evaluations   the `eval` mark of each checkpoint (marks/eval.json)
-    metrics       runs_dir(job)/metrics.jsonl, kind "step": the newest record
+    metrics       runs/metrics.jsonl, kind "step": the newest record
     goodput       step time of the steps that survive / GPU time held by the job's runs
-    events        runs_dir(job)/segments.jsonl (one per torchrun launch: completed,
-                  preempted, failed) and runs_dir(job)/events.jsonl (other producers,
+    events        runs/segments.jsonl (one per torchrun launch: completed,
+                  preempted, failed) and runs/events.jsonl (other producers,
                   e.g. straggler events: JSON lines with `kind` and `time`)
 """
 
@@ -16,8 +18,8 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.rundir.records import EVENTS_FILE, METRICS_FILE, SEGMENTS_FILE, latest_record
 from fm_pipeline.storage import ObjectStore, StoreError
 
@@ -40,7 +42,8 @@ class CheckpointSeen:
     invalid: str | None = None  # what a restore found corrupt in it (never resumed from)
 
 
-def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen]:
+def checkpoints(job_name: str, store: ObjectStore | None, *,
+                root: Path) -> list[CheckpointSeen]:
     """Every checkpoint directory of the job in both tiers, newest first, local before store."""
     from fm_pipeline.catalog import read_manifest, read_marks
     from fm_pipeline.catalog.refs import MANIFEST
@@ -48,10 +51,10 @@ def checkpoints(job_name: str, store: ObjectStore | None) -> list[CheckpointSeen
     from fm_pipeline.catalog.validate import candidates, invalid_reason
 
     try:
-        refs = candidates(job_name, store=store)
+        refs = candidates(job_name, store=store, root=root)
     except StoreError as e:  # the local tier still answers while the store is down
         log.warning("checkpoints of %s: object store unreachable: %s", job_name, e)
-        refs = candidates(job_name, store=None)
+        refs = candidates(job_name, store=None, root=root)
     seen = []
     for ref in refs:
         tier = "local" if ref.is_local else "store"
@@ -81,17 +84,17 @@ def last_committed(seen: list[CheckpointSeen]) -> CheckpointSeen | None:
                 None)
 
 
-def latest_metrics(job_name: str) -> dict:
+def latest_metrics(runs: Path) -> dict:
     """The newest complete step record of the job ({} if it has not stepped yet)."""
-    record = latest_record(runs_dir(job_name) / METRICS_FILE, "step")
+    record = latest_record(Path(runs) / METRICS_FILE, "step")
     return record if isinstance(record.get("step"), int) else {}
 
 
-def productive_seconds(job_name: str) -> float:
+def productive_seconds(runs: Path) -> float:
     """Step time of every step that counts: a step redone after a failure counts once,
     with the record of the latest segment (the one whose weights survived)."""
     per_step: dict[int, float] = {}
-    path = runs_dir(job_name) / METRICS_FILE
+    path = Path(runs) / METRICS_FILE
     if not path.is_file():
         return 0.0
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -104,11 +107,11 @@ def productive_seconds(job_name: str) -> float:
     return sum(per_step.values())
 
 
-def job_events(job_name: str) -> list[dict]:
+def job_events(runs: Path) -> list[dict]:
     """Segment ends from the trainer and events from other producers, as {at, kind, detail}."""
     events = []
     for name in (SEGMENTS_FILE, EVENTS_FILE):
-        path = runs_dir(job_name) / name
+        path = Path(runs) / name
         if not path.is_file():
             continue
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():

@@ -2,8 +2,10 @@
 to it in the queue. Run state (started, ended, why) belongs to the orchestrator and
 progress to the job's checkpoints and metrics; this store never caches either.
 
-One SQLite file, `<FM_HOME>/api/queue.db`. With the Dagster orchestrator these records
-map onto run tags (tenant, priority, seq) and run config (the job spec). Several API
+One SQLite file, `<site home>/api/queue.db` (queue_db_path). With the Dagster orchestrator
+these records map onto run tags (tenant, priority, seq). The job spec itself lives once, in
+the object store's registry (orchestration.registry); a row keeps its sha256 (spec_sha256),
+so a spec changed behind the queue's back is refused at launch, not trained. Several API
 processes may share it: `exclusive()` serialises their read-decide-write sections (an flock
 on queue.db.lock), and each statement waits out another process's write.
 """
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fm_pipeline.config.paths import fm_home
+from fm_pipeline.config.site import Site
 
 # queued: waiting in the policy's queue; admitted: handed to the orchestrator;
 # done: not in the queue any more (its runs say how it ended, or it was cancelled queued).
@@ -35,7 +37,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     priority TEXT NOT NULL,
     gpus INTEGER NOT NULL,
     request TEXT NOT NULL,
-    spec TEXT NOT NULL,
+    spec_sha256 TEXT,
     submitted_at REAL NOT NULL,
     queue_state TEXT NOT NULL,
     stop_requested TEXT,
@@ -70,21 +72,22 @@ class JobRecord:
     priority: str
     gpus: int
     request: dict
-    spec: dict
+    spec_sha256: str | None  # of the registered spec; None: a row from before (legacy_spec)
     submitted_at: float
     queue_state: QueueState
     stop_requested: str | None  # "preempt" or "cancel" while the run stops
     cancelled_at: float | None
     resume_checkpoint: str | None
+    legacy_spec: dict | None = None  # the full spec a queue.db from before kept in the row
 
 
-def queue_db_path() -> Path:
-    return fm_home() / "api" / "queue.db"
+def queue_db_path(site: Site) -> Path:
+    return site.api_dir / "queue.db"
 
 
 class JobStore:
-    def __init__(self, path: Path | None = None):
-        self.path = path or queue_db_path()
+    def __init__(self, path: Path):
+        self.path = Path(path)  # queue_db_path(site)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._exclusive = threading.RLock()
@@ -94,7 +97,17 @@ class JobStore:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        self._legacy = self._migrate()
         self._version = None
+
+    def _migrate(self) -> bool:
+        """A queue.db written before the spec moved to the registry: its rows keep their full
+        spec (`spec`), read as legacy_spec until the control plane registers it; new rows
+        keep the digest only. True when the table has the old column."""
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        if "spec_sha256" not in columns:
+            self._db.execute("ALTER TABLE jobs ADD COLUMN spec_sha256 TEXT")
+        return "spec" in columns
 
     def changed_elsewhere(self) -> bool:
         """Another connection (another process) committed since the last call (sqlite's
@@ -126,12 +139,15 @@ class JobStore:
                     self._fd = None
 
     def add(self, *, job_id: str, tenant: str, priority: str, gpus: int, request: dict,
-            spec: dict, submitted_at: float | None = None) -> JobRecord:
+            spec_sha256: str, submitted_at: float | None = None) -> JobRecord:
+        legacy = ", spec" if self._legacy else ""  # the old NOT NULL column: left empty
         with self._lock:
             self._db.execute(
-                "INSERT INTO jobs (job_id, tenant, priority, gpus, request, spec, submitted_at,"
-                " queue_state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')",
-                (job_id, tenant, priority, gpus, json.dumps(request), json.dumps(spec),
+                f"INSERT INTO jobs (job_id, tenant, priority, gpus, request, spec_sha256{legacy},"
+                f" submitted_at, queue_state) VALUES (?, ?, ?, ?, ?, ?{', ?' if legacy else ''},"
+                " ?, 'queued')",
+                (job_id, tenant, priority, gpus, json.dumps(request), spec_sha256,
+                 *(("",) if legacy else ()),
                  submitted_at if submitted_at is not None else time.time()),
             )
         return self.get(job_id)
@@ -152,7 +168,8 @@ class JobStore:
         return [_record(r) for r in rows]
 
     def update(self, job_id: str, **fields) -> JobRecord:
-        allowed = {"queue_state", "stop_requested", "cancelled_at", "resume_checkpoint"}
+        allowed = {"queue_state", "stop_requested", "cancelled_at", "resume_checkpoint",
+                   "spec_sha256"}
         assert set(fields) <= allowed, set(fields) - allowed
         sets = ", ".join(f"{k} = ?" for k in fields)
         with self._lock:
@@ -206,5 +223,7 @@ def drain_tenant(store: JobStore, tenant: str, *, now: float | None = None) -> l
 def _record(row: sqlite3.Row) -> JobRecord:
     data = dict(row)
     data["request"] = json.loads(data["request"])
-    data["spec"] = json.loads(data["spec"])
+    legacy = data.pop("spec", None)
+    if legacy and not data["spec_sha256"]:
+        data["legacy_spec"] = json.loads(legacy)
     return JobRecord(**data)

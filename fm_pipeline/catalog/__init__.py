@@ -3,10 +3,10 @@ which to keep, and moving them between tiers. Imports no torch: the API, the Dag
 definitions and `fm ckpt` read checkpoints through it; `fm_pipeline.checkpoint` writes and
 loads them inside the ranks.
 
-    refs = list_local(local_root("demo")) + list_store(store, store_root("demo"))
+    refs = list_local(site.checkpoints_dir("demo")) + list_store(store, store_root("demo"))
     problems = validate(ref, job)                 # [] means it can be restored
-    found = latest_valid(job, store=store)        # newest valid, and why newer ones were not
-    report = apply_retention("demo", keep_last=3) # keep, delete, set aside
+    found = latest_valid(job, store=store, root=root)  # newest valid, and why newer ones were not
+    report = apply_retention("demo", keep_last=3, root=root)  # keep, delete, set aside
     upload_checkpoint(ref, store, job_name="demo")
 
 Modules: refs (paths and CheckpointRef), manifest (the commit record), marks (sidecar JSON),
@@ -17,7 +17,7 @@ See docs/checkpoints.md.
 
 from fm_pipeline.catalog.manifest import Manifest, ManifestError
 from fm_pipeline.catalog.marks import read_marks, write_mark
-from fm_pipeline.catalog.refs import CheckpointRef, list_local, list_store, local_root, store_root
+from fm_pipeline.catalog.refs import CheckpointRef, list_local, list_store, store_root
 from fm_pipeline.catalog.retention import RetentionReport, apply_retention
 from fm_pipeline.catalog.tiering import (
     UploadReport,
@@ -37,6 +37,6 @@ from fm_pipeline.catalog.validate import (
 __all__ = [
     "CheckpointInvalid", "CheckpointRef", "Discovery", "Manifest", "ManifestError", "Problem",
     "RetentionReport", "UploadReport", "apply_retention", "download_checkpoint", "latest_valid",
-    "list_local", "list_store", "local_root", "read_manifest", "read_marks", "store_root",
+    "list_local", "list_store", "read_manifest", "read_marks", "store_root",
     "sync_to_store", "upload_checkpoint", "validate", "write_mark",
 ]

@@ -1,6 +1,6 @@
 """Where checkpoints live and how to address one, in either tier.
 
-    local tier   runs_dir(job)/checkpoints/step-00000020/   (DCP files, probe.pt, manifest.json)
+    local tier   site.checkpoints_dir(job)/step-00000020/   (DCP files, probe.pt, manifest.json)
     store tier   <store>/checkpoints/<job>/step-00000020/   (same files, manifest uploaded last)
 
 `marks/` inside a checkpoint holds sidecar JSON written after the commit (drill result,
@@ -15,7 +15,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.storage import ObjectNotFound, ObjectStore
 from fm_pipeline.storage.walk import walk_files
 
@@ -37,8 +36,18 @@ def parse_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def local_root(job_name: str) -> Path:
-    return runs_dir(job_name) / "checkpoints"
+def local_tier(root: str | Path | None) -> Path:
+    """The job's local checkpoint directory, which its caller names (Site.checkpoints_dir):
+    nothing here guesses it from the environment."""
+    if root is None:
+        raise ValueError("the local checkpoint tier needs its directory "
+                         "(site.checkpoints_dir(job)); none was given")
+    return Path(root)
+
+
+def job_of(ref: "CheckpointRef") -> str:
+    """The job a checkpoint in the store belongs to (checkpoints/<job>/step-...)."""
+    return ref.prefix.split("/")[-2]
 
 
 def store_root(job_name: str) -> str:

@@ -1,6 +1,6 @@
 """Which checkpoints to keep, in either tier, and deleting the rest.
 
-    report = apply_retention("demo", keep_last=3, milestone_every=100)            # local tier
+    report = apply_retention("demo", keep_last=3, milestone_every=100, root=root)  # local
     report = apply_retention("demo", tier="store", store=store, keep_last=3)      # store tier
     print(report.summary())
 
@@ -28,7 +28,7 @@ from fm_pipeline.catalog.refs import (
     delete_checkpoint,
     list_local,
     list_store,
-    local_root,
+    local_tier,
     store_root,
 )
 from fm_pipeline.catalog.supersede import LedgerUnreadable, superseded_steps
@@ -128,7 +128,7 @@ def apply_retention(job_name: str, *, keep_last: int, milestone_every: int = 0,
     structure, sizes and recorded verdicts (the store checked content hashes on upload).
     `partial_copy`: this local tier holds only one node's files of each checkpoint."""
     if tier == "local":
-        where = Path(root or local_root(job_name))
+        where = Path(local_tier(root))
         refs, location = list_local(where), str(where)
     elif tier == "store":
         if store is None:

@@ -1,7 +1,7 @@
 """Set a checkpoint aside: out of the checkpoint namespace, kept with its reason, never deleted.
 
     dest = set_aside(ref, kind="invalid", reason="__0_0.distcp: crc32c mismatch ...")
-    for entry in list_set_aside(job_name, store=store): print(entry.kind, entry.reason)
+    for entry in list_set_aside(job_name, store=store, root=root): print(entry.kind, entry.reason)
 
 A checkpoint is set aside when something must take its place or must never count again: a
 rollback superseded it (supersede.py), it failed validation where a new save of its step or
@@ -29,8 +29,8 @@ from fm_pipeline.catalog.refs import (
     MARKS_DIR,
     CheckpointRef,
     delete_checkpoint,
-    local_root,
     parse_step,
+    local_tier,
     store_root,
 )
 from fm_pipeline.storage import ObjectStore, StoreError
@@ -121,7 +121,7 @@ def list_set_aside(job_name: str, *, root: Path | None = None,
                    store: ObjectStore | None = None) -> list[SetAside]:
     """Every set-aside checkpoint of the job in both tiers, oldest move first per tier."""
     out: list[SetAside] = []
-    root = Path(root or local_root(job_name))
+    root = Path(local_tier(root))
     for kind in KINDS:
         for path in sorted(root.glob(f"{kind}/*/step-*")):
             if path.is_dir() and parse_step(path.name) is not None:

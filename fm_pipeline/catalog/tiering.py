@@ -1,7 +1,7 @@
 """Local tier <-> object store: upload every file, then the manifest; download and verify.
 
     report = upload_checkpoint(local_ref, store, job_name="demo")  # committed remotely or not
-    reports = sync_to_store("demo", store)                         # retry whatever is pending
+    reports = sync_to_store("demo", store, root=root)              # retry whatever is pending
     ref = download_checkpoint(remote_ref, dest_dir)                # verified, manifest last
 
 A checkpoint counts as committed in the store only once every file is uploaded and verified
@@ -29,7 +29,7 @@ from fm_pipeline.catalog.refs import (
     delete_checkpoint,
     is_content_file,
     list_local,
-    local_root,
+    local_tier,
     store_root,
 )
 from fm_pipeline.catalog.supersede import LedgerUnreadable, superseded_reason, superseded_steps
@@ -195,7 +195,7 @@ def record_upload(local: CheckpointRef, report: UploadReport, store: ObjectStore
 def pending_uploads(job_name: str, store: ObjectStore, *, root: Path | None = None):
     """Committed local checkpoints without a remote manifest, newest first."""
     out = []
-    committed = [r for r in list_local(root or local_root(job_name)) if r.has(MANIFEST)]
+    committed = [r for r in list_local(local_tier(root)) if r.has(MANIFEST)]
     try:
         superseded = superseded_steps(committed)
     except LedgerUnreadable as e:
@@ -317,16 +317,15 @@ def complete_from_store(remote: CheckpointRef, dest: Path, *, verify_present: bo
     return CheckpointRef.local(dest)
 
 
-def local_copy(ref: CheckpointRef, *, cache_root: Path | None = None
-               ) -> tuple[CheckpointRef, float]:
+def local_copy(ref: CheckpointRef, *, cache_root: Path | None) -> tuple[CheckpointRef, float]:
     """For one process of the control side (an evaluation or drill launching its workers):
     the checkpoint as a complete local directory and the seconds spent fetching. A local
     ref is used as it is (the workers verify it while restoring); a store ref is fetched
-    into `cache_root` (default: the job's local tier), keeping files already there intact.
+    into `cache_root` (the job's local tier, usually), keeping files already there intact.
     Inside a training job, checkpoint.load.localize does this collectively."""
     if ref.is_local:
         return ref, 0.0
-    dest = Path(cache_root or local_root(ref.prefix.split("/")[-2])) / ref.name
+    dest = Path(local_tier(cache_root)) / ref.name
     t0 = time.perf_counter()
     try:
         complete_from_store(ref, dest, verify_present=True)

@@ -1,7 +1,7 @@
 """Is this checkpoint whole, uncorrupted and the right one? And which is the newest such?
 
     problems = validate(ref, job)          # [] means valid; each problem names a file or field
-    found = latest_valid(job, store=store) # newest valid, with the reason each newer one was skipped
+    found = latest_valid(job, store=store, root=root)  # newest valid, with the reason each newer one was skipped
 
 Checks: manifest present and well-formed; every listed file present with its size and
 checksum; no unlisted files; DCP `.metadata` readable and consistent with the files; the
@@ -32,7 +32,7 @@ from fm_pipeline.catalog.refs import (
     is_content_file,
     list_local,
     list_store,
-    local_root,
+    local_tier,
     store_root,
 )
 from fm_pipeline.catalog.supersede import LEDGER, LedgerUnreadable, superseded_reason
@@ -305,7 +305,7 @@ def candidates(job_name: str, *, store: ObjectStore | None = None,
     local tier may still hold what is needed."""
     refs: list[CheckpointRef] = []
     if "local" in tiers:
-        refs += list_local(root or local_root(job_name))
+        refs += list_local(local_tier(root))
     if "store" in tiers and store is not None:
         try:
             refs += list_store(store, store_root(job_name))

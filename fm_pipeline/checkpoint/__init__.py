@@ -7,7 +7,7 @@ In the trainer (every rank):
     app_state = {"model": ModelState(parts), "optimizer": OptimizerState(parts, optims),
                  "lr_scheduler": LRSchedulerState(scheds), "dataloader": loader,
                  "train_state": train_state}
-    manager = CheckpointManager(job, app_state, mesh=mesh, mix_key=key)
+    manager = CheckpointManager(job, app_state, site=site, mesh=mesh, mix_key=key)
     restored = manager.restore_latest()                  # None on a fresh start
     manager.save(step, tokens_seen=n, probe=Probe(batch, loss), final=is_last)
     manager.close()

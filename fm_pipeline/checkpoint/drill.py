@@ -140,11 +140,13 @@ def _resolve(checkpoint, store) -> CheckpointRef:
     return CheckpointRef.local(text)
 
 
-def run_restore_drill(checkpoint, *, job=None, parallelism: dict | None = None,
+def run_restore_drill(checkpoint, *, site, job=None, parallelism: dict | None = None,
                       store=None, max_nproc: int | None = None,
                       timeout_s: float = 900.0) -> DrillResult:
-    """Drill one checkpoint (a CheckpointRef, a local directory, or a key prefix in `store`).
-    Never raises for a bad checkpoint: the result says why it failed, and is recorded."""
+    """Drill one checkpoint (a CheckpointRef, a local directory, or a key prefix in `store`;
+    one in the store is fetched into its job's local tier at `site`). Never raises for a bad
+    checkpoint: the result says why it failed, and is recorded."""
+    from fm_pipeline.catalog.refs import job_of
     from fm_pipeline.catalog.tiering import local_copy
 
     t0 = time.perf_counter()
@@ -154,7 +156,8 @@ def run_restore_drill(checkpoint, *, job=None, parallelism: dict | None = None,
         manifest = read_manifest(ref)
         if job is not None and (problems := model_problems(manifest, job)):
             raise CheckpointInvalid(ref, problems)
-        local, result.download_s = local_copy(ref)
+        local, result.download_s = local_copy(
+            ref, cache_root=None if ref.is_local else site.checkpoints_dir(job_of(ref)))
         # Structure and sizes first (cheap); the workers verify every checksum while restoring.
         if problems := validate(local, job, checksums=False):
             raise CheckpointInvalid(local, problems)
@@ -191,17 +194,18 @@ def run_restore_drill(checkpoint, *, job=None, parallelism: dict | None = None,
     return _record(ref, local, result, t0)
 
 
-def drill_latest(job, *, store=None, max_nproc: int | None = None,
+def drill_latest(job, *, site, store=None, max_nproc: int | None = None,
                  force: bool = False) -> DrillResult | None:
     """Drill the job's newest valid checkpoint unless it already has a drill result (the
     schedule's entry point). None when the job has no valid checkpoint yet."""
     from fm_pipeline.catalog.marks import read_mark
     from fm_pipeline.catalog.validate import latest_valid
 
-    found = latest_valid(job, store=store, checksums=False).found
+    found = latest_valid(job, store=store, checksums=False,
+                         root=site.checkpoints_dir(job.name)).found
     if found is None or (not force and read_mark(found, "drill") is not None):
         return None
-    return run_restore_drill(found, job=job, store=store, max_nproc=max_nproc)
+    return run_restore_drill(found, site=site, job=job, store=store, max_nproc=max_nproc)
 
 
 def _record(ref: CheckpointRef, local: CheckpointRef | None, result: DrillResult,
@@ -231,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=None, help="drill world size (pure FSDP)")
     parser.add_argument("--parallelism", default=None, help="JSON degrees for the drill")
     args = parser.parse_args(argv)
+    from fm_pipeline.config.site import Site
+
+    site = Site.from_environ()  # an entry point: `python -m fm_pipeline.checkpoint.drill`
     store = None
     if args.store:
         from fm_pipeline.storage import open_store
@@ -239,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parallelism = json.loads(args.parallelism) if args.parallelism else None
     if args.nproc and parallelism is None:
         parallelism = {"nproc_per_node": args.nproc}
-    result = run_restore_drill(args.checkpoint, store=store, parallelism=parallelism)
+    result = run_restore_drill(args.checkpoint, site=site, store=store, parallelism=parallelism)
     print(result.summary())
     print(json.dumps({k: v for k, v in result.as_dict().items() if k != "checks"}))
     return 0 if result.passed else 1

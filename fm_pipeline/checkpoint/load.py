@@ -1,6 +1,6 @@
 """Load a checkpoint into any topology: fetch what is missing, verify while reading, reshard.
 
-    result = restore_latest(app_state, job, store=store)   # all ranks; None on a fresh start
+    result = restore_latest(app_state, job, store=store, root=root)  # all ranks; None: fresh
     result = restore(app_state, ref, job=job)               # a given checkpoint
 
 Collective: every rank calls it with the same checkpoint. Each copy of the local tier (one per
@@ -33,7 +33,7 @@ from fm_pipeline.catalog.manifest import Manifest, parse_manifest
 from fm_pipeline.catalog.refs import (
     MANIFEST,
     CheckpointRef,
-    local_root,
+    local_tier,
     step_dir_name,
     store_root,
 )
@@ -78,12 +78,8 @@ class RestoreResult:
         return self.manifest.total_bytes / self.seconds if self.seconds > 0 else 0.0
 
 
-def _job_of(ref: CheckpointRef) -> str:
-    return ref.prefix.split("/")[-2]
-
-
 def _local_dir(ref: CheckpointRef, cache_root: Path | None) -> Path:
-    return ref.dir if ref.is_local else Path(cache_root or local_root(_job_of(ref))) / ref.name
+    return ref.dir if ref.is_local else local_tier(cache_root) / ref.name
 
 
 def localize(ref: CheckpointRef, *, cache_root: Path | None = None,
@@ -244,7 +240,7 @@ def restore_latest(app_state: dict, job, *, store: ObjectStore | None = None,
     listed, skipped, committed = comm.broadcast_from_rank0((listed, skipped, committed))
     for step, tier in listed:
         if tier == "local":
-            ref = CheckpointRef.local(Path(root or local_root(job.name)) / step_dir_name(step))
+            ref = CheckpointRef.local(local_tier(root) / step_dir_name(step))
         else:
             ref = CheckpointRef.remote(store, f"{store_root(job.name)}/{step_dir_name(step)}")
         try:
@@ -298,13 +294,14 @@ def resume(app_state: dict, job, *, store: ObjectStore, root: Path | None = None
                               before_load=before_load)
     if (why := _marked_invalid(resume_from)) is not None:  # named by hand, still refused
         raise CheckpointInvalid(resume_from, [Problem("invalid", why, kind="invalid")])
-    result = restore(app_state, resume_from, job=job, store=store, before_load=before_load)
+    result = restore(app_state, resume_from, job=job, store=store, cache_root=root,
+                     before_load=before_load)
     error = None
     if comm.rank() == 0 and result.manifest.job == job.name:
         try:
             local = CheckpointRef.local(result.local_path)
             superseded = supersede_newer(job.name, resume_from, local.read_bytes(MANIFEST),
-                                         root=Path(root or local_root(job.name)), store=store)
+                                         root=local_tier(root), store=store)
             if superseded:
                 log.warning("resumed job %s from step %d: %d newer checkpoint(s) superseded",
                             job.name, resume_from.step, len(superseded))

@@ -1,6 +1,6 @@
 """CheckpointManager: the trainer's one object for saving and resuming, inside torchrun ranks.
 
-    manager = CheckpointManager(job, app_state, mesh=mesh, mix_key=key)
+    manager = CheckpointManager(job, app_state, site=site, mesh=mesh, mix_key=key)
     restored = manager.restore_latest()              # None on a fresh start
     for step in range(start, end + 1):
         ...train...
@@ -41,7 +41,6 @@ from fm_pipeline.catalog.manifest import DataInfo, ModelInfo, fsync_dir
 from fm_pipeline.catalog.refs import (
     MANIFEST,
     CheckpointRef,
-    local_root,
     parse_step,
     step_dir_name,
 )
@@ -94,7 +93,7 @@ class SaveResult:
 
 
 class CheckpointManager:
-    def __init__(self, job, app_state: dict, *, mesh=None, mix_key: str | None = None,
+    def __init__(self, job, app_state: dict, *, site, mesh=None, mix_key: str | None = None,
                  root: str | Path | None = None, store: ObjectStore | None = None,
                  upload: bool | None = None, async_save: bool | None = None,
                  on_busy: str = "wait", staging: str = "overlap", checksum: str = "crc32c",
@@ -116,16 +115,11 @@ class CheckpointManager:
         self.app_state = app_state
         self.mesh = mesh
         self.mix_key = mix_key
-        self.root = Path(root) if root is not None else local_root(job.name)
+        self.root = Path(root) if root is not None else site.checkpoints_dir(job.name)
         self.async_save = job.checkpoint.async_save if async_save is None else async_save
         self.on_busy = on_busy
         self.upload = job.checkpoint.upload if upload is None else upload
-        if store is None:
-            from fm_pipeline.config.paths import store_uri
-            from fm_pipeline.storage import open_store
-
-            store = open_store(store_uri())
-        self.store = store  # restore looks here too, even when uploads are off
+        self.store = store if store is not None else site.store()  # restore looks here too
         self.rank, self.world_size = comm.rank(), comm.world_size()
         self.lease = lease  # rundir.lease.JobLease on rank 0: no commit once it is lost
         # Saves talk over their own group: the default one is busy with training collectives.

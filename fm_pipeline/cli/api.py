@@ -27,6 +27,7 @@ import yaml
 from rich.console import Console
 
 from fm_pipeline.cli.errors import user_errors
+from fm_pipeline.config.site import Site
 
 app = typer.Typer(no_args_is_help=True)
 token_app = typer.Typer(no_args_is_help=True)
@@ -80,32 +81,45 @@ def serve(
     from fm_pipeline.deploy.services import default_signal_dispositions
 
     default_signal_dispositions()  # a background start must still stop on SIGTERM
+    site = Site.from_environ()  # the entry point: where the queue, tokens and jobs live
     if orchestrator not in ORCHESTRATORS:
         raise ValueError(f"--orchestrator {orchestrator!r}: expected one of "
                          f"{', '.join(ORCHESTRATORS)}")
     with contextlib.ExitStack() as stack:
         if orchestrator == "dagster":
-            daemon = _instance(postgres, keep_daemon=keep_daemon, stack=stack)
+            daemon = _instance(site, postgres, keep_daemon=keep_daemon, stack=stack)
         else:
             daemon = "no Dagster"
-        _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uvicorn)
+        _serve(site, host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon,
+               uvicorn)
 
 
-def _instance(postgres: str | None, *, keep_daemon: bool, stack) -> str:
+def _tokens():
+    from fm_pipeline.api.auth import TokenStore, tokens_path
+
+    return TokenStore(tokens_path(Site.from_environ()))
+
+
+def _queue():
+    from fm_pipeline.api.store import JobStore, queue_db_path
+
+    return JobStore(queue_db_path(Site.from_environ()))
+
+
+def _instance(site: Site, postgres: str | None, *, keep_daemon: bool, stack) -> str:
     """Write the instance's dagster.yaml, point DAGSTER_HOME at it, keep its daemon."""
     import os
 
-    from fm_pipeline.config.paths import dagster_home, fm_home
     from fm_pipeline.deploy.instance import Postgres, Sqlite, write_instance
     from fm_pipeline.deploy.services import daemon, kept
 
     storage = Postgres(postgres) if postgres else Sqlite()
-    home = write_instance(dagster_home(), storage=storage)
+    home = write_instance(site.dagster_home, storage=storage)
     os.environ["DAGSTER_HOME"] = str(home)
     where = f"instance {home} ({'PostgreSQL' if postgres else 'sqlite'})"
     if not keep_daemon:
         return f"{where}; its daemon runs elsewhere"
-    env = {"FM_HOME": str(fm_home()), "FM_LAUNCHER_ECHO": "0",
+    env = {**site.env(), "FM_LAUNCHER_ECHO": "0",
            "MLFLOW_LOGGING_LEVEL": "WARNING"}
     console.print(f"starting dagster-daemon for {where} ...", highlight=False)
     kept_daemon = stack.enter_context(kept(lambda: daemon(home, env=env)))
@@ -113,11 +127,12 @@ def _instance(postgres: str | None, *, keep_daemon: bool, stack) -> str:
     return f"{where}; dagster-daemon{shared} log {kept_daemon[0].log}"
 
 
-def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uvicorn):
+def _serve(site: Site, host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon,
+           uvicorn):
     from fm_pipeline.api.app import create_app
-    from fm_pipeline.api.auth import TokenStore
+    from fm_pipeline.api.auth import TokenStore, tokens_path
     from fm_pipeline.api.control_plane import ControlPlane
-    from fm_pipeline.api.store import JobStore
+    from fm_pipeline.api.store import JobStore, queue_db_path
     from fm_pipeline.scheduling import load_tenants
 
     from fm_pipeline.launch.reaper import reap_orphans
@@ -131,9 +146,9 @@ def _serve(host, port, tenants, max_body_bytes, tick_s, orchestrator, daemon, uv
     if reaped := reap_orphans():  # a killed server's segments left these behind
         console.print(f"ended {len(reaped)} process(es) left by segments whose launcher is "
                       "gone", highlight=False)
-    tokens = TokenStore()
-    plane = ControlPlane(tenants=config, orchestrator=_orchestrator(orchestrator),
-                         store=JobStore())
+    tokens = TokenStore(tokens_path(site))
+    plane = ControlPlane(tenants=config, orchestrator=_orchestrator(orchestrator, site),
+                         store=JobStore(queue_db_path(site)), site=site)
     issued = tokens.entries()
     if plane.stranded:
         from fm_pipeline.api.control_plane import stranded_report
@@ -168,7 +183,7 @@ def _check_launcher(pool_launcher: str, orchestrator: str) -> None:
             "jobs would be admitted for one and run on the other; make them agree")
 
 
-def _orchestrator(kind: str):
+def _orchestrator(kind: str, site: Site):
     """The Dagster one comes from the Dagster layer: the API's core never imports dagster."""
     if kind == "local":
         from fm_pipeline.api.local_orchestrator import LocalOrchestrator
@@ -177,11 +192,11 @@ def _orchestrator(kind: str):
 
         backoff = os.environ.get("FM_RETRY_BACKOFF_S")  # as the Dagster path's policy reads it
         return LocalOrchestrator(
-            policy=RetryPolicy.first_backoff(float(backoff)) if backoff else None)
+            site=site, policy=RetryPolicy.first_backoff(float(backoff)) if backoff else None)
     if kind == "dagster":
         from fm_pipeline.dagster_runs.orchestrator import DagsterOrchestrator
 
-        return DagsterOrchestrator.for_project()
+        return DagsterOrchestrator.for_project(site)
     raise ValueError(f"--orchestrator {kind!r}: expected one of {', '.join(ORCHESTRATORS)}")
 
 
@@ -193,7 +208,6 @@ def issue(
     tenants: Path = typer.Option(None, "--tenants", help="tenants YAML (default: embedded)"),
 ) -> None:
     """Print a new token (shown once: only its SHA-256 is stored)."""
-    from fm_pipeline.api.auth import TokenStore
     from fm_pipeline.scheduling import load_tenants
 
     if admin == (tenant is not None):
@@ -201,7 +215,7 @@ def issue(
     if tenant is not None and tenant not in load_tenants(tenants).tenant_names:
         raise ValueError(f"unknown tenant {tenant!r}; tenants: "
                          f"{', '.join(load_tenants(tenants).tenant_names)}")
-    token_id, token = TokenStore().issue(tenant=tenant)
+    token_id, token = _tokens().issue(tenant=tenant)
     console.print(f"token {token_id} for {'admin' if admin else 'tenant ' + tenant} "
                   "(shown once; keep it secret):", highlight=False)
     print(token)
@@ -210,18 +224,16 @@ def issue(
 @token_app.command("list")
 def list_tokens() -> None:
     """Token ids and their tenants (never the tokens or hashes)."""
-    from fm_pipeline.api.auth import TokenStore
 
-    for entry in TokenStore().entries():
+    for entry in _tokens().entries():
         print(f"{entry['id']}\t{entry['tenant'] or '(admin)'}")
 
 
 @token_app.command("revoke")
 @user_errors
 def revoke(token_id: str = typer.Argument(..., help="the id from `fm api token list`")) -> None:
-    from fm_pipeline.api.auth import TokenStore
 
-    if not TokenStore().revoke(token_id):
+    if not _tokens().revoke(token_id):
         raise ValueError(f"no token {token_id}")
     console.print(f"revoked {token_id}")
 
@@ -232,11 +244,10 @@ def queue_list(
     tenants: Path = typer.Option(None, "--tenants", help="tenants YAML (default: embedded)"),
 ) -> None:
     """Queued and running jobs per tenant; jobs of tenants the file no longer has are marked."""
-    from fm_pipeline.api.store import JobStore
     from fm_pipeline.scheduling import load_tenants
 
     known = set(load_tenants(tenants).tenant_names)
-    store = JobStore()
+    store = _queue()
     try:
         for record in store.list():
             if record.queue_state == "done":
@@ -253,9 +264,9 @@ def queue_list(
 def queue_drain(tenant: str = typer.Option(..., "--tenant", help="whose queued jobs to cancel")) -> None:
     """Cancel every queued job of a tenant (e.g. one removed from the tenants file); its
     running jobs are left to end. Serving control planes see it at their next verb."""
-    from fm_pipeline.api.store import JobStore, drain_tenant
+    from fm_pipeline.api.store import drain_tenant
 
-    store = JobStore()
+    store = _queue()
     try:
         drained = drain_tenant(store, tenant)
     finally:

@@ -30,6 +30,7 @@ from rich.table import Table
 from fm_pipeline.cli.errors import user_errors
 from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import load_job
+from fm_pipeline.config.site import Site
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
@@ -114,7 +115,8 @@ def stragglers(job_path: Path = JOB,
     from fm_pipeline.stragglers.history import scan_rank_timings, straggler_summary
 
     job = load_job(job_path)
-    summary = straggler_summary(job)
+    runs = Site.from_environ().runs_dir(job.name)
+    summary = straggler_summary(job, runs)
     table = Table("segment", "rank", "host", "section", "severity", "steps", "action",
                   "idle GPU-h", title=f"stragglers of {job.name}")
     for e in summary["events"]:
@@ -127,7 +129,7 @@ def stragglers(job_path: Path = JOB,
                   f"(${summary['idle_dollars']:.2f} at ${job.cluster.price_per_gpu_hour}/GPU-h); "
                   f"excluded: {summary['excluded'] or 'nothing'}")
     if scan:
-        for segment, events in scan_rank_timings(job.name).items():
+        for segment, events in scan_rank_timings(runs).items():
             found = ", ".join(f"rank {e.rank} {e.section} +{100 * e.severity:.0f}% from step "
                               f"{e.first_step}" for e in events) or "no straggler"
             console.print(f"scan {segment}: {found}")
@@ -141,7 +143,8 @@ def clear_exclusions(job_path: Path = JOB) -> None:
     from fm_pipeline.stragglers.mitigation import excluded_slots
 
     job = load_job(job_path)
-    before = excluded_slots(job.name)
-    append_event(job.name, "exclusions_cleared",
+    runs = Site.from_environ().runs_dir(job.name)
+    before = excluded_slots(runs)
+    append_event(runs, "exclusions_cleared",
                  slots=[f"{s.host}/local rank {s.local_rank}" for s in before])
     console.print(f"cleared {len(before)} exclusion(s) of {job.name}")

@@ -20,7 +20,7 @@ from rich.table import Table
 from fm_pipeline.cli.errors import user_errors
 from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import load_job
-from fm_pipeline.config.paths import store_uri
+from fm_pipeline.config.site import Site
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
@@ -30,34 +30,34 @@ CHECKPOINT = typer.Argument(None, help="step number, step-XXXXXXXX, a directory,
                                        "prefix; default: the newest valid checkpoint")
 
 
-def _store(uri: str | None):
-    from fm_pipeline.storage import open_store
+def _site(uri: str | None) -> Site:
+    """This command's Site (the entry point reads FM_HOME, FM_STORE_URI), `--store` winning."""
+    return Site.from_environ().with_store(uri)
 
-    return open_store(uri or store_uri())
 
-
-def _resolve(checkpoint: str | None, job, store):
+def _resolve(checkpoint: str | None, job, store, site: Site):
     """A CheckpointRef from what the user typed."""
-    from fm_pipeline.catalog import CheckpointRef, latest_valid, local_root, store_root
+    from fm_pipeline.catalog import CheckpointRef, latest_valid, store_root
     from fm_pipeline.catalog.refs import step_dir_name
 
+    local_root = site.checkpoints_dir(job.name)
     if checkpoint in (None, "latest"):
-        found = latest_valid(job, store=store, checksums=False)
+        found = latest_valid(job, store=store, checksums=False, root=local_root)
         if found.found is None:
             raise ValueError(f"job {job.name!r} has no valid checkpoint in "
-                             f"{local_root(job.name)} or {store.uri_of(store_root(job.name))}")
+                             f"{local_root} or {store.uri_of(store_root(job.name))}")
         return found.found
     if Path(checkpoint).is_dir():
         return CheckpointRef.local(checkpoint)
     name = step_dir_name(int(checkpoint)) if checkpoint.isdigit() else checkpoint
-    if (local_root(job.name) / name).is_dir():
-        return CheckpointRef.local(local_root(job.name) / name)
+    if (local_root / name).is_dir():
+        return CheckpointRef.local(local_root / name)
     prefix = name if "/" in name else f"{store_root(job.name)}/{name}"
     if prefix.startswith(store.uri.rstrip("/") + "/"):
         prefix = prefix[len(store.uri.rstrip("/")) + 1:]
     ref = CheckpointRef.remote(store, prefix)
     if not ref.files():
-        raise ValueError(f"no checkpoint {checkpoint!r}: not in {local_root(job.name)} nor at "
+        raise ValueError(f"no checkpoint {checkpoint!r}: not in {local_root} nor at "
                          f"{ref.location}")
     return ref
 
@@ -75,15 +75,16 @@ def list_(job: Path = JOB, store: str | None = STORE,
     from fm_pipeline.catalog.validate import candidates
     from fm_pipeline.catalog.validity import check
 
-    spec, target = load_job(job), _store(store)
+    spec, site = load_job(job), _site(store)
+    target, root = site.store(), site.checkpoints_dir(spec.name)
     table = Table(title=f"checkpoints of {spec.name}")
     for col in ("step", "tier", "status", "MB", "tokens", "written at", "marks"):
         table.add_column(col)
-    refs = sorted(candidates(spec.name, store=target), key=lambda r: (r.step, not r.is_local))
+    refs = sorted(candidates(spec.name, store=target, root=root), key=lambda r: (r.step, not r.is_local))
     with console.status("validating checkpoints"):
         rows = [(ref, check(ref, spec) if verify else validate(ref, spec, checksums=False))
                 for ref in refs]
-        aside = list_set_aside(spec.name, store=target)
+        aside = list_set_aside(spec.name, store=target, root=root)
     shown = []  # (step, order, cells): one step's copies together, set-aside ones last
     for ref, problems in rows:
         status = "[green]valid[/]" if not problems else f"[red]{problems[0]}[/]"
@@ -137,10 +138,11 @@ def validate_(checkpoint: str | None = CHECKPOINT, job: Path = JOB,
     """Check one checkpoint (or find the newest valid one); exit 1 if invalid."""
     from fm_pipeline.catalog import latest_valid, validate
 
-    spec, target = load_job(job), _store(store)
+    spec, site = load_job(job), _site(store)
+    target = site.store()
     if checkpoint is None:
         with console.status("validating checkpoints, newest first"):
-            found = latest_valid(spec, store=target)
+            found = latest_valid(spec, store=target, root=site.checkpoints_dir(spec.name))
         for line in found.skipped_lines():
             console.print(f"[yellow]skipped[/] {line}", highlight=False)
         if found.found is None:
@@ -148,7 +150,7 @@ def validate_(checkpoint: str | None = CHECKPOINT, job: Path = JOB,
             raise typer.Exit(1)
         console.print(f"[green]valid[/]: {found.found.location} (step {found.found.step})")
         return
-    ref = _resolve(checkpoint, spec, target)
+    ref = _resolve(checkpoint, spec, target, site)
     with console.status(f"validating {ref.location}"):
         problems = validate(ref, spec)
     for p in problems:
@@ -166,11 +168,11 @@ def drill(checkpoint: str | None = CHECKPOINT, job: Path = JOB, store: str | Non
     """Restore on a different topology and verify params, optimizer, probe loss and cursor."""
     from fm_pipeline.checkpoint.drill import run_restore_drill
 
-    spec, target = load_job(job), _store(store)
-    ref = _resolve(checkpoint, spec, target)
+    spec, site = load_job(job), _site(store)
+    ref = _resolve(checkpoint, spec, site.store(), site)
     parallelism = {"nproc_per_node": nproc} if nproc else None
     with console.status(f"restore drill of {ref.location}"):
-        result = run_restore_drill(ref, job=spec, parallelism=parallelism)
+        result = run_restore_drill(ref, site=site, job=spec, parallelism=parallelism)
     console.print(result.summary(), highlight=False)
     if not result.passed:
         raise typer.Exit(1)
@@ -184,10 +186,10 @@ def export(checkpoint: str = typer.Argument(..., help="step, directory or store 
     """Write the checkpoint as one torch.save file with torch's dcp_to_torch_save."""
     from fm_pipeline.checkpoint import export_torch_save
 
-    spec, target = load_job(job), _store(store)
-    ref = _resolve(checkpoint, spec, target)
+    spec, site = load_job(job), _site(store)
+    ref = _resolve(checkpoint, spec, site.store(), site)
     with console.status(f"exporting {ref.location}"):
-        path = export_torch_save(ref, out)
+        path = export_torch_save(ref, out, cache_root=site.checkpoints_dir(spec.name))
     console.print(f"[green]wrote[/] {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
 
@@ -199,14 +201,16 @@ def retain(job: Path = JOB, store: str | None = STORE,
     """Apply the job's retention (keep_last, milestone_every, marks, newest valid)."""
     from fm_pipeline.catalog import apply_retention
 
-    spec, target = load_job(job), _store(store)
+    spec, site = load_job(job), _site(store)
+    target = site.store()
     if tier not in ("local", "store", "both"):
         raise ValueError(f"--tier must be local, store or both, got {tier!r}")
     ck = spec.checkpoint
     for t in ("local", "store") if tier == "both" else (tier,):
         report = apply_retention(spec.name, keep_last=ck.keep_last,
                                  milestone_every=ck.milestone_every, tier=t, store=target,
-                                 job=spec, dry_run=dry_run)
+                                 job=spec, dry_run=dry_run,
+                                 root=site.checkpoints_dir(spec.name))
         console.print(report.summary(), highlight=False)
         for err in report.errors:
             console.print(f"[red]error[/] {err}", highlight=False)
@@ -218,9 +222,10 @@ def upload(job: Path = JOB, store: str | None = STORE) -> None:
     """Upload every committed local checkpoint the store does not have yet; exit 1 on failure."""
     from fm_pipeline.catalog import sync_to_store
 
-    spec, target = load_job(job), _store(store)
+    spec, site = load_job(job), _site(store)
+    target = site.store()
     with console.status(f"uploading pending checkpoints to {target.uri}"):
-        reports = sync_to_store(spec.name, target)
+        reports = sync_to_store(spec.name, target, root=site.checkpoints_dir(spec.name))
     for r in reports:
         verdict = "[green]committed[/]" if r.committed else f"[red]failed[/]: {r.error}"
         console.print(f"step {r.step}: {verdict} ({r.bytes / 1e6:.1f} MB, "

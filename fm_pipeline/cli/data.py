@@ -28,7 +28,7 @@ from rich.table import Table
 from fm_pipeline.cli.errors import user_errors
 from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import load_job
-from fm_pipeline.config.paths import store_uri
+from fm_pipeline.config.site import Site
 from fm_pipeline.data.progress import ProgressSink
 from fm_pipeline.storage import ObjectStore, open_store
 
@@ -40,7 +40,15 @@ ENDPOINT = typer.Option(None, "--endpoint-url", help="S3 endpoint (default: FM_S
 
 
 def _store(store: str | None, endpoint_url: str | None) -> ObjectStore:
-    return open_store(store or store_uri(), endpoint_url=endpoint_url)
+    return open_store(store or Site.from_environ().store_uri, endpoint_url=endpoint_url)
+
+
+def _open_mix(spec, store: str | None, endpoint_url: str | None):
+    """The job's published mix; shards of a remote store cached under the site's home."""
+    from fm_pipeline.data import mix_key, open_job_mix
+
+    return open_job_mix(spec, _store(store, endpoint_url),
+                        cache_dir=Site.from_environ().data_cache(mix_key(spec)))
 
 
 @app.command("prepare")
@@ -100,9 +108,7 @@ def show(job: Path = JOB, store: str | None = STORE, endpoint_url: str | None = 
 @user_errors
 def verify(job: Path = JOB, store: str | None = STORE, endpoint_url: str | None = ENDPOINT) -> None:
     """Re-hash every artifact the manifest lists (tokenizer, sample index, shards)."""
-    from fm_pipeline.data import open_job_mix
-
-    mix = open_job_mix(load_job(job), _store(store, endpoint_url))
+    mix = _open_mix(load_job(job), store, endpoint_url)
     with console.status(f"verifying mix {mix.key}"):
         nbytes = mix.verify()
     console.print(f"[green]ok[/]: mix {mix.key}: tokenizer, sample index and "
@@ -118,9 +124,7 @@ def sample(
     start: int = typer.Option(0, "--start", help="first global sample"),
 ) -> None:
     """Decode global samples `start .. start+n` back to text."""
-    from fm_pipeline.data import open_job_mix
-
-    mix = open_job_mix(load_job(job), _store(store, endpoint_url))
+    mix = _open_mix(load_job(job), store, endpoint_url)
     for i, (row, source) in enumerate(zip(mix.samples(start, n), mix.sample_sources(start, n))):
         console.rule(f"sample {start + i} ({source})")
         console.print(mix.decode(row), markup=False, highlight=False)

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from fm_pipeline.config import JobSpec
-from fm_pipeline.config.paths import dagster_home
+from fm_pipeline.config.site import Site
 from fm_pipeline.deploy.instance import write_instance
 
 POLL_S = 0.5
@@ -31,7 +31,7 @@ def data_mix_job_def():
 def run_data_mix_job(spec: JobSpec, job_path: Path, *, store_uri: str, endpoint_url: str | None,
                      workers: int, console: Console) -> None:
     """Run data_mix_job with `workers` processes; raise naming the failed steps."""
-    home = write_instance(dagster_home())
+    home = write_instance(Site.from_environ().dagster_home)
     os.environ["DAGSTER_HOME"] = str(home)
     logging.getLogger("dagster").setLevel(logging.WARNING)
 

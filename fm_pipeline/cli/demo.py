@@ -34,7 +34,7 @@ from fm_pipeline.cli.data import console
 from fm_pipeline.cli.errors import user_errors
 from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import dump_job, load_job, parse_job
-from fm_pipeline.config.paths import dagster_home, fm_home, mlflow_uri
+from fm_pipeline.config.site import Site
 from fm_pipeline.deploy.instance import write_instance
 from fm_pipeline.deploy.services import daemon, default_signal_dispositions, running
 
@@ -49,7 +49,8 @@ def demo(job: Path = JOB,
     spec = load_job(job)  # a bad spec fails here, before Dagster starts
     if not 0 <= fail_at_step < spec.training.steps:
         raise ValueError(f"--fail-at-step {fail_at_step} must be in 0..{spec.training.steps - 1}")
-    home = write_instance(dagster_home())
+    site = Site.from_environ()  # the entry point: where this demo's state lives
+    home = write_instance(site.dagster_home)
     os.environ["DAGSTER_HOME"] = str(home)
     # The progress rows and the summary say it all; mlflow sets its level when imported.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -63,19 +64,17 @@ def demo(job: Path = JOB,
     from fm_pipeline.dagster_runs.submit import register_training_job
     from fm_pipeline.cli.follow import RunFollower
     from fm_pipeline.dagster_runs.summary import job_report
-    from fm_pipeline.config.paths import store_uri
     from fm_pipeline.orchestration import registered_jobs
     from fm_pipeline.orchestration.registry import plant_fault
     from fm_pipeline.orchestration.submissions import submit_run
-    from fm_pipeline.storage import open_store
 
-    store = open_store(store_uri())
+    store = site.store()
     taken = set(registered_jobs(store))
     name = next(f"{spec.name}-{n}" for n in range(1, 10_000) if f"{spec.name}-{n}" not in taken)
     training = parse_job({**dump_job(spec), "name": name}, source=str(job))
     # What the daemon's runs read from their environment: the demo's short backoff, and
     # torchrun's output to the segment logs only.
-    env = {"FM_HOME": str(fm_home()), "FM_RETRY_BACKOFF_S": str(backoff_s),
+    env = {**site.env(), "FM_RETRY_BACKOFF_S": str(backoff_s),
            "FM_LAUNCHER_ECHO": "0", "MLFLOW_LOGGING_LEVEL": "WARNING"}
     with Progress(SpinnerColumn(), TextColumn("{task.description}", table_column=Column(
                       width=34, no_wrap=True)), TimeElapsedColumn(),
@@ -104,15 +103,15 @@ def demo(job: Path = JOB,
             # shares the cores with them, never with a training segment (its figures stand).
             drill_key = submit_run(store, training, kind="drill").run_key
             with ThreadPoolExecutor(1) as pool:
-                baseline = pool.submit(_baseline, training, store, progress)
+                baseline = pool.submit(_baseline, training, site, store, progress)
                 follower.wait_until_idle(api_run=1)
                 follower.wait_for_key(drill_key)
                 runs = len(follower.rows)
                 baseline = baseline.result()
     print_data_mix(spec, store, _check_outcomes(instance, data.run_id))
-    report = job_report(instance, name)
-    print_report(report, training, baseline=baseline, runs=runs,
-                 wall_s=time.monotonic() - t0, figure=_figure(name, store, baseline))
+    report = job_report(instance, name, runs=site.runs_dir(name))
+    print_report(report, training, baseline=baseline, runs=runs, site=site,
+                 wall_s=time.monotonic() - t0, figure=_figure(name, site, store, baseline))
 
 
 def _check_outcomes(instance, run_id: str) -> list:
@@ -147,13 +146,13 @@ def _failed(instance, run_id: str) -> int:
     return 1
 
 
-def _baseline(job, store, progress: Progress):
+def _baseline(job, site: Site, store, progress: Progress):
     """Held-out loss of the model before its first step (what training must beat)."""
     from fm_pipeline.eval import EvaluationFailed, evaluate_at_init
 
     task = progress.add_task("evaluate the initial model", total=1, note="running")
     try:
-        result = evaluate_at_init(job, store=store)  # the evaluation asset's defaults
+        result = evaluate_at_init(job, site=site, store=store)  # the asset's defaults
     except EvaluationFailed as e:
         progress.update(task, completed=1, note=f"[red]failed:[/] {str(e)[:100]}")
         return None
@@ -161,12 +160,12 @@ def _baseline(job, store, progress: Progress):
     return result
 
 
-def _figure(job_name: str, store, baseline) -> Path | str:
+def _figure(job_name: str, site: Site, store, baseline) -> Path | str:
     """The job's training figure (fm report), or why there is none."""
     from fm_pipeline.cli.report import write_report
 
     try:
-        return write_report(job_name, store=store, baseline=baseline, quiet=True)
+        return write_report(job_name, site, store=store, baseline=baseline, quiet=True)
     except (ValueError, OSError) as e:  # the runs above are the demo; the figure is a view
         return f"not written: {e}"
 
@@ -175,12 +174,11 @@ def _num(value, fmt: str = "{:.4f}") -> str:
     return fmt.format(value) if isinstance(value, (int, float)) else "-"
 
 
-def _router_line(job_name: str) -> str | None:
+def _router_line(runs: Path) -> str | None:
     """An MoE job's routing at its last step (metrics.jsonl); None for a dense job."""
-    from fm_pipeline.config.paths import runs_dir
     from fm_pipeline.rundir.records import read_records
 
-    path = runs_dir(job_name) / "metrics.jsonl"
+    path = runs / "metrics.jsonl"
     steps = [r for r in read_records(path, "step") if "moe_max_load" in r] \
         if path.exists() else []
     if not steps:
@@ -191,7 +189,7 @@ def _router_line(job_name: str) -> str | None:
             f"{last['moe_dropped_slots']:,} of {last['moe_slots']:,} token-slots dropped")
 
 
-def print_report(report, job, *, baseline, runs: int, wall_s: float,
+def print_report(report, job, *, baseline, runs: int, site: Site, wall_s: float,
                  figure: Path | str | None = None) -> None:
     segments = Table(title=f"training job {report.job}: segments (one Dagster run each)",
                      title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
@@ -226,7 +224,7 @@ def print_report(report, job, *, baseline, runs: int, wall_s: float,
     console.print(segments)
     for line in events:
         console.print(line, highlight=False)
-    if (router := _router_line(report.job)) is not None:
+    if (router := _router_line(site.runs_dir(report.job))) is not None:
         console.print(router, highlight=False)
 
     checkpoints = Table(title="checkpoints: held-out loss / perplexity per domain, restore drill",
@@ -266,12 +264,12 @@ def print_report(report, job, *, baseline, runs: int, wall_s: float,
     console.print(
         f"[bold]Dagster[/]: make ui -> http://127.0.0.1:3000/assets/training_segment, partition "
         f"{report.job} (also checkpoint, evaluation, restore_drill); Runs tagged "
-        f"fm/job={report.job}. Instance: {dagster_home()}", highlight=False)
+        f"fm/job={report.job}. Instance: {site.dagster_home}", highlight=False)
     console.print(
         f"[bold]MLflow[/]: make mlflow-ui -> http://127.0.0.1:5000, experiment fm-pipeline, run "
         f"{report.job} with a child run per segment, evaluation and drill. Store: "
-        f"{mlflow_uri()}", highlight=False)
-    console.print(f"[bold]Trainer files[/]: {fm_home() / 'runs' / report.job} (metrics.jsonl, "
+        f"{site.tracking_uri}", highlight=False)
+    console.print(f"[bold]Trainer files[/]: {site.runs_dir(report.job)} (metrics.jsonl, "
                   "segments/, checkpoints/)", highlight=False)
     if figure is not None:
         console.print(f"[bold]Training figure[/]: {figure} (loss per launch with the failure and "

@@ -22,11 +22,11 @@ console = Console()
 
 
 def _write(postgres: str | None, max_concurrent_runs: int):
-    from fm_pipeline.config.paths import dagster_home
+    from fm_pipeline.config.site import Site
     from fm_pipeline.deploy.instance import Postgres, Sqlite, write_instance
 
     storage = Postgres(postgres) if postgres else Sqlite()
-    return write_instance(dagster_home(), storage=storage,
+    return write_instance(Site.from_environ().dagster_home, storage=storage,
                           max_concurrent_runs=max_concurrent_runs)
 
 

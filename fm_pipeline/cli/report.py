@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from fm_pipeline.cli.errors import user_errors
-from fm_pipeline.config.paths import runs_dir, store_uri
+from fm_pipeline.config.site import Site
 
 console = Console()
 FIGURE = "training.png"
@@ -26,32 +26,32 @@ def report(job: str = typer.Argument(..., help="the training job's name (FM_HOME
            out: Path = typer.Option(None, "--out", "-o", help=f"PNG path (default: "
                                     f"FM_HOME/runs/<job>/{FIGURE})"),
            ) -> None:
-    path = write_report(job, out=out)
+    path = write_report(job, Site.from_environ(), out=out)
     console.print(f"figure: {path}", highlight=False)
 
 
-def write_report(job: str, *, out: Path | None = None, store=None, baseline=None,
-                 quiet: bool = False) -> Path:
+def write_report(job: str, site: Site, *, out: Path | None = None, store=None,
+                 baseline=None, quiet: bool = False) -> Path:
     """Write the job's figure and print its summary; the figure's path. `baseline`: the
     initial model's EvalResult, drawn at step 0 of the held-out panel. Raises NoMetrics (a
     ValueError naming the job) when the job has no step records."""
     from fm_pipeline.report import plot_training, read_run_history
 
     if store is None:
-        store = _default_store()
-    history = read_run_history(job, store=store)
+        store = _default_store(site)
+    history = read_run_history(job, site.runs_dir(job), store=store)
     history.baseline = baseline.to_dict() if baseline is not None else None
-    path = plot_training(history, out or runs_dir(job) / FIGURE)
+    path = plot_training(history, out or site.runs_dir(job) / FIGURE)
     if not quiet:
         print_summary(history.summary())
     return path
 
 
-def _default_store():
-    from fm_pipeline.storage import StoreError, open_store
+def _default_store(site: Site):
+    from fm_pipeline.storage import StoreError
 
     try:
-        return open_store(store_uri())
+        return site.store()
     except StoreError:  # the local tier is enough for a figure
         return None
 

@@ -1,6 +1,6 @@
 """The REST API's orchestrator on Dagster: the API submits, the Dagster daemon runs.
 
-    orch = DagsterOrchestrator.for_project()        # DagsterInstance.get() (DAGSTER_HOME)
+    orch = DagsterOrchestrator.for_project(site)    # DagsterInstance.get() (DAGSTER_HOME)
     plane = ControlPlane(tenants=..., orchestrator=orch, store=JobStore())
 
 submit / resume register the job (spec + partition), check that its first segment can run
@@ -31,7 +31,7 @@ from fm_pipeline.dagster_runs.names import TAG_API_JOB, TAG_STOP, short
 
 from fm_pipeline.api.orchestrator import RunInfo
 from fm_pipeline.config import JobSpec
-from fm_pipeline.config.paths import store_uri
+from fm_pipeline.config.site import Site
 from fm_pipeline.orchestration import registered_job
 from fm_pipeline.orchestration.segments import plan_segment
 from fm_pipeline.orchestration.submissions import (
@@ -41,7 +41,6 @@ from fm_pipeline.orchestration.submissions import (
     stop_of,
     submit_run,
 )
-from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
 _UNFINISHED = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED,
@@ -50,19 +49,20 @@ WAIT_POLL_S = 0.5
 
 
 class DagsterOrchestrator:
-    def __init__(self, instance: DagsterInstance, *, store=None):
-        self.instance = instance
+    def __init__(self, instance: DagsterInstance, *, site: Site, store=None):
+        self.instance, self.site = instance, site
         self._store = store
 
     @classmethod
-    def for_project(cls) -> DagsterOrchestrator:
-        """On DAGSTER_HOME's instance (`fm api serve` writes it and keeps a daemon for it)."""
-        return cls(DagsterInstance.get())
+    def for_project(cls, site: Site) -> DagsterOrchestrator:
+        """On the site's Dagster instance (DAGSTER_HOME: `fm api serve` writes it and keeps a
+        daemon for it)."""
+        return cls(DagsterInstance.get(), site=site)
 
     @property
     def store(self):
         if self._store is None:
-            self._store = open_store(store_uri())
+            self._store = self.site.store()
         return self._store
 
     # -- Orchestrator ------------------------------------------------------------------
@@ -116,7 +116,8 @@ class DagsterOrchestrator:
         if runs and not runs[-1].ended:
             raise ValueError(f"job {job.name} already has an active run {runs[-1].run_id}")
         register_training_job(self.instance, job, store=self.store)
-        plan_segment(job, self.store, resume_from=checkpoint or "")  # refused now, not later
+        plan_segment(job, self.store, site=self.site,  # refused now, not later
+                     resume_from=checkpoint or "")
         submission = submit_run(self.store, job, tags={TAG_API_JOB: job.name},
                                 resume_from=checkpoint or "")
         log.info("job %s: training run %d submitted (%s)", job.name, submission.number,

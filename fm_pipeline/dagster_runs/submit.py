@@ -7,7 +7,7 @@ With the instance (the daemon's intake sensor then starts the run):
 
 Against a running deployment (`dagster dev` / webserver on host:port):
 
-    run_id = submit_over_graphql(job, store=store, url="http://127.0.0.1:3000",
+    run_id = submit_over_graphql(job, store=store, site=site, url="http://127.0.0.1:3000",
                                  tags={"fm/api_job_id": "42"})
 
 Either way the sensors then carry the job to its target step (next segments, resumes).
@@ -46,14 +46,14 @@ def register_training_job(instance, job, *, store) -> str:
     return location
 
 
-def first_segment_request(job, *, store, tags: Mapping[str, str] | None = None,
+def first_segment_request(job, *, store, site, tags: Mapping[str, str] | None = None,
                           fail_at: str = "") -> RunRequest:
     """The segment a (re)submitted job starts with: from its newest valid checkpoint."""
-    return segment_request(job, plan_segment(job, store), trigger=SUBMIT, tags=tags,
+    return segment_request(job, plan_segment(job, store, site=site), trigger=SUBMIT, tags=tags,
                            fail_at=fail_at)
 
 
-def submit_over_graphql(job, *, store, url: str, tags: Mapping[str, str] | None = None,
+def submit_over_graphql(job, *, store, site, url: str, tags: Mapping[str, str] | None = None,
                         location: str = DEFAULT_LOCATION, timeout_s: float = 30.0) -> str:
     """Register the job, add its partition and launch its first segment through the
     webserver's GraphQL API; returns the Dagster run id."""
@@ -69,7 +69,7 @@ def submit_over_graphql(job, *, store, url: str, tags: Mapping[str, str] | None 
     added = reply.json()["data"]["addDynamicPartition"]
     if added["__typename"] not in ("AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"):
         raise RuntimeError(f"adding partition {job.name!r} failed: {added}")
-    request = first_segment_request(job, store=store, tags=tags)
+    request = first_segment_request(job, store=store, site=site, tags=tags)
     parsed = httpx.URL(url)
     client = DagsterGraphQLClient(parsed.host, port_number=parsed.port, timeout=int(timeout_s))
     return client.submit_job_execution(

@@ -2,7 +2,7 @@
 its step range, numbers and (for failures) the sensor's decision; every checkpoint with its
 evaluation and drill; the job's goodput. `fm demo` prints it; anything else may render it.
 
-    report = job_report(instance, "demo-1")
+    report = job_report(instance, "demo-1", runs=site.runs_dir("demo-1"))
     report.segments[0]["mean_mfu"], report.checkpoints[-1]["eval"]["prose/loss"]
 """
 
@@ -59,7 +59,9 @@ def _by_checkpoint(instance, key: str, job_name: str) -> dict[int, dict]:
     return out
 
 
-def job_report(instance, job_name: str) -> JobReport:
+def job_report(instance, job_name: str, *, runs) -> JobReport:
+    """The job's segments, checkpoints and goodput from the instance, its straggler costs
+    from the event log in its run directory `runs`."""
     report = JobReport(job=job_name)
     for record in reversed(segment_run_records(instance, job_name, limit=1000)):
         run = record.dagster_run
@@ -94,7 +96,7 @@ def job_report(instance, job_name: str) -> JobReport:
     report.goodput = job_goodput(reached_step=report.reached_step,
                                  step_times_s=[s["step_time_s"] for s in done],
                                  launch_wall_s=walls)
-    ended, _ = read_events(job_name, kinds=("straggler_end",))
-    drops, _ = read_events(job_name, kinds=("straggler_drop_end",))
+    ended, _ = read_events(runs, kinds=("straggler_end",))
+    drops, _ = read_events(runs, kinds=("straggler_drop_end",))
     report.stragglers = straggler_costs(report.segments, ended, drops)
     return report

@@ -29,14 +29,10 @@ _LAZY = {"MixLoader": "fm_pipeline.data.loader", "prepare_mix": "fm_pipeline.dat
 __getattr__ = lazy_exports(__name__, _LAZY)
 
 
-def open_job_mix(job, store=None) -> Mix:
-    """The published mix of `job` in `store` (default: the FM_HOME / FM_STORE_URI store)."""
-    if store is None:
-        from fm_pipeline.config.paths import store_uri
-        from fm_pipeline.storage import open_store
-
-        store = open_store(store_uri())
-    return open_mix(store, mix_key(job))
+def open_job_mix(job, store, *, cache_dir=None) -> Mix:
+    """The published mix of `job` in `store`; `cache_dir` (site.data_cache) keeps the shards
+    of a remote store."""
+    return open_mix(store, mix_key(job), cache_dir=cache_dir)
 
 
 __all__ = [

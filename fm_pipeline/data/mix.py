@@ -7,7 +7,7 @@
 
 Shards are checked against their manifest SHA-256 the first time this process touches
 them (`mix.verify()` checks all at once); a mismatch raises CorruptShardError naming the
-shard. Shards in S3 are downloaded once into a local cache (`<FM_HOME>/cache/data/<key>/`).
+shard. Shards in S3 are downloaded once into a local cache (`cache_dir`: site.data_cache(key)).
 
 On a remote store a shard's first touch would stall the step that needs it for a whole
 download; `mix.prefetch_samples(start, count)` starts, in the background, the downloads of
@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from fm_pipeline.config.paths import fm_home
 from fm_pipeline.data.errors import CorruptShardError, DataError
 from fm_pipeline.data.manifest import MixManifest, ShardEntry, Split, manifest_key
 from fm_pipeline.data.sample_index import pass_positions, split_entries
@@ -84,7 +83,7 @@ class Mix:
         self.vocab_size = manifest.vocab_size
         self.eos_id = manifest.tokenizer.eos_id
         self.source_names = [s.name for s in manifest.sources]
-        self._cache_dir = Path(cache_dir) if cache_dir else fm_home() / "cache" / "data" / self.key
+        self._cache_dir = Path(cache_dir) if cache_dir else None  # site.data_cache(key)
         self._streams = {
             (s.name, split): _Stream(s.split_shards(split), self.window)
             for s in manifest.sources for split in ("train", "heldout")
@@ -323,6 +322,9 @@ class Mix:
                        what: str = "shard") -> np.ndarray:
         path = self.store.local_path(key)
         if path is None:  # a remote store: a verified copy in the local cache
+            if self._cache_dir is None:
+                raise DataError(f"data mix {self.key} is in a remote store ({self.store.uri}) "
+                                "and no local cache directory was given for its shards")
             path = self._cache_dir / key
             if not _matches(path, size, sha256):
                 self._download(key, path, what=what)

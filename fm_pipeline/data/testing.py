@@ -2,7 +2,7 @@
 
     from fm_pipeline.data.testing import build_small_mix, small_job
     job = small_job(**{"training.seq_len": 64})          # debug model + the small data section
-    mix = build_small_mix(job)                           # prepared in the FM_HOME store, ~2 s
+    mix = build_small_mix(job, store=site.store())       # prepared in the store, ~2 s
 
 The corpus is real text: the `email` package of this interpreter's standard library as a
 "code" domain and its docstrings/comments as a "prose" domain (~60k tokens with the
@@ -17,7 +17,7 @@ from typing import Any
 from fm_pipeline.config import JobSpec, parse_job
 from fm_pipeline.config.load import set_dotted
 from fm_pipeline.data.mix import Mix, open_mix
-from fm_pipeline.storage import ObjectStore, open_store
+from fm_pipeline.storage import ObjectStore
 
 SMALL_DATA: dict[str, Any] = {
     "sources": [
@@ -50,13 +50,11 @@ def small_job(**overrides: Any) -> JobSpec:
     return parse_job(data, source="<small_job>")
 
 
-def build_small_mix(job: JobSpec | None = None, *, store: ObjectStore | None = None) -> Mix:
-    """Prepare (or reuse) `job`'s mix in `store` (default: the FM_HOME store) and open it."""
-    from fm_pipeline.config.paths import store_uri
+def build_small_mix(job: JobSpec | None = None, *, store: ObjectStore) -> Mix:
+    """Prepare (or reuse) `job`'s mix in `store` and open it."""
     from fm_pipeline.data.manifest import mix_key
     from fm_pipeline.data.pipeline import prepare_mix
 
     job = job or small_job()
-    store = store or open_store(store_uri())
     prepare_mix(job, store)
     return open_mix(store, mix_key(job))

@@ -1,6 +1,6 @@
 """The Dagster instance fm-pipeline runs on: its dagster.yaml and workspace.yaml.
 
-    home = write_instance(dagster_home())                         # sqlite under FM_HOME
+    home = write_instance(site.dagster_home)                      # sqlite under the site's home
     home = write_instance(path, storage=Postgres("postgresql://fm@127.0.0.1:5433/dagster"))
     config = instance_config(launcher=K8sRunLauncher(namespace="training", image="fm:1"))
 

@@ -2,7 +2,7 @@
 at initialisation) on the mix's held-out windows of each source.
 
     from fm_pipeline.eval import evaluate_checkpoint, evaluate_at_init
-    result = evaluate_checkpoint(".fm/runs/demo/checkpoints/step-00000020", job=job)
+    result = evaluate_checkpoint(".fm/runs/demo/checkpoints/step-00000020", site=site, job=job)
     print(result.summary())       # demo step 20: code loss 5.91 ppl 369.5; prose loss ...
 
     python -m fm_pipeline.eval.worker --checkpoint DIR --out eval.json        # one process

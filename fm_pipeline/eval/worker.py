@@ -39,7 +39,7 @@ def eval_job(spec: dict, *, world_size: int):
                      source=f"evaluation of {spec.get('name')} on {world_size} rank(s)")
 
 
-def run(*, checkpoints: list[Path], job_path: Path | None, store_uri: str, max_batches: int,
+def run(*, checkpoints: list[Path], job_path: Path | None, site, max_batches: int,
         batch_size: int | None) -> list[dict]:
     """One result per checkpoint (or one for the initial model): the model is built, and
     torch and the data mix opened, once; each checkpoint is restored into it in turn. A
@@ -55,8 +55,6 @@ def run(*, checkpoints: list[Path], job_path: Path | None, store_uri: str, max_b
     from fm_pipeline.eval.heldout import heldout_losses
     from fm_pipeline.eval.result import EvalResult
     from fm_pipeline.parallel import ParallelDims, build_parallel_model, init_distributed
-    from fm_pipeline.storage import open_store
-
     from fm_pipeline.catalog import CheckpointInvalid
 
     t0 = time.perf_counter()
@@ -73,7 +71,7 @@ def run(*, checkpoints: list[Path], job_path: Path | None, store_uri: str, max_b
     dims = ParallelDims.from_spec(job.parallelism, world_size=world)
     mesh = dims.build_mesh(device.type)
     pm = build_parallel_model(job, mesh=mesh, dims=dims, device=device)
-    mix = open_mix(open_store(store_uri), key)
+    mix = open_mix(site.store(), key, cache_dir=site.data_cache(key))
     out = []
     for ref in refs or [None]:
         result = EvalResult(job=job.name, step=ref.step if ref else 0,
@@ -100,7 +98,7 @@ def run(*, checkpoints: list[Path], job_path: Path | None, store_uri: str, max_b
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fm_pipeline.config.paths import store_uri
+    from fm_pipeline.config.site import Site
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
@@ -125,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         data = {"results": run(checkpoints=args.checkpoint or [], job_path=args.job,
-                               store_uri=args.store or store_uri(),
+                               site=Site.from_environ().with_store(args.store),
                                max_batches=args.max_batches, batch_size=args.batch_size)}
         if any("invalid" in r for r in data["results"]):
             code = INVALID_EXIT

@@ -1,7 +1,7 @@
 """Launching training segments: the torchrun invocation, locally and as a Kubernetes JobSet.
 
     from fm_pipeline.launch import SegmentLaunch, run_segment_locally, render_segment
-    result = run_segment_locally(SegmentLaunch(job, end_step=20))      # SegmentResult
+    result = run_segment_locally(SegmentLaunch(job, end_step=20), site=site)  # SegmentResult
     rendered = render_segment(SegmentLaunch(job, end_step=20),
                               KubernetesTarget(store_uri="s3://bucket/fm"))
 

@@ -1,13 +1,13 @@
 """Stopping a segment that runs as a JobSet, from any process of this machine.
 
-    with followed_jobset(launch, rendered) as record:   # after submit; removed at the end
+    with followed_jobset(runs, rendered) as record:   # after submit; removed at the end
         followed = client.follow(rendered.name, rendered.namespace, ...)
     stopped = record.stop_reason()                        # "preempt", "cancel" or None
 
-    stop_jobsets(client, "job-1", reason="preempt")       # the control plane, meanwhile
+    stop_jobsets(client, runs, reason="preempt")       # the control plane, meanwhile
 
 The launcher that follows a JobSet leaves a record of it under
-runs_dir(job)/jobsets/<namespace>.<name>.json (as a local launch leaves its segment
+<the job's run directory>/jobsets/<namespace>.<name>.json (as a local launch leaves its segment
 directory); a stop deletes each recorded JobSet gracefully (JobSetClient.stop) and writes
 its reason into the record, once. The follower keeps following until the pods are gone,
 then reads the reason back to say why the JobSet ended.
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.jobset import RenderedSegment
 
 if TYPE_CHECKING:
@@ -51,8 +50,8 @@ class JobSetRecord:
         tmp.replace(self.path)  # a reader never sees half a record
 
 
-def jobsets_dir(job_name: str) -> Path:
-    return runs_dir(job_name) / "jobsets"
+def jobsets_dir(runs: Path) -> Path:
+    return Path(runs) / "jobsets"
 
 
 def pod_grace_period_s(rendered: RenderedSegment) -> int:
@@ -62,9 +61,10 @@ def pod_grace_period_s(rendered: RenderedSegment) -> int:
 
 
 @contextmanager
-def followed_jobset(job_name: str, rendered: RenderedSegment) -> Iterator[JobSetRecord]:
-    """Record a submitted JobSet while its launcher follows it."""
-    directory = jobsets_dir(job_name)
+def followed_jobset(runs: Path, rendered: RenderedSegment) -> Iterator[JobSetRecord]:
+    """Record a submitted JobSet in the job's run directory `runs` while its launcher
+    follows it."""
+    directory = jobsets_dir(runs)
     directory.mkdir(parents=True, exist_ok=True)
     record = JobSetRecord(directory / f"{rendered.namespace}.{rendered.name}.json")
     record.write({"name": rendered.name, "namespace": rendered.namespace,
@@ -75,18 +75,18 @@ def followed_jobset(job_name: str, rendered: RenderedSegment) -> Iterator[JobSet
         record.path.unlink(missing_ok=True)
 
 
-def followed_jobsets(job_name: str) -> list[JobSetRecord]:
-    directory = jobsets_dir(job_name)
+def followed_jobsets(runs: Path) -> list[JobSetRecord]:
+    directory = jobsets_dir(runs)
     paths = sorted(directory.glob("*.json")) if directory.is_dir() else []
     return [JobSetRecord(p) for p in paths]
 
 
-def stop_jobsets(client: JobSetClient, job_name: str, *, reason: str) -> list[str]:
+def stop_jobsets(client: JobSetClient, runs: Path, *, reason: str) -> list[str]:
     """Delete every followed JobSet of the job not yet asked to stop (gracefully: the pods
     get their preStop hook and grace period); returns their names. Calling it again is
     cheap: a JobSet is deleted once."""
     stopped = []
-    for record in followed_jobsets(job_name):
+    for record in followed_jobsets(runs):
         try:
             data = record.read()
         except (FileNotFoundError, json.JSONDecodeError):

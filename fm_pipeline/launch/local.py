@@ -1,12 +1,12 @@
 """Run one training segment on this machine: the torchrun command, its output and its outcome.
 
     from fm_pipeline.launch import SegmentLaunch, run_segment_locally
-    result = run_segment_locally(SegmentLaunch(job, end_step=20))
+    result = run_segment_locally(SegmentLaunch(job, end_step=20), site=site)
     result.outcome, result.exit_code, result.reason      # succeeded / preempted / failed ...
 
 No Dagster here: the CLI, chaos tests and the API call this; the Dagster resource
 (fm_pipeline.resources.launcher_local) calls it inside a Pipes session. Everything a
-segment leaves is under runs_dir(job)/segments/<end_step>-<time>/: job.yaml, torchrun.log
+segment leaves is under site.runs_dir(job)/segments/<end_step>-<time>/: job.yaml, torchrun.log
 (torchrun's and the workers' output), torchrun/ (per-worker error files), error.json,
 result.json. Touching `preempt` there (preempt_running_segments) asks the trainer to
 checkpoint and exit (75).
@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
-from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.config.site import Site
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.launch.outcome import (
     Outcome,
@@ -53,9 +53,9 @@ STOP_MARGIN_S = 10
 ORPHAN_GRACE_S = 2.0
 
 
-def new_segment_dir(launch: SegmentLaunch) -> Path:
+def new_segment_dir(launch: SegmentLaunch, site: Site) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    path = runs_dir(launch.job.name) / "segments" / f"{launch.end_step:08d}-{stamp}"
+    path = site.runs_dir(launch.job.name) / "segments" / f"{launch.end_step:08d}-{stamp}"
     path.mkdir(parents=True, exist_ok=False)
     return path
 
@@ -68,10 +68,10 @@ def torchrun_executable() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
 
 
-def segment_command(launch: SegmentLaunch,
+def segment_command(launch: SegmentLaunch, site: Site,
                     segment_dir: Path | None = None) -> tuple[list[str], SegmentPaths]:
     """Create the segment directory with its job.yaml; return (argv, paths)."""
-    segment_dir = segment_dir or new_segment_dir(launch)
+    segment_dir = segment_dir or new_segment_dir(launch, site)
     segment_dir.mkdir(parents=True, exist_ok=True)
     paths = local_paths(segment_dir)
     paths.job_file.write_text(launch.job_yaml(), encoding="utf-8")
@@ -82,6 +82,7 @@ def segment_command(launch: SegmentLaunch,
 def run_segment_locally(
     launch: SegmentLaunch,
     *,
+    site: Site,
     env: dict[str, str] | None = None,
     segment_dir: Path | None = None,
     echo: TextIO | None = sys.stdout,
@@ -90,20 +91,22 @@ def run_segment_locally(
 ) -> SegmentResult:
     """Run the segment to completion and say what happened; never raises for a failed run
     (call `result.raise_for_outcome()` for that). `env` is added to the workers' environment
-    (e.g. Dagster Pipes bootstrap variables); `echo` receives the live output (None: quiet).
+    (e.g. Dagster Pipes bootstrap variables) after `site`'s, where the workers' entry point
+    finds the same state (store, runs, tracking); `echo` receives the live output (None: quiet).
     Setting `preempt` sends torchrun SIGTERM, as a preempting scheduler would: the ranks
     checkpoint and the result says "preempted". A job this machine cannot hold (more ranks
     than its GPUs or cores allow, more memory than it has) starts no process: the result
     says bad_config and why (launch.capacity)."""
     refused = local_fit_problems(launch.job, LocalCapacity.of_this_machine())
     if refused:
-        return _refused(launch, refused, segment_dir)
+        return _refused(launch, refused, segment_dir or new_segment_dir(launch, site))
     reap_orphans()  # what a crashed launcher left must not hold cores or the job's files
-    argv, paths = segment_command(launch, segment_dir)
+    argv, paths = segment_command(launch, site, segment_dir)
     segment_dir = paths.job_file.parent
     output_log = segment_dir / "torchrun.log"
     tag, tag_env = tag_segment()
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **paths.env(), **(env or {}), **tag_env}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **site.env(), **paths.env(), **(env or {}),
+                **tag_env}
     started = time.monotonic()
     timed_out = False
     with open(output_log, "wb") as log:
@@ -144,8 +147,7 @@ def _finish(launch, paths, proc, output_log: Path, started: float, tag: str, *,
 
 
 def _refused(launch: SegmentLaunch, problems: list[tuple[str, str]],
-             segment_dir: Path | None) -> SegmentResult:
-    segment_dir = segment_dir or new_segment_dir(launch)
+             segment_dir: Path) -> SegmentResult:
     segment_dir.mkdir(parents=True, exist_ok=True)
     reason = "not started: the job does not fit the local launcher: " + "; ".join(
         f"{field}: {msg}" for field, msg in problems)
@@ -207,20 +209,21 @@ def stop(proc: subprocess.Popen, *, grace_s: float) -> None:
         proc.wait()
 
 
-def running_segment_dirs(job_name: str) -> list[Path]:
-    """The job's segment directories whose torchrun has not finished (no result.json yet)."""
-    root = runs_dir(job_name) / "segments"
+def running_segment_dirs(runs: Path) -> list[Path]:
+    """The segment directories under the job's run directory `runs` whose torchrun has not
+    finished (no result.json yet)."""
+    root = Path(runs) / "segments"
     if not root.is_dir():
         return []
     return [d for d in root.iterdir() if d.is_dir() and (d / "job.yaml").is_file()
             and not (d / "result.json").exists()]
 
 
-def preempt_running_segments(job_name: str) -> list[Path]:
+def preempt_running_segments(runs: Path) -> list[Path]:
     """Touch the preemption flag (the trainer's FM_PREEMPT_FILE) of every running segment of
     the job: each checkpoints at its next step boundary and exits 75. The trainer ignores a
     flag older than itself, so a caller that may be early touches it again until the end."""
-    running = running_segment_dirs(job_name)
+    running = running_segment_dirs(runs)
     for segment_dir in running:
         local_paths(segment_dir).preempt_flag.touch()
     return running

@@ -1,7 +1,7 @@
 """A job's committed checkpoints as the orchestrator records them: each step with its
 copies in the local tier and the object store, and the facts a user wants beside it.
 
-    steps = committed_steps("demo", store)               # {20: [local ref, store ref], ...}
+    steps = committed_steps("demo", store, root=site.checkpoints_dir("demo"))  # {20: [...]}
     copy = preferred_copy(steps[20], tier="store")       # the durable copy when there is one
     describe(copy)                                       # step, tokens, bytes, topology, ...
 
@@ -12,6 +12,8 @@ it is the validation check's job.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fm_pipeline.catalog import CheckpointRef, read_manifest
 from fm_pipeline.catalog.refs import MANIFEST
 from fm_pipeline.catalog.supersede import superseded_steps
@@ -20,13 +22,14 @@ from fm_pipeline.checkpoint.drill import describe_topology
 from fm_pipeline.storage import ObjectStore, StoreError
 
 
-def committed_steps(job_name: str, store: ObjectStore | None) -> dict[int, list[CheckpointRef]]:
-    """step -> committed copies, local tier first; oldest step first."""
+def committed_steps(job_name: str, store: ObjectStore | None, *,
+                    root: Path) -> dict[int, list[CheckpointRef]]:
+    """step -> committed copies, local tier (`root`) first; oldest step first."""
     steps: dict[int, list[CheckpointRef]] = {}
     try:
-        refs = candidates(job_name, store=store)
+        refs = candidates(job_name, store=store, root=root)
     except StoreError:  # the local tier still answers while the store is down
-        refs = candidates(job_name, store=None)
+        refs = candidates(job_name, store=None, root=root)
     for tier in (True, False):
         committed = [r for r in refs if r.is_local == tier and r.has(MANIFEST)]
         superseded = superseded_steps(committed)  # a rollback abandoned them

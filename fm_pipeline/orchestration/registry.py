@@ -37,7 +37,9 @@ class UnknownJob(ValueError):
 _parsed: dict[tuple[str, str], tuple[str, JobSpec]] = {}
 
 
-def registered_job(store: ObjectStore, name: str) -> JobSpec:
+def registered_job(store: ObjectStore, name: str, *, sha256: str | None = None) -> JobSpec:
+    """The job's registered spec, parsed once per process; `sha256`: the digest a caller
+    kept (the API's queue row), refused when the stored spec is no longer that one."""
     source = store.uri_of(spec_key(name))
     try:
         raw = store.get_bytes(spec_key(name))
@@ -46,12 +48,24 @@ def registered_job(store: ObjectStore, name: str) -> JobSpec:
         raise UnknownJob(f"training job {name!r} is not registered in {store.uri} "
                          f"(registered: {known})") from None
     digest = hashlib.sha256(raw).hexdigest()
+    if sha256 is not None and digest != sha256:
+        raise ValueError(f"the registered spec of training job {name!r} ({source}) changed "
+                         f"since it was queued (sha256 {digest[:12]}..., the queue kept "
+                         f"{sha256[:12]}...): not started on a spec it was not admitted with")
     cached = _parsed.get((store.uri, name))
     if cached is not None and cached[0] == digest:
         return cached[1]
     job = parse_job(load_yaml(raw.decode("utf-8"), source=source), source=source)
     _parsed[(store.uri, name)] = (digest, job)
     return job
+
+
+def registered_digest(store: ObjectStore, name: str) -> str:
+    """sha256 of the job's stored spec: what a queue row keeps instead of the spec."""
+    try:
+        return hashlib.sha256(store.get_bytes(spec_key(name))).hexdigest()
+    except (ObjectNotFound, FileNotFoundError):
+        raise ValueError(f"no training job {name!r} is registered in {store.uri}") from None
 
 
 def registered_jobs(store: ObjectStore) -> list[str]:

@@ -1,9 +1,9 @@
 """One training segment, as the orchestrator prepares and closes it (no Dagster here: the
 `training_segment` asset calls these and only adds the run's context and its metadata).
 
-    plan = plan_segment(job, store, resume_from="", end_step=0)      # SegmentNotRunnable
+    plan = plan_segment(job, store, site=site, resume_from="", end_step=0)  # SegmentNotRunnable
     plan.start, plan.end, plan.checkpoint
-    segment = prepare_segment(job, store, end_step=0, resume_from="")   # + stop, data, stragglers
+    segment = prepare_segment(job, store, site=site, end_step=0)         # + stop, data, stragglers
     segment.start, segment.end, segment.resume_from
     metadata = failure_metadata(segment, launcher_metadata, failed_at_step=37, mlflow_run=id)
 
@@ -57,23 +57,24 @@ class PreparedSegment:
         return f"steps-{self.start}-{self.end}"
 
 
-def newest_valid_step(job, store) -> tuple[int, str | None]:
+def newest_valid_step(job, store, *, site) -> tuple[int, str | None]:
     """(step, location) of the checkpoint the next segment resumes from; (0, None) if none.
     Structure, sizes and model only: the trainer's restore checks the checksums and torch's
     own metadata again before it loads, so the control side neither repeats that work nor
     imports torch for it (~2.5 s per segment run on 2 cores)."""
     from fm_pipeline.catalog import latest_valid
 
-    found = latest_valid(job, store=store, checksums=False, dcp=False)
+    found = latest_valid(job, store=store, checksums=False, dcp=False,
+                         root=site.checkpoints_dir(job.name))
     return (found.found.step, found.found.location) if found.found else (0, None)
 
 
-def checkpoint_step(job, store, location: str) -> int:
+def checkpoint_step(job, store, location: str, *, site) -> int:
     """The step of the job's checkpoint at `location` (either tier); ValueError if it is not
     one of the job's checkpoints."""
     from fm_pipeline.catalog.validate import candidates
 
-    refs = candidates(job.name, store=store)
+    refs = candidates(job.name, store=store, root=site.checkpoints_dir(job.name))
     for ref in refs:
         if ref.location.rstrip("/") == location.rstrip("/"):
             return ref.step
@@ -94,20 +95,22 @@ class SegmentPlan:
     chosen: bool = False  # a checkpoint the user asked for (a rollback), not discovered
 
 
-def plan_segment(job, store, *, resume_from: str = "", end_step: int = 0) -> SegmentPlan:
+def plan_segment(job, store, *, site, resume_from: str = "",
+                 end_step: int = 0) -> SegmentPlan:
     """The one function that decides a segment's plan, wherever it is asked (the API, the
     intake and failure sensors, the segment asset, the local orchestrator): from
     `resume_from` (one of the job's checkpoints, either tier) or the newest valid one, else
     step 0; to `end_step` or the spec's next segment boundary. SegmentNotRunnable (a
-    ValueError) when the checkpoint is not the job's or nothing is left to train."""
+    ValueError) when the checkpoint is not the job's or nothing is left to train. `site`
+    (config.site.Site) holds the job's local checkpoint tier."""
     if resume_from:
         try:
-            start = checkpoint_step(job, store, resume_from)
+            start = checkpoint_step(job, store, resume_from, site=site)
         except ValueError as e:
             raise SegmentNotRunnable(str(e)) from None
         location = resume_from
     else:
-        start, location = newest_valid_step(job, store)
+        start, location = newest_valid_step(job, store, site=site)
     end = end_step or job.training.segment_end(start)
     if start >= job.training.steps or end <= start:
         raise SegmentNotRunnable(
@@ -116,7 +119,7 @@ def plan_segment(job, store, *, resume_from: str = "", end_step: int = 0) -> Seg
     return SegmentPlan(start=start, end=end, checkpoint=location, chosen=bool(resume_from))
 
 
-def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
+def prepare_segment(job, store, *, site, end_step: int = 0, resume_from: str = "",
                     planned_start: str = "", api_run: int | None = None,
                     target: str = "local") -> PreparedSegment:
     """The segment's plan (plan_segment), checked before anything launches, and what
@@ -135,11 +138,12 @@ def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
             raise SegmentNotRunnable(f"training run {api_run} of {job.name} was stopped "
                                      f"({stop.how}) before this segment started",
                                      outcome="stopped", stop=stop.how)
-    plan = plan_segment(job, store, resume_from=resume_from, end_step=end_step)
+    plan = plan_segment(job, store, site=site, resume_from=resume_from, end_step=end_step)
+    runs = site.runs_dir(job.name)
     if planned_start and not resume_from and planned_start != (plan.checkpoint or SCRATCH):
         from fm_pipeline.rundir.events import append_event
 
-        append_event(job.name, "segment_replanned", planned=planned_start,
+        append_event(runs, "segment_replanned", planned=planned_start,
                      now=plan.checkpoint or SCRATCH, reason="the job's newest valid checkpoint "
                      "changed between the request and the launch")
     try:
@@ -147,22 +151,22 @@ def prepare_segment(job, store, *, end_step: int = 0, resume_from: str = "",
     except DataError as e:
         raise SegmentNotRunnable(f"data mix of {job.name} is not ready: {e}; materialize "
                                  "data_mix for this job spec first") from None
-    _record_plan(job.name, plan)
+    _record_plan(runs, plan)
     return PreparedSegment(job=job, start=plan.start, end=plan.end,
                            resume_from=plan.checkpoint, chosen=plan.chosen,
-                           exclusion=apply_exclusions(job, target))
+                           exclusion=apply_exclusions(job, runs, target))
 
 
-def _record_plan(job_name: str, plan: SegmentPlan) -> None:
+def _record_plan(runs, plan: SegmentPlan) -> None:
     """The plan of each segment that launches, in the job's event log ("segment_planned"):
     whichever orchestrator launched it, the same record."""
     from fm_pipeline.rundir.events import append_event
 
-    append_event(job_name, "segment_planned", start=plan.start, end=plan.end,
+    append_event(runs, "segment_planned", start=plan.start, end=plan.end,
                  checkpoint=plan.checkpoint or SCRATCH, chosen=plan.chosen)
 
 
-def apply_exclusions(job, target: str):
+def apply_exclusions(job, runs, target: str):
     """The job's straggler exclusions as the next launch (an ExclusionPlan), recorded in its
     event log ("exclusion_applied") when the decision differs from the last one recorded, so
     a long job's log holds each change once, not one copy per launch; None when nothing is
@@ -172,15 +176,15 @@ def apply_exclusions(job, target: str):
     from fm_pipeline.stragglers.mitigation import plan_after_stragglers
 
     try:
-        plan = plan_after_stragglers(job, target=target)
+        plan = plan_after_stragglers(job, runs, target=target)
     except ValueError as e:
-        _record_exclusion(job.name, excluded=[], avoid_hosts=[],
+        _record_exclusion(runs, excluded=[], avoid_hosts=[],
                           world_size=job.parallelism.world_size,
                           world_size_before=job.parallelism.world_size, note=f"not applied: {e}")
         return None
     if not plan.changed:
         return None
-    _record_exclusion(job.name,
+    _record_exclusion(runs,
                       excluded=[{"host": s.host, "local_rank": s.local_rank, "rank": s.rank,
                                  "reason": s.reason} for s in plan.excluded],
                       avoid_hosts=list(plan.avoid_hosts),
@@ -189,13 +193,13 @@ def apply_exclusions(job, target: str):
     return plan
 
 
-def _record_exclusion(job_name: str, **decision) -> None:
+def _record_exclusion(runs, **decision) -> None:
     from fm_pipeline.rundir.events import append_event, read_events
 
-    applied, _ = read_events(job_name, kinds=("exclusion_applied",))
+    applied, _ = read_events(runs, kinds=("exclusion_applied",))
     if applied and {k: applied[-1].get(k) for k in decision} == decision:
         return
-    append_event(job_name, "exclusion_applied", **decision)
+    append_event(runs, "exclusion_applied", **decision)
 
 
 def failure_metadata(segment: PreparedSegment, launcher_metadata: dict | None, *,

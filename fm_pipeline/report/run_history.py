@@ -2,10 +2,10 @@
 with its steps and how it ended, which steps were kept and which were redone after a
 resume (lost work), the checkpoints and their held-out evaluations.
 
-    history = read_run_history("demo-1", store=open_store(store_uri()))
+    history = read_run_history("demo-1", site.runs_dir("demo-1"), store=site.store())
     history.lost_steps, history.summary()["final_loss"]
 
-Sources (fm_pipeline/rundir/records.py documents the files): runs_dir(job)/metrics.jsonl
+Sources (fm_pipeline/rundir/records.py documents the files): <run directory>/metrics.jsonl
 (steps), segments.jsonl (one record per launch, also on failure; absent for a launch that
 was killed or is still running), and the committed checkpoints of both tiers with their
 `eval` marks (written by fm_pipeline.eval).
@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-
-from fm_pipeline.config.paths import runs_dir
 
 
 class NoMetrics(ValueError):
@@ -142,11 +140,11 @@ class RunHistory:
         }
 
 
-def read_run_history(job: str, *, directory: Path | None = None, store=None) -> RunHistory:
-    """The job's history from runs_dir(job) (or `directory`) and, when given, the object
-    store's checkpoint copies. Raises NoMetrics, naming the job and the file, if no step was
-    recorded."""
-    directory = Path(directory) if directory is not None else runs_dir(job)
+def read_run_history(job: str, directory: Path, *, store=None) -> RunHistory:
+    """The job's history from its run directory (site.runs_dir(job)) and, when given, the
+    object store's checkpoint copies. Raises NoMetrics, naming the job and the file, if no
+    step was recorded."""
+    directory = Path(directory)
     from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE
 
     steps = _records(directory / METRICS_FILE, "step")

@@ -1,7 +1,7 @@
 """One PNG of a training job (matplotlib, Agg backend; imported only when plotting).
 
     from fm_pipeline.report import read_run_history, plot_training
-    plot_training(read_run_history("demo-1"), "training.png")
+    plot_training(read_run_history("demo-1", site.runs_dir("demo-1")), "training.png")
 
 Panels: training loss against step (one colour per launch, steps a later launch redid
 faded, failures/preemptions and the resumes after them as vertical lines, checkpoints as

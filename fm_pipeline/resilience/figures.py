@@ -1,6 +1,6 @@
 """The fault matrix's figures, read from the run's own records, never set by a scenario.
 
-    figures = figures_from_records(runs_dir(job.name))
+    figures = figures_from_records(site.runs_dir(job.name))
     figures.steps_lost, figures.detect_s, figures.resume_s
 
 Records read (all under the job's run directory):
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fm_pipeline.rundir.events import read_events
-from fm_pipeline.rundir.records import EVENTS_FILE, METRICS_FILE, read_records
+from fm_pipeline.rundir.records import METRICS_FILE, read_records
 
 FAULT, CLEARED, ENDED = "fault_injected", "fault_cleared", "segment_ended"
 
@@ -42,7 +42,7 @@ def figures_from_records(runs: Path) -> Figures:
     steps = read_records(Path(runs) / METRICS_FILE, "step")
     counts = Counter(r["step"] for r in steps)
     lost = sum(n - 1 for n in counts.values() if n > 1)
-    events, _ = read_events("", path=Path(runs) / EVENTS_FILE, kinds=(FAULT, CLEARED, ENDED))
+    events, _ = read_events(runs, kinds=(FAULT, CLEARED, ENDED))
     fault = next((e for e in events if e["kind"] == FAULT), None)
     if fault is None:
         return Figures(steps_lost=lost, detect_s=None, resume_s=None)

@@ -4,7 +4,7 @@ a disk that fills up (a small tmpfs mounted over a directory).
     victim = checkpoint_victim(ckpt_dir)       # its largest DCP shard file
     flip_byte(victim); truncate(victim); delete(victim)
     path, what = corrupt_shard(store_dir, mix, sample=48)  # the shard step 7 reads
-    with small_disk(runs_dir(job) / "checkpoints", size_bytes=6 << 20) as disk: ...
+    with small_disk(site.checkpoints_dir(job), size_bytes=6 << 20) as disk: ...
         disk.grow(64 << 20)                    # the operator frees space
 
 Each returns what it did, in words, for the fault matrix. small_disk needs root (mount);

@@ -1,7 +1,7 @@
 """A local training segment running in the background, so that faults can be injected into
 it while it trains: find its workers, signal them, wait for a step.
 
-    live = LiveSegment(SegmentLaunch(job, end_step=8)).start()
+    live = LiveSegment(SegmentLaunch(job, end_step=8), site=site).start()
     live.wait_for_step(3)                    # rank 0 logged step 3 (metrics.jsonl)
     live.signal_rank(1, signal.SIGKILL)      # the worker process of global rank 1
     result = live.result()                   # fm_pipeline.launch.SegmentResult
@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.config.site import Site
 from fm_pipeline.launch.outcome import SegmentResult
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.rundir.events import append_event
@@ -72,9 +72,9 @@ def trainer_workers(marker: str) -> dict[int, int]:
     return workers
 
 
-def step_records(job_name: str, *, since: float) -> list[dict]:
+def step_records(runs: Path, *, since: float) -> list[dict]:
     """Step records rank 0 wrote at or after unix time `since`."""
-    return [r for r in read_records(runs_dir(job_name) / METRICS_FILE, "step")
+    return [r for r in read_records(Path(runs) / METRICS_FILE, "step")
             if r.get("time", 0) >= since]
 
 
@@ -107,9 +107,10 @@ def wait_for_checkpoint(job_runs_dir: Path, step: int, *, timeout_s: float,
 
 
 class LiveSegment:
-    def __init__(self, launch: SegmentLaunch, *, env: dict[str, str] | None = None,
+    def __init__(self, launch: SegmentLaunch, *, site: Site, env: dict[str, str] | None = None,
                  timeout_s: float | None = 600):
-        self.launch = launch
+        self.launch, self.site = launch, site
+        self.runs = site.runs_dir(launch.job.name)
         self.marker = uuid.uuid4().hex
         self.env = {**(env or {}), MARKER_ENV: self.marker}
         self.timeout_s = timeout_s
@@ -130,14 +131,15 @@ class LiveSegment:
         from fm_pipeline.launch.local import run_segment_locally
 
         try:
-            self._result = run_segment_locally(self.launch, env=self.env, echo=None,
+            self._result = run_segment_locally(self.launch, site=self.site, env=self.env,
+                                               echo=None,
                                                timeout_s=self.timeout_s, preempt=self._preempt)
         except BaseException as e:  # handed to result()
             self._error = e
         finally:
             self.ended_at = time.time()
             code = self._result.exit_code if self._result is not None else None
-            append_event(self.launch.job.name, "segment_ended", exit_code=code,
+            append_event(self.runs, "segment_ended", exit_code=code,
                          started_at=self.started_at)  # a record the fault figures read
 
     @property
@@ -145,7 +147,7 @@ class LiveSegment:
         return self._thread.is_alive()
 
     def steps(self) -> list[dict]:
-        return step_records(self.launch.job.name, since=self.started_at or 0.0)
+        return step_records(self.runs, since=self.started_at or 0.0)
 
     def wait_for_step(self, step: int, *, timeout_s: float = 300) -> dict:
         """The step record of `step` (or later) once rank 0 logged it."""
@@ -155,7 +157,7 @@ class LiveSegment:
 
     def wait_for_checkpoint(self, step: int, *, timeout_s: float = 300) -> Path:
         """The checkpoint of `step`, once committed (its manifest exists)."""
-        return wait_for_checkpoint(runs_dir(self.launch.job.name), step, timeout_s=timeout_s,
+        return wait_for_checkpoint(self.runs, step, timeout_s=timeout_s,
                                    alive=lambda: self.running)
 
     def workers(self, *, expect: int | None = None, timeout_s: float = 30) -> dict[int, int]:

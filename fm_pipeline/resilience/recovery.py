@@ -80,7 +80,7 @@ def restored_step(segment: dict) -> int | None:
 def resume(ws: ChaosWorkspace, job, *, end_step: int, env: dict[str, str] | None = None,
            overrides: tuple[str, ...] = (), timeout_s: float = 600) -> Resumed:
     """Launch the segment again (the trainer restores the newest valid checkpoint)."""
-    live = LiveSegment(SegmentLaunch(job, end_step=end_step, overrides=overrides), env=env,
+    live = LiveSegment(SegmentLaunch(job, end_step=end_step, overrides=overrides), site=ws.site, env=env,
                        timeout_s=timeout_s).start()
     try:
         result = live.result(timeout_s=timeout_s + 60)

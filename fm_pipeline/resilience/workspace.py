@@ -1,8 +1,8 @@
 """Where chaos runs happen: an FM_HOME of their own, the small real data mix, jobs sized for
 fault injection on a 2-core machine, and what a job left behind (segments, checkpoints).
 
-    ws = ChaosWorkspace(Path(".fm/chaos/20260101T120000"))
-    with ws.active():                                # FM_HOME points here meanwhile
+    ws = ChaosWorkspace(Path(".fm/chaos/20260101T120000"))   # ws.site: its state
+    with ws.active():                                # one thread per rank meanwhile
         job = ws.job("chaos-kill-rank")              # 2 ranks, 8 steps, checkpoint every 2
         ws.prepare(job)                              # the mix, once per store
         ws.segments(job.name)                        # segments.jsonl records
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fm_pipeline.config import JobSpec
-from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.config.site import Site
 from fm_pipeline.rundir.records import SEGMENTS_FILE, read_records
 
 # Sized so that faults land between checkpoints and a hang is detected in seconds.
@@ -38,24 +38,22 @@ CHAOS_JOB: dict[str, Any] = {
 class ChaosWorkspace:
     def __init__(self, home: Path):
         self.home = Path(home).resolve()
+        self.site = Site.at(self.home)  # what this workspace's runs and checks are given
         self._prepared: set[tuple[str, str]] = set()
 
     @contextlib.contextmanager
     def active(self):
-        """FM_HOME (and the default store) of this workspace for the block."""
-        saved = {k: os.environ.get(k) for k in ("FM_HOME", "FM_STORE_URI", "OMP_NUM_THREADS")}
-        os.environ["FM_HOME"] = str(self.home)
-        os.environ.pop("FM_STORE_URI", None)
+        """The workspace for the block: its home exists, and the ranks of the processes it
+        starts use one thread each (a 2-core machine). Where state lives is `self.site`,
+        handed to what runs here, never read back from the environment."""
+        saved = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.home.mkdir(parents=True, exist_ok=True)
         try:
             yield self
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
 
     @property
     def store_dir(self) -> Path:
@@ -65,7 +63,7 @@ class ChaosWorkspace:
         """A chaos job with nothing left of an earlier run of it in this workspace."""
         from fm_pipeline.data.testing import small_job
 
-        shutil.rmtree(runs_dir(name), ignore_errors=True)
+        shutil.rmtree(self.site.runs_dir(name), ignore_errors=True)
         return small_job(**{**CHAOS_JOB, "name": name, **overrides})
 
     def prepare(self, job: JobSpec, store=None):
@@ -81,7 +79,7 @@ class ChaosWorkspace:
             self._prepared.add(key)
         from fm_pipeline.data import open_mix
 
-        return open_mix(store, key[1])
+        return open_mix(store, key[1], cache_dir=self.site.data_cache(key[1]))
 
     def pod_segment(self, job: JobSpec, label: str):
         """(the job's whole run rendered as a JobSet with a shared claim, a fresh directory
@@ -100,28 +98,28 @@ class ChaosWorkspace:
         return rendered, root
 
     def segments(self, job_name: str, *, since: float = 0.0) -> list[dict]:
-        return [r for r in read_records(runs_dir(job_name) / SEGMENTS_FILE, "segment")
+        return [r for r in read_records(self.site.runs_dir(job_name) / SEGMENTS_FILE, "segment")
                 if r.get("time", 0) >= since]
 
     def newest_valid(self, job: JobSpec) -> tuple[int | None, list[str]]:
         """(step of the newest valid checkpoint or None, why newer ones were skipped)."""
         from fm_pipeline.catalog import latest_valid
 
-        found = latest_valid(job, store=None)
+        found = latest_valid(job, store=None, root=self.site.checkpoints_dir(job.name))
         return (found.found.step if found.found else None), found.skipped_lines()
 
     def checkpoint_dir(self, job_name: str, step: int) -> Path:
-        return runs_dir(job_name) / "checkpoints" / f"step-{step:08d}"
+        return self.site.checkpoints_dir(job_name) / f"step-{step:08d}"
 
     def snapshot(self, job_name: str, label: str) -> Path:
         """Copy the job's runs directory aside (to rerun faults from the same state)."""
         dest = self.home / "snapshots" / f"{job_name}-{label}"
         if dest.exists():
             shutil.rmtree(dest)
-        shutil.copytree(runs_dir(job_name), dest)
+        shutil.copytree(self.site.runs_dir(job_name), dest)
         return dest
 
     def restore_snapshot(self, job_name: str, label: str) -> None:
         src = self.home / "snapshots" / f"{job_name}-{label}"
-        shutil.rmtree(runs_dir(job_name), ignore_errors=True)
-        shutil.copytree(src, runs_dir(job_name))
+        shutil.rmtree(self.site.runs_dir(job_name), ignore_errors=True)
+        shutil.copytree(src, self.site.runs_dir(job_name))

@@ -1,7 +1,8 @@
-"""The job's event log, runs_dir(job)/events.jsonl: what happened to a job besides its steps.
+"""The job's event log, <runs dir>/events.jsonl: what happened to a job besides its steps.
 
-    append_event("demo", "straggler", rank=1, host="node-a", ...)
-    events, offset = read_events("demo", kinds=("straggler",), offset=0)   # tail from offset
+    runs = site.runs_dir("demo")                                            # the caller's Site
+    append_event(runs, "straggler", rank=1, host="node-a", ...)
+    events, offset = read_events(runs, kinds=("straggler",), offset=0)     # tail from offset
 
 One JSON object per line, appended with a single write (readers may tail it while it
 grows; a torn last line is skipped and re-read once complete). Every record has
@@ -52,22 +53,23 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.rundir.records import EVENTS_FILE
 
 
-def events_path(job_name: str) -> Path:
-    return runs_dir(job_name) / EVENTS_FILE
+def events_path(runs: Path) -> Path:
+    return Path(runs) / EVENTS_FILE
 
 
-def append_event(job_name: str, kind: str, *, path: Path | None = None,
+def append_event(runs: Path, kind: str, *, job: str | None = None,
                  **fields: Any) -> dict[str, Any]:
-    """Append one record; returns it. One write() of one line: concurrent appenders
+    """Append one record to the log in the job's run directory `runs` (its name is the job's
+    unless `job` says otherwise); returns it. One write() of one line: concurrent appenders
     (rank 0, the chaos runner, an operator) never interleave within a record."""
     if not kind:
         raise ValueError("an event needs a kind")
-    record = {"kind": kind, "time": round(time.time(), 3), "job": job_name, **fields}
-    path = path or events_path(job_name)
+    runs = Path(runs)
+    record = {"kind": kind, "time": round(time.time(), 3), "job": job or runs.name, **fields}
+    path = events_path(runs)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, default=_plain) + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -78,11 +80,11 @@ def append_event(job_name: str, kind: str, *, path: Path | None = None,
     return record
 
 
-def read_events(job_name: str, *, kinds: Iterable[str] | None = None, offset: int = 0,
-                path: Path | None = None) -> tuple[list[dict[str, Any]], int]:
+def read_events(runs: Path, *, kinds: Iterable[str] | None = None,
+                offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     """Records from byte `offset` on (optionally of some kinds) and the offset to continue
     from: a sensor keeps it as its cursor and never sees a record twice."""
-    path = path or events_path(job_name)
+    path = events_path(runs)
     wanted = set(kinds) if kinds is not None else None
     try:
         with open(path, "rb") as f:

@@ -1,6 +1,6 @@
 """One live segment per job: a lease that the trainer's rank 0 holds in both tiers.
 
-    lease = JobLease(job.name, store=store, ttl_s=30).acquire()   # LeaseHeld names the holder
+    lease = JobLease(job.name, store=store, ttl_s=30, run_dir=runs).acquire()   # LeaseHeld names the holder
     lease.start_heartbeat(on_lost=stop_training)                   # renews every ttl/3
     lease.confirm()                                                # before a commit: still ours?
     lease.release()
@@ -40,7 +40,6 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.storage import ObjectNotFound, ObjectStore, PreconditionFailed, StoreError
 from fm_pipeline.storage.durable import atomic_write
 
@@ -135,11 +134,11 @@ def _holder_ttl(holder: dict, default: float) -> float:
 
 class JobLease:
     def __init__(self, job_name: str, *, store: ObjectStore | None, ttl_s: float = 30.0,
-                 run_dir: Path | None = None, clock: Callable[[], float] = time.time):
+                 run_dir: Path, clock: Callable[[], float] = time.time):
         if ttl_s <= 0:
             raise ValueError(f"lease ttl_s must be > 0, got {ttl_s}")
         self.job_name, self.store, self.ttl_s, self.clock = job_name, store, ttl_s, clock
-        self.run_dir = Path(run_dir) if run_dir is not None else runs_dir(job_name)
+        self.run_dir = Path(run_dir)
         self.renew_every_s = ttl_s / 3
         self.holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.host, self.pid = socket.gethostname(), os.getpid()

@@ -1,8 +1,10 @@
-"""The JSON-lines files rank 0 of the trainer writes under runs_dir(job), and reading them.
+"""The JSON-lines files rank 0 of the trainer writes in the job's run directory
+(site.runs_dir(job)), and reading them.
 
-    log = JsonLines(runs_dir(job) / METRICS_FILE, job=job, segment=seg)   # the trainer
-    records = read_records(runs_dir(job) / SEGMENTS_FILE, "segment")        # anyone
-    latest_record(runs_dir(job) / METRICS_FILE, "step")                     # tail, cheap
+    runs = site.runs_dir(job)
+    log = JsonLines(runs / METRICS_FILE, job=job, segment=seg)   # the trainer
+    records = read_records(runs / SEGMENTS_FILE, "segment")        # anyone
+    latest_record(runs / METRICS_FILE, "step")                     # tail, cheap
 
 Files (append-only; one JSON object per line; every record has "kind", "job", "segment"
 (an id unique per torchrun launch), "time" (unix seconds)). A step can appear twice when a

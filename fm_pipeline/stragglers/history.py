@@ -13,9 +13,9 @@ last record ("straggler_end" when written, else the "straggler" record).
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.rundir.events import read_events
 from fm_pipeline.rundir.records import RANK_TIMINGS_FILE
 from fm_pipeline.stragglers.detector import StragglerDetector, StragglerEvent
@@ -27,9 +27,10 @@ def _event_key(record: dict) -> tuple:
             record.get("first_step"))
 
 
-def straggler_events(job_name: str) -> list[dict[str, Any]]:
-    """One dict per straggler event (its latest record), in the order they were raised."""
-    records, _ = read_events(job_name, kinds=("straggler", "straggler_end"))
+def straggler_events(runs: Path) -> list[dict[str, Any]]:
+    """One dict per straggler event (its latest record), in the order they were raised, from
+    the job's run directory `runs`."""
+    records, _ = read_events(runs, kinds=("straggler", "straggler_end"))
     latest: dict[tuple, dict] = {}
     for r in records:
         key = _event_key(r)
@@ -41,9 +42,10 @@ def straggler_events(job_name: str) -> list[dict[str, Any]]:
     return list(latest.values())
 
 
-def straggler_summary(job) -> dict[str, Any]:
-    """Events, their cost and the current exclusions of `job` (a JobSpec)."""
-    events = straggler_events(job.name)
+def straggler_summary(job, runs: Path) -> dict[str, Any]:
+    """Events, their cost and the current exclusions of `job` (a JobSpec) from its run
+    directory `runs`."""
+    events = straggler_events(runs)
     hours = sum(float(e.get("idle_gpu_hours") or 0.0) for e in events)
     return {
         "events": events,
@@ -51,17 +53,17 @@ def straggler_summary(job) -> dict[str, Any]:
         "unrecovered": sum(1 for e in events if e.get("recovered_step") is None),
         "idle_gpu_hours": hours,
         "idle_dollars": hours * job.cluster.price_per_gpu_hour,
-        "excluded": [vars(s) for s in excluded_slots(job.name)],
+        "excluded": [vars(s) for s in excluded_slots(runs)],
     }
 
 
-def scan_rank_timings(job_name: str, **detector_kwargs: Any) -> dict[str, list[StragglerEvent]]:
+def scan_rank_timings(runs: Path, **detector_kwargs: Any) -> dict[str, list[StragglerEvent]]:
     """Run a fresh StragglerDetector over each segment's gathered timings (one detector per
     segment: ranks and hosts change between launches)."""
     from fm_pipeline.rundir.records import read_records
 
     by_segment: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in read_records(runs_dir(job_name) / RANK_TIMINGS_FILE, "rank_timing"):
+    for r in read_records(Path(runs) / RANK_TIMINGS_FILE, "rank_timing"):
         by_segment[r.get("segment", "?")][int(r["step"])].append(r)
     found: dict[str, list[StragglerEvent]] = {}
     for segment, steps in by_segment.items():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from fm_pipeline.config import JobSpec, dump_job, parse_job
@@ -53,26 +54,27 @@ class ExclusionPlan:
         return bool(self.excluded)
 
 
-def _since_cleared(job_name: str) -> list[dict]:
-    records, _ = read_events(job_name, kinds=("straggler", "exclusions_cleared"))
+def _since_cleared(runs: Path) -> list[dict]:
+    records, _ = read_events(runs, kinds=("straggler", "exclusions_cleared"))
     last = max((i for i, r in enumerate(records) if r["kind"] == "exclusions_cleared"),
                default=-1)
     return records[last + 1:]
 
 
-def straggler_stops(job_name: str) -> int:
-    """Segments the `exclude` policy stopped since the exclusions were last cleared."""
-    return len({r.get("segment") for r in _since_cleared(job_name)
+def straggler_stops(runs: Path) -> int:
+    """Segments the `exclude` policy stopped since the exclusions were last cleared (from the
+    job's run directory `runs`)."""
+    return len({r.get("segment") for r in _since_cleared(runs)
                 if r.get("action") == "exclude"})
 
 
-def excluded_slots(job_name: str, *, ttl_s: float | None = None,
+def excluded_slots(runs: Path, *, ttl_s: float | None = None,
                    now: float | None = None) -> list[ExcludedSlot]:
     """Slots the job's straggler policy excluded, since the last clearing and (with
     `ttl_s`) less than ttl_s ago, oldest first."""
     now = time.time() if now is None else now
     slots: dict[tuple[str, int], ExcludedSlot] = {}
-    for r in _since_cleared(job_name):
+    for r in _since_cleared(runs):
         if ttl_s is not None and now - float(r.get("time", 0.0)) > ttl_s:
             continue  # expired: the slot or host may be used again
         if r.get("action") == "exclude":
@@ -115,12 +117,13 @@ def exclusion_refusal(job: JobSpec, n_excluded: int = 1) -> str | None:
     return None
 
 
-def plan_after_stragglers(job: JobSpec, *,
+def plan_after_stragglers(job: JobSpec, runs: Path, *,
                           target: Literal["local", "kubernetes"] = "local") -> ExclusionPlan:
-    """The next launch of `job` given its exclusions (see the module docstring)."""
+    """The next launch of `job` given its exclusions in its run directory `runs` (see the
+    module docstring)."""
     if target not in ("local", "kubernetes"):
         raise ValueError(f"target must be 'local' or 'kubernetes', got {target!r}")
-    excluded = tuple(excluded_slots(job.name, ttl_s=job.resilience.exclusion_ttl_s))
+    excluded = tuple(excluded_slots(runs, ttl_s=job.resilience.exclusion_ttl_s))
     hosts = tuple(sorted({s.host for s in excluded}))
     if not excluded:
         return ExclusionPlan(job=job, excluded=(), avoid_hosts=())

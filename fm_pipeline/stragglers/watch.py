@@ -20,6 +20,7 @@ it cannot drop. Record schema: fm_pipeline/rundir/events.py.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from fm_pipeline.rundir.events import append_event
@@ -31,10 +32,10 @@ log = logging.getLogger(__name__)
 
 
 class StragglerWatch:
-    def __init__(self, job, *, segment: str, world_size: int, gather_every: int,
+    def __init__(self, job, *, runs: Path, segment: str, world_size: int, gather_every: int,
                  mlflow: Any = None):
         r = job.resilience
-        self.job = job
+        self.job, self.runs = job, Path(runs)  # the job's run directory: its event log
         self.segment = segment
         self.world_size = world_size
         self.gather_every = gather_every
@@ -46,18 +47,18 @@ class StragglerWatch:
         self.stop_reason: str | None = None
         self._ended: set[int] = set()  # ids of events whose straggler_end was written
         # Read once per segment: this segment stops at most once, whatever it raises.
-        self.stops_before = straggler_stops(job.name) if self.policy in ("exclude", "auto") \
+        self.stops_before = straggler_stops(self.runs) if self.policy in ("exclude", "auto") \
             else 0
         self.drops = (DropController.for_job(job, world_size=world_size)
                       if self.policy in ("drop", "auto") else None)
 
     @classmethod
-    def for_segment(cls, job, *, segment: str, world_size: int, gather_every: int,
-                    mlflow: Any = None) -> StragglerWatch | None:
+    def for_segment(cls, job, *, runs: Path, segment: str, world_size: int,
+                    gather_every: int, mlflow: Any = None) -> StragglerWatch | None:
         """None when the policy is off or there is nobody to compare with."""
         if job.resilience.straggler_policy == "off" or world_size < 2:
             return None
-        return cls(job, segment=segment, world_size=world_size, gather_every=gather_every,
+        return cls(job, runs=runs, segment=segment, world_size=world_size, gather_every=gather_every,
                    mlflow=mlflow)
 
     def update(self, records: Iterable[Mapping[str, Any]]) -> str | None:
@@ -174,7 +175,7 @@ class StragglerWatch:
 
     def _append(self, kind: str, **fields: Any) -> None:
         try:
-            append_event(self.job.name, kind, **fields)
+            append_event(self.runs, kind, **fields)
         except OSError as e:  # a full disk must not turn a slow rank into a failed segment
             log.error("straggler event not written to the job's event log: %s", e)
 

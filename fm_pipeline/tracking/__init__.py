@@ -2,7 +2,7 @@
 segment, evaluation and restore drill, found by fm.* tags from any process.
 
     from fm_pipeline.tracking import JobTracker
-    tracker = JobTracker(mlflow_uri())        # fm_pipeline.config.paths: sqlite under FM_HOME
+    tracker = JobTracker(site.tracking_uri)   # config.site: sqlite under the site's home
     run_id = tracker.start_segment_run(job, segment="to-40", end_step=40)
     env = tracker.trainer_env(run_id)         # FM_MLFLOW_URI / FM_MLFLOW_RUN_ID / ...
 

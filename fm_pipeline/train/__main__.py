@@ -127,7 +127,13 @@ def main(argv: list[str] | None = None) -> None:
     from fm_pipeline.train.host_memory import keep_freed_host_memory
     from fm_pipeline.train.segment import SegmentRefused, SegmentSetupError, run_segment
 
+    from fm_pipeline.config.site import Site
+    from fm_pipeline.train.tracking import TrainerTracking
+
     keep_freed_host_memory()  # no page faults re-growing the heap every step
+    # The worker's entry point: where state lives and where rank 0 logs, from the
+    # environment the launcher gave it; passed down from here.
+    site, tracking = Site.from_environ(), TrainerTracking.from_env(os.environ)
 
     @record  # an uncaught exception lands, with its traceback, in torchrun's error file
     def train():
@@ -138,8 +144,9 @@ def main(argv: list[str] | None = None) -> None:
         resume_from = args.resume_from
         while True:
             try:
-                return run_segment(job, end_step=args.end_step, resume_from=resume_from,
-                                   restart_cause=restarts.cause, planned=args.planned)
+                return run_segment(job, site=site, tracking=tracking, end_step=args.end_step,
+                                   resume_from=resume_from, restart_cause=restarts.cause,
+                                   planned=args.planned)
             except SegmentSetupError as e:
                 # Raised before the first step (a missing data mix, an unusable checkpoint,
                 # a bad --end-step); errors while training fall through to @record (exit 1).

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from fm_pipeline.rundir.records import METRICS_FILE, RANK_TIMINGS_FILE, SEGMENTS_FILE, JsonLines
-from fm_pipeline.train.tracking import MlflowSink, PipesSink, pipes_requested, tracking_uri
+from fm_pipeline.train.tracking import MlflowSink, PipesSink, TrainerTracking, pipes_requested
 
 log = logging.getLogger(__name__)
 
 
 class SegmentReporter:
     def __init__(self, *, job_name: str, runs_dir: Path, params: dict[str, Any],
-                 start_step: int, target_step: int):
+                 start_step: int, target_step: int, tracking: TrainerTracking | None = None):
         self.segment = f"{start_step:08d}-{uuid.uuid4().hex[:8]}"
         common = {"job": job_name, "segment": self.segment}
         self.metrics = JsonLines(runs_dir / METRICS_FILE, **common)
@@ -26,9 +26,9 @@ class SegmentReporter:
         self.segments = JsonLines(runs_dir / SEGMENTS_FILE, **common)
         self.mlflow: MlflowSink | None = None
         self.pipes: PipesSink | None = None
-        uri = tracking_uri()
-        if uri:  # opens in the background; unusable: a warning, never an error
-            self.mlflow = MlflowSink(uri, job_name=job_name, params=params,
+        if tracking is not None and tracking.uri:  # opens in the background; unusable: a
+            # warning, never an error
+            self.mlflow = MlflowSink(tracking, job_name=job_name, params=params,
                                      run_name=f"{job_name}-steps-{start_step}-{target_step}")
         if pipes_requested():
             self.pipes = PipesSink()

@@ -1,7 +1,7 @@
 """One training segment on every rank: restore, train to the segment's end step, checkpoint
 every `checkpoint.every_steps` and at the end, report; or stop early on preemption.
 
-    result = run_segment(job, end_step=None, resume_from=None)   # inside torchrun workers
+    result = run_segment(job, site=site, end_step=None)   # inside torchrun workers
 
 The end step defaults to the next multiple of `training.segment_steps` after the restored
 step, capped at `training.steps`. Ranks restore the newest valid checkpoint of the job (or
@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,17 +29,18 @@ from fm_pipeline.checkpoint.fast_paths import starts_root
 from fm_pipeline.checkpoint.fast_tier import FastRestore
 from fm_pipeline.checkpoint.load import resume
 from fm_pipeline.config import JobSpec, dump_job
-from fm_pipeline.config.paths import runs_dir, store_uri
+from fm_pipeline.config.site import Site
+from fm_pipeline.data import mix_key, open_job_mix
 from fm_pipeline.model import count_params, flops_per_token
 from fm_pipeline.parallel import ParallelDims, init_distributed
 from fm_pipeline.rundir import exit_codes
 from fm_pipeline.rundir.attempts import worker_group_start
 from fm_pipeline.rundir.events import append_event
-from fm_pipeline.storage import open_store
 from fm_pipeline.train.metrics import host_name, mfu, peak_flops_per_device
 from fm_pipeline.train.preemption import PreemptionWatcher, preempt_file
 from fm_pipeline.train.reporter import SegmentReporter
 from fm_pipeline.train.state import layout_key
+from fm_pipeline.train.tracking import TrainerTracking
 from fm_pipeline.train.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ class SegmentRefused(RuntimeError):
         super().__init__(message)
 
 
-def take_lease(job: JobSpec, store):
+def take_lease(job: JobSpec, store, *, runs: Path):
     """Rank 0 takes the job's lease (rundir/lease.py) before anything is read or written;
     every rank learns the outcome. Returns the lease on rank 0, None elsewhere."""
     from fm_pipeline.rundir.lease import (
@@ -69,7 +71,8 @@ def take_lease(job: JobSpec, store):
     refused, lease = None, None
     if dist.get_rank() == 0:
         try:
-            lease = JobLease(job.name, store=store, ttl_s=job.resilience.lease_ttl_s).acquire()
+            lease = JobLease(job.name, store=store, ttl_s=job.resilience.lease_ttl_s,
+                             run_dir=runs).acquire()
         except LeaseHeld as e:
             refused = (exit_codes.LEASE_HELD, str(e))
         except LeaseUnavailable as e:
@@ -108,12 +111,13 @@ def _manifest_topology(manifest) -> str:
 
 
 def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | None,
-            planned: bool = False):
+            planned: bool = False, runs: Path | None = None):
     """Load the chosen checkpoint into the trainer (all ranks; checkpoint.load.resume does
     discovery, the load and a rollback's bookkeeping). None: start from scratch.
-    `planned`: resume_from is the orchestrator's plan, not a rollback (restore_planned)."""
+    `planned`: resume_from is the orchestrator's plan, not a rollback (restore_planned,
+    which records a difference in the event log of the job's run directory `runs`)."""
     if planned and resume_from:
-        return restore_planned(trainer, manager, planned=resume_from)
+        return restore_planned(trainer, manager, planned=resume_from, runs=runs)
     ref = None
     if resume_from:
         try:
@@ -134,7 +138,8 @@ def restore(trainer: Trainer, manager: CheckpointManager, *, resume_from: str | 
                                 f"{type(e).__name__}: {e}") from e
 
 
-def restore_planned(trainer: Trainer, manager: CheckpointManager, *, planned: str):
+def restore_planned(trainer: Trainer, manager: CheckpointManager, *, planned: str,
+                    runs: Path):
     """Restore the newest checkpoint that passes full validation (checksums, torch's
     metadata) and hold it against the orchestrator's plan: normally they are the same. When
     the planned one fails validation an older one restores; when the segment already went
@@ -155,7 +160,7 @@ def restore_planned(trainer: Trainer, manager: CheckpointManager, *, planned: st
         log.warning("planned to resume %s from step %d, restored step %d: %s",
                     trainer.job.name, planned_step, step, why)
         if dist.get_rank() == 0:
-            append_event(trainer.job.name, "resume_plan_differs", planned=planned,
+            append_event(runs, "resume_plan_differs", planned=planned,
                          planned_step=planned_step, restored_step=step,
                          restored=restored.source if restored is not None else "scratch",
                          reason=why)
@@ -301,17 +306,16 @@ class _Setup:
     attempt: int = 0  # the job's in-job restarts before this attempt (job_attempt)
 
 
-def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
+def _setup(job: JobSpec, *, site: Site, device: torch.device, end_step: int | None,
            resume_from: str | None, store, lease, restart_cause: str | None = None,
            planned: bool = False) -> _Setup:
-    from fm_pipeline.data import open_job_mix
-
     dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
-    mix = open_job_mix(job)  # DataError if the mix was never prepared (checked first: cheap)
+    # DataError if the mix was never prepared (checked first: cheap)
+    mix = open_job_mix(job, store, cache_dir=site.data_cache(mix_key(job)))
     mesh = dims.build_mesh(device.type)
     peak, accelerator = peak_flops_per_device(device, job.parallelism.mixed_precision)
     trainer = Trainer(job, dims=dims, mesh=mesh, device=device, rank=dist.get_rank(), mix=mix)
-    manager = CheckpointManager(job, trainer.app_state, mesh=mesh, mix_key=mix.key,
+    manager = CheckpointManager(job, trainer.app_state, site=site, mesh=mesh, mix_key=mix.key,
                                 store=store, lease=lease)
     fast = open_fast_tier(job, trainer)
     t0 = time.perf_counter()
@@ -325,7 +329,8 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
     if fast is not None and rollback is None and (attempt > 0 or recreated):
         restored = restore_in_job(fast, manager)
     if restored is None:
-        restored = restore(trainer, manager, resume_from=resume_from, planned=planned)
+        restored = restore(trainer, manager, resume_from=resume_from, planned=planned,
+                           runs=site.runs_dir(job.name))
     restore_s = time.perf_counter() - t0
     target = segment_target(job, trainer.state.step, end_step)
     restart = None
@@ -337,23 +342,26 @@ def _setup(job: JobSpec, *, device: torch.device, end_step: int | None,
             restored, restore_s=restore_s, fast=fast, attempt=attempt, joined=joined,
             recreated=recreated, in_process_causes=causes if any(causes) else None)
     # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
-    watcher = PreemptionWatcher(preempt_file(runs_dir(job.name)))
+    watcher = PreemptionWatcher(preempt_file(site.runs_dir(job.name)))
     return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,
                   peak=peak, accelerator=accelerator, restored=restored, restore_s=restore_s,
                   target=target, fast=fast, restart=restart, attempt=attempt)
 
 
-def run_segment(job: JobSpec, *, end_step: int | None = None, resume_from: str | None = None,
+def run_segment(job: JobSpec, *, site: Site, tracking: TrainerTracking | None = None,
+                end_step: int | None = None, resume_from: str | None = None,
                 restart_cause: str | None = None, planned: bool = False) -> SegmentResult:
-    """Train this segment on every rank of the (possibly new) default process group.
+    """Train this segment on every rank of the (possibly new) default process group, with
+    the state of `site` (its store, the job's run directory).
     `restart_cause`: this rank's failure, when the process runs the segment again in place
     (train.inprocess)."""
     owns_process_group = not dist.is_initialized()
     device = init_distributed(timeout_s=job.resilience.collective_timeout_s)
-    store = open_store(store_uri())
-    lease = take_lease(job, store)  # one live segment per job, before anything is read
+    store = site.store()
+    # One live segment per job, before anything is read.
+    lease = take_lease(job, store, runs=site.runs_dir(job.name))
     try:
-        return _run_leased(job, device=device, end_step=end_step, resume_from=resume_from,
+        return _run_leased(job, site=site, tracking=tracking, device=device, end_step=end_step, resume_from=resume_from,
                            store=store, lease=lease, owns_process_group=owns_process_group,
                            restart_cause=restart_cause, planned=planned)
     finally:
@@ -361,12 +369,13 @@ def run_segment(job: JobSpec, *, end_step: int | None = None, resume_from: str |
             lease.release()
 
 
-def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
+def _run_leased(job: JobSpec, *, site: Site, tracking: TrainerTracking | None,
+                device: torch.device, end_step: int | None,
                 resume_from: str | None, store, lease, owns_process_group: bool,
                 restart_cause: str | None = None, planned: bool = False) -> SegmentResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        setup = _setup(job, device=device, end_step=end_step, resume_from=resume_from,
+        setup = _setup(job, site=site, device=device, end_step=end_step, resume_from=resume_from,
                        store=store, lease=lease, restart_cause=restart_cause,
                        planned=planned)
     except ValueError as e:  # bad input of any kind, found before the first step
@@ -376,14 +385,14 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
     if lease is not None:  # taken over meanwhile: stop after this step, commit nothing
         lease.start_heartbeat(on_lost=watcher.request)
     peak, accelerator, restored = setup.peak, setup.accelerator, setup.restored
-    start, target, runs = trainer.state.step, setup.target, runs_dir(job.name)
+    start, target, runs = trainer.state.step, setup.target, site.runs_dir(job.name)
     ranks: list[Any] = [None] * world
     dist.all_gather_object(ranks, {"host": host_name(), "local_rank": int(
         os.environ.get("LOCAL_RANK", 0)), "pp_rank": mesh["pp"].get_local_rank()})
     reporter = None
     if rank == 0:
         reporter = SegmentReporter(job_name=job.name, runs_dir=runs, start_step=start,
-                                   target_step=target,
+                                   target_step=target, tracking=tracking,
                                    params=plan_params(job, dims, peak=peak,
                                                       accelerator=accelerator, device=device))
     summary: dict[str, Any] = {
@@ -412,13 +421,13 @@ def _run_leased(job: JobSpec, *, device: torch.device, end_step: int | None,
         from fm_pipeline.stragglers.watch import StragglerWatch
 
         stragglers = StragglerWatch.for_segment(
-            job, segment=reporter.segment, world_size=world, mlflow=reporter.mlflow,
+            job, runs=runs, segment=reporter.segment, world_size=world, mlflow=reporter.mlflow,
             gather_every=job.training.rank_timings_every)
     error: BaseException | None = None
     t_loop = time.perf_counter()
     try:
         if setup.restart is not None and rank == 0:
-            append_event(job.name, "inplace_restart", segment=reporter.segment,
+            append_event(runs, "inplace_restart", segment=reporter.segment,
                          **setup.restart)
         loop_summary = _train(trainer, manager, watcher, reporter, target=target, device=device,
                               ranks=ranks, peak=peak, stragglers=stragglers, fast=setup.fast)

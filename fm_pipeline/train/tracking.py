@@ -22,6 +22,8 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fm_pipeline.tracking import names, runs
@@ -30,8 +32,22 @@ from fm_pipeline.tracking.params import flatten_params
 log = logging.getLogger(__name__)
 
 
-def tracking_uri() -> str | None:
-    return os.environ.get(names.ENV_URI) or os.environ.get("MLFLOW_TRACKING_URI") or None
+@dataclass(frozen=True)
+class TrainerTracking:
+    """Where rank 0 logs its segment in MLflow, as the launcher said (tracking/names.py):
+    parsed by the worker's entry point from its environment and passed down."""
+
+    uri: str | None = None  # None: not tracked in MLflow (metrics.jsonl still is)
+    run_id: str | None = None  # the launcher's run; None: rank 0 opens its own
+    experiment: str = names.DEFAULT_EXPERIMENT
+    parent_run_id: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TrainerTracking:
+        return cls(uri=env.get(names.ENV_URI) or env.get("MLFLOW_TRACKING_URI") or None,
+                   run_id=env.get(names.ENV_RUN_ID) or None,
+                   experiment=env.get(names.ENV_EXPERIMENT, names.DEFAULT_EXPERIMENT),
+                   parent_run_id=env.get(names.ENV_PARENT_RUN_ID) or None)
 
 
 PROBE_TIMEOUT_S = 3.0
@@ -60,10 +76,11 @@ class MlflowSink:
     restart), so the first step never waits for tracking; metrics and tags queue until it
     is open. Unusable (`ready` set, `usable` False): a warning, and the queue is dropped."""
 
-    def __init__(self, uri: str, *, job_name: str, params: dict[str, Any], run_name: str):
-        self.uri = uri
+    def __init__(self, tracking: TrainerTracking, *, job_name: str, params: dict[str, Any],
+                 run_name: str):
+        self.uri, self.tracking = tracking.uri, tracking
         self.client = None
-        self.run_id = os.environ.get(names.ENV_RUN_ID)
+        self.run_id = tracking.run_id
         self.own_run = not self.run_id
         self.usable = False
         self.ready = threading.Event()
@@ -84,8 +101,8 @@ class MlflowSink:
         if self.own_run:
             self.run_id = runs.open_trainer_run(
                 self.client, job_name=job_name, run_name=run_name,
-                experiment=os.environ.get(names.ENV_EXPERIMENT, names.DEFAULT_EXPERIMENT),
-                parent_run_id=os.environ.get(names.ENV_PARENT_RUN_ID))
+                experiment=self.tracking.experiment,
+                parent_run_id=self.tracking.parent_run_id)
         runs.log_params(self.client, self.run_id, flatten_params(params))
 
     def _run(self, job_name: str, params: dict[str, Any], run_name: str) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from fm_pipeline.api.auth import TokenStore
 from fm_pipeline.scheduling import parse_tenants
 from tests.api.orchestrators import RecordingOrchestrator
 from tests.scheduling.trace import Clock
+from tests import local_site
 
 TENANTS = {
     "pool": {"gpu": 32},  # jobs of 1 rank run on this machine (tests/deploy)
@@ -64,7 +63,7 @@ def seed_body(mix_store) -> dict:
 
 @pytest.fixture
 def tokens(fm_home) -> dict[str, str]:
-    store = TokenStore()
+    store = local_site.token_store()
     return {name: store.issue(tenant=None if name == "admin" else name)[1]
             for name in ("research", "prod", "admin")}
 
@@ -72,13 +71,12 @@ def tokens(fm_home) -> dict[str, str]:
 @pytest.fixture
 def plane(fm_home, mix_store):
     from fm_pipeline.api.control_plane import ControlPlane
-    from fm_pipeline.api.store import JobStore
 
     clock = Clock()
     clock.now = 1_800_000_000.0
     orchestrator = RecordingOrchestrator(clock)
     cp = ControlPlane(tenants=parse_tenants(CLUSTER_TENANTS), orchestrator=orchestrator,
-                      store=JobStore(), store_root=mix_store["root"], clock=clock)
+                      store=local_site.job_store(), clock=clock, site=local_site.site().with_store(mix_store["root"]))
     yield cp
     cp.store.close()
 
@@ -89,7 +87,7 @@ def client(plane, tokens):
 
     from fm_pipeline.api.app import create_app
 
-    with TestClient(create_app(plane, TokenStore())) as c:
+    with TestClient(create_app(plane, local_site.token_store())) as c:
         yield c
 
 

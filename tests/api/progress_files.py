@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 from fm_pipeline.catalog.manifest import Manifest, Timings, atomic_write, file_entry
-from fm_pipeline.catalog.refs import local_root, step_dir_name
-from fm_pipeline.config.paths import runs_dir
+from fm_pipeline.catalog.refs import step_dir_name
+from tests.local_site import local_root
+from tests.local_site import runs_dir
 
 
 def write_checkpoint(job: str, *, step: int, tokens: int = 0, eval_loss: dict | None = None):

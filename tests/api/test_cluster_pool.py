@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
-from fm_pipeline.api.auth import TokenStore
-from fm_pipeline.config import parse_job
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.k8s_validate import validate_object
 from fm_pipeline.launch.spec import SegmentLaunch
@@ -16,6 +13,7 @@ from fm_pipeline.scheduling import TenantsConfigError, parse_tenants
 from tests.api.conftest import TENANTS, auth
 from tests.api.orchestrators import RecordingOrchestrator
 from tests.scheduling.trace import Clock
+from tests import local_site
 
 H100_POOL = {**TENANTS, "pool": {"gpu": 4096}, "launcher": "kubernetes",
              "cluster": {"accelerator": "h100", "gpus_per_node": 8, "storage_write_gbps": 10.0}}
@@ -27,16 +25,15 @@ def cluster_client(fm_home, mix_store):
 
     from fm_pipeline.api.app import create_app
     from fm_pipeline.api.control_plane import ControlPlane
-    from fm_pipeline.api.store import JobStore
 
     clock = Clock()
     clock.now = 1_800_000_000.0
-    plane = ControlPlane(tenants=parse_tenants(H100_POOL), store=JobStore(),
+    plane = ControlPlane(tenants=parse_tenants(H100_POOL), store=local_site.job_store(),
                          orchestrator=RecordingOrchestrator(clock),
-                         store_root=mix_store["root"], clock=clock)
-    tokens = TokenStore()
+                         clock=clock, site=local_site.site().with_store(mix_store["root"]))
+    tokens = local_site.token_store()
     prod = tokens.issue(tenant="prod")[1]
-    with TestClient(create_app(plane, TokenStore())) as c:
+    with TestClient(create_app(plane, local_site.token_store())) as c:
         yield c, plane, prod
     plane.store.close()
 
@@ -65,7 +62,7 @@ def test_the_seed_job_is_accepted_planned_critiqued_and_rendered_on_an_h100_pool
                                        headers=auth(prod)).json()["events"]
                  if e["kind"] == "submitted"]
     assert submitted[0]["detail"]["warnings"] == r.json()["warnings"]
-    job = parse_job(plane.store.get(job_id).spec)
+    job = plane.job_spec(job_id)
     assert job.cluster.accelerator == "h100" and job.parallelism.mixed_precision == "bf16"
     assert job.parallelism.world_size == 2048
     rendered = render_segment(SegmentLaunch(job, end_step=job.training.segment_steps),
@@ -103,14 +100,13 @@ def _long_client(long_mix):
 
     from fm_pipeline.api.app import create_app
     from fm_pipeline.api.control_plane import ControlPlane
-    from fm_pipeline.api.store import JobStore
 
     clock = Clock()
     clock.now = 1_800_000_000.0
-    plane = ControlPlane(tenants=parse_tenants(H100_POOL), store=JobStore(),
+    plane = ControlPlane(tenants=parse_tenants(H100_POOL), store=local_site.job_store(),
                          orchestrator=RecordingOrchestrator(clock),
-                         store_root=long_mix["root"], clock=clock)
-    return TestClient(create_app(plane, TokenStore())), plane
+                         clock=clock, site=local_site.site().with_store(long_mix["root"]))
+    return TestClient(create_app(plane, local_site.token_store())), plane
 
 
 def _check_warnings_are_true(job, warnings: list[dict]) -> None:
@@ -153,7 +149,7 @@ def _check_warnings_are_true(job, warnings: list[dict]) -> None:
 
 
 def test_the_seeds_exact_job_is_planned_at_its_declared_sequence_and_batch(fm_home, long_mix):
-    prod = TokenStore().issue(tenant="prod")[1]
+    prod = local_site.token_store().issue(tenant="prod")[1]
     client, plane = _long_client(long_mix)
     body = {**seed_call(long_mix), "seq_len": 4096, "global_batch_tokens": 4096 * 1024,
             "training_tokens": 2 * 10**12, "precision": "bf16"}
@@ -161,7 +157,7 @@ def test_the_seeds_exact_job_is_planned_at_its_declared_sequence_and_batch(fm_ho
     with client:
         r = client.post("/v1/training/jobs", json=body, headers=auth(prod))
         assert r.status_code == 201, r.text
-        job = parse_job(plane.store.get(r.json()["job_id"]).spec)
+        job = plane.job_spec(r.json()["job_id"])
         assert (job.training.seq_len, job.training.global_batch_size) == (4096, 1024)
         assert job.training.steps == -(-2 * 10**12 // (4096 * 1024)) == 476_838
         assert job.parallelism.mixed_precision == "bf16"
@@ -180,7 +176,7 @@ def test_the_seeds_exact_job_is_planned_at_its_declared_sequence_and_batch(fm_ho
         short = {**body, "training_tokens": 60 * 4096 * 1024}
         r = client.post("/v1/training/jobs", json=short, headers=auth(prod))
         assert r.status_code == 201, r.text
-        job = parse_job(plane.store.get(r.json()["job_id"]).spec)
+        job = plane.job_spec(r.json()["job_id"])
         seg = [w for w in r.json()["warnings"] if w["field"] == "training.segment_steps"]
         assert seg and "too short" in seg[0]["message"], r.json()["warnings"]
         _check_warnings_are_true(job, r.json()["warnings"])
@@ -200,5 +196,5 @@ def test_the_seed_call_against_the_demo_mix_keeps_its_old_warnings_true(cluster_
     client, plane, prod = cluster_client
     r = client.post("/v1/training/jobs", json=seed_call(mix_store), headers=auth(prod))
     assert r.status_code == 201, r.text
-    _check_warnings_are_true(parse_job(plane.store.get(r.json()["job_id"]).spec),
+    _check_warnings_are_true(plane.job_spec(r.json()["job_id"]),
                              r.json()["warnings"])

@@ -9,8 +9,8 @@ import pytest
 from fm_pipeline.api.auth import Principal
 from fm_pipeline.api.control_plane import ControlPlane
 from fm_pipeline.api.schemas import JobCreate
-from fm_pipeline.api.store import JobStore
 from tests.api.orchestrators import RecordingOrchestrator
+from tests import local_site
 
 
 class Killed(BaseException):
@@ -111,8 +111,8 @@ def test_a_control_plane_killed_mid_submit_restarts_with_the_truth(
     plane.store.close()
 
     # `fm api serve` comes back over the same queue and the same orchestrator.
-    again = ControlPlane(tenants=plane.tenants, orchestrator=faulty, store=JobStore(),
-                         store_root=mix_store["root"], clock=plane.clock)
+    again = ControlPlane(tenants=plane.tenants, orchestrator=faulty, store=local_site.job_store(),
+                         clock=plane.clock, site=local_site.site().with_store(mix_store["root"]))
     check_invariant(again)
     again.reconcile()
     check_invariant(again)
@@ -137,8 +137,8 @@ def test_a_control_plane_killed_mid_resume_does_not_start_a_second_run(
     with pytest.raises(Killed):
         plane.resume(PROD, job.job_id, None)
     plane.store.close()
-    again = ControlPlane(tenants=plane.tenants, orchestrator=faulty, store=JobStore(),
-                         store_root=mix_store["root"], clock=plane.clock)
+    again = ControlPlane(tenants=plane.tenants, orchestrator=faulty, store=local_site.job_store(),
+                         clock=plane.clock, site=local_site.site().with_store(mix_store["root"]))
     again.reconcile()
     check_invariant(again)
     assert [c[0] for c in faulty.calls] == ["submit", "resume"]
@@ -157,8 +157,8 @@ def test_a_control_plane_killed_mid_preemption_requeues_the_victim_and_never_ove
     assert plane.store.get(victim.job_id).stop_requested is None  # the row never heard
     plane.store.close()
 
-    again = ControlPlane(tenants=plane.tenants, orchestrator=faulty, store=JobStore(),
-                         store_root=mix_store["root"], clock=plane.clock)
+    again = ControlPlane(tenants=plane.tenants, orchestrator=faulty, store=local_site.job_store(),
+                         clock=plane.clock, site=local_site.site().with_store(mix_store["root"]))
     again.reconcile()
     check_invariant(again)  # the victim still runs: its GPUs are counted, nothing starts
     (waiting,) = [r for r in again.store.list() if r.tenant == "research"]

@@ -3,7 +3,6 @@ and a WorkloadPriorityClass that the tenants config's Kueue objects define."""
 
 from __future__ import annotations
 
-from fm_pipeline.config import parse_job
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.scheduling.kueue import render_kueue
@@ -15,7 +14,7 @@ def test_submitted_job_carries_the_queue_and_priority_labels_kueue_knows(client,
     body = {**seed_body, "gpus": 8, "parallelism": {"tp": 4, "pp": 2, "dp": 1}}
     job_id = client.post("/v1/training/jobs", json=body,
                          headers=auth(tokens["prod"])).json()["job_id"]
-    job = parse_job(plane.store.get(job_id).spec)
+    job = plane.job_spec(job_id)
     jobset = render_segment(SegmentLaunch(job, end_step=1),
                             KubernetesTarget(store_uri="s3://fm-bucket/fm")).jobset
     labels, namespace = jobset["metadata"]["labels"], jobset["metadata"]["namespace"]

@@ -6,8 +6,6 @@ anyway starts no torchrun."""
 from __future__ import annotations
 
 import pytest
-
-from fm_pipeline.api.auth import TokenStore
 from fm_pipeline.config import parse_job
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.launch.local import descendants, run_segment_locally
@@ -17,6 +15,7 @@ from fm_pipeline.scheduling import parse_tenants
 from tests.api.conftest import TENANTS, auth
 from tests.api.orchestrators import RecordingOrchestrator
 from tests.scheduling.trace import Clock
+from tests import local_site
 
 H100_LOCAL_POOL = {**TENANTS, "pool": {"gpu": 4096},
                    "cluster": {"accelerator": "h100", "gpus_per_node": 8}}
@@ -27,15 +26,14 @@ def _client(tenants: dict, mix_store, capacity: LocalCapacity | None = None):
 
     from fm_pipeline.api.app import create_app
     from fm_pipeline.api.control_plane import ControlPlane
-    from fm_pipeline.api.store import JobStore
 
     clock = Clock()
     clock.now = 1_800_000_000.0
     orchestrator = RecordingOrchestrator(clock)
-    plane = ControlPlane(tenants=parse_tenants(tenants), store=JobStore(),
-                         orchestrator=orchestrator, store_root=mix_store["root"], clock=clock,
-                         capacity=capacity)
-    return TestClient(create_app(plane, TokenStore())), plane, orchestrator
+    plane = ControlPlane(tenants=parse_tenants(tenants), store=local_site.job_store(),
+                         orchestrator=orchestrator, clock=clock,
+                         capacity=capacity, site=local_site.site().with_store(mix_store["root"]))
+    return TestClient(create_app(plane, local_site.token_store())), plane, orchestrator
 
 
 def seed_call(mix_store) -> dict:
@@ -45,7 +43,7 @@ def seed_call(mix_store) -> dict:
 
 
 def test_the_seed_job_on_a_local_h100_pool_is_refused_naming_this_machine(fm_home, mix_store):
-    prod = TokenStore().issue(tenant="prod")[1]
+    prod = local_site.token_store().issue(tenant="prod")[1]
     client, plane, orchestrator = _client(H100_LOCAL_POOL, mix_store)  # this machine, measured
     with client:
         r = client.post("/v1/training/jobs", json=seed_call(mix_store), headers=auth(prod))
@@ -60,7 +58,7 @@ def test_the_seed_job_on_a_local_h100_pool_is_refused_naming_this_machine(fm_hom
 
 
 def test_the_same_job_is_accepted_where_the_pool_feeds_kubernetes(fm_home, mix_store):
-    prod = TokenStore().issue(tenant="prod")[1]
+    prod = local_site.token_store().issue(tenant="prod")[1]
     client, plane, _ = _client({**H100_LOCAL_POOL, "launcher": "kubernetes"}, mix_store)
     with client:
         r = client.post("/v1/training/jobs", json=seed_call(mix_store), headers=auth(prod))
@@ -69,7 +67,7 @@ def test_the_same_job_is_accepted_where_the_pool_feeds_kubernetes(fm_home, mix_s
 
 
 def test_cpu_ranks_past_the_cores_and_a_model_past_the_memory_are_named(fm_home, mix_store):
-    research = TokenStore().issue(tenant="research")[1]
+    research = local_site.token_store().issue(tenant="research")[1]
     small = LocalCapacity(cores=2, memory_gib=24.0, gpus=0)
     client, plane, orchestrator = _client(TENANTS, mix_store, capacity=small)
     body = {"model": "debug", "gpus": 16, "parallelism": {"tp": 1, "pp": 1, "dp": 16},
@@ -108,7 +106,7 @@ def test_the_local_launcher_starts_no_process_for_a_job_this_machine_cannot_hold
     job = parse_job(data)
     assert local_fit_problems(job, LocalCapacity(cores=2, memory_gib=24.0, gpus=0))
     before = set(descendants(1))
-    result = run_segment_locally(SegmentLaunch(job, end_step=job.training.steps), echo=None)
+    result = run_segment_locally(SegmentLaunch(job, end_step=job.training.steps), echo=None, site=local_site.site())
     assert result.outcome is Outcome.BAD_CONFIG and result.exit_code == 2
     assert "2048 ranks of h100" in result.reason and "not started" in result.reason
     assert not (set(descendants(1)) - before)  # no torchrun, no worker

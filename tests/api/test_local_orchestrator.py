@@ -11,25 +11,26 @@ import time
 import pytest
 
 from fm_pipeline.api.local_orchestrator import LocalOrchestrator
-from fm_pipeline.config.paths import runs_dir, store_uri
+from tests.local_site import runs_dir, store_uri
 from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.orchestration.registry import plant_fault
 from fm_pipeline.orchestration.retry import RetryPolicy
 from fm_pipeline.rundir.events import read_events
 from fm_pipeline.storage import open_store
 from tests.orchestration.plans import FAULT, PLANS, SHAPE, planned_segments, step_of
+from tests import local_site
 
 
 @pytest.fixture
 def job():
     job = small_job(**{"name": "job-local", **SHAPE, "resilience.inplace_restarts": 0,
                        "resilience.inprocess_restart": False})
-    build_small_mix(job)
+    build_small_mix(job, store=local_site.site().store())
     return job
 
 
 def _orchestrator() -> LocalOrchestrator:
-    return LocalOrchestrator(policy=RetryPolicy(backoff_base_s=0.0, backoff_max_s=0.0))
+    return LocalOrchestrator(policy=RetryPolicy(backoff_base_s=0.0, backoff_max_s=0.0), site=local_site.site())
 
 
 def test_a_failed_segment_resumes_by_the_retry_policy_from_the_planned_checkpoint(job):
@@ -40,7 +41,7 @@ def test_a_failed_segment_resumes_by_the_retry_policy_from_the_planned_checkpoin
     assert run.state == "succeeded", run.reason
     assert planned_segments(job.name) == PLANS  # as the Dagster path's (test_sensors.py)
     # The trainer restored what was planned each time: nothing to report.
-    assert read_events(job.name, kinds=("resume_plan_differs",))[0] == []
+    assert read_events(local_site.runs_dir(job.name), kinds=("resume_plan_differs",))[0] == []
     restored = [step_of(r.get("restored_from")) for r in _segment_records(job)]
     assert restored == [None, 2, 2, 4]  # the segments that trained (the failed one too)
     # Run records survive the orchestrator: a new one (a restarted service) reads them.
@@ -83,12 +84,12 @@ def _segment_records(job) -> list[dict]:
 def test_fm_api_serve_builds_its_retry_policy_from_the_environment(monkeypatch):
     from fm_pipeline.cli.api import _orchestrator
 
-    assert _orchestrator("local").policy == RetryPolicy()
+    assert _orchestrator("local", local_site.site()).policy == RetryPolicy()
     monkeypatch.setenv("FM_RETRY_BACKOFF_S", "3")
-    assert _orchestrator("local").policy == RetryPolicy.first_backoff(3.0)
+    assert _orchestrator("local", local_site.site()).policy == RetryPolicy.first_backoff(3.0)
 
 
 def _checkpoints(job):
     from fm_pipeline.catalog.validate import candidates
 
-    return candidates(job.name, store=open_store(store_uri()))
+    return candidates(job.name, store=open_store(store_uri()), root=local_site.root_of(job.name))

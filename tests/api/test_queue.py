@@ -4,9 +4,9 @@ position, cancel, a restart of the service, and evaluations/checkpoints listings
 from __future__ import annotations
 
 from fm_pipeline.api.control_plane import ControlPlane
-from fm_pipeline.api.store import JobStore
 from tests.api.conftest import auth
 from tests.api.progress_files import write_checkpoint
+from tests import local_site
 
 
 def _submit(client, token, body, **change):
@@ -73,7 +73,7 @@ def test_cancel_a_queued_job_and_the_queue_survives_a_restart(client, plane, tok
 
     # A new control plane over the same store: same queue, same order, same running job.
     restarted = ControlPlane(tenants=plane.tenants, orchestrator=plane.orchestrator,
-                             store=JobStore(), store_root=mix_store["root"], clock=plane.clock)
+                             store=local_site.job_store(), clock=plane.clock, site=local_site.site().with_store(mix_store["root"]))
     assert restarted.policy.running() == [running]
     assert [j.job_id for j in restarted.policy.pending()] == [waiting[0], waiting[2]]
     restarted.store.close()

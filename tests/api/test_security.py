@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from fm_pipeline.api.auth import TokenStore, redact, tokens_path
+from fm_pipeline.api.auth import redact, tokens_path
 from tests.api.conftest import auth
+from tests import local_site
 
 
 @pytest.fixture
@@ -78,10 +79,10 @@ def test_requests_without_a_valid_token_get_401(client, headers, seed_body):
 
 
 def test_tokens_are_stored_hashed_and_revocable(tokens, client):
-    on_disk = tokens_path().read_text()
+    on_disk = tokens_path(local_site.site()).read_text()
     assert all(token not in on_disk for token in tokens.values())
-    assert (tokens_path().stat().st_mode & 0o777) == 0o600
-    store = TokenStore()
+    assert (tokens_path(local_site.site()).stat().st_mode & 0o777) == 0o600
+    store = local_site.token_store()
     entry = next(e for e in store.entries() if e["tenant"] == "research")
     assert store.verify(tokens["research"]).tenant == "research"
     assert store.verify(tokens["admin"]).is_admin
@@ -108,7 +109,7 @@ def test_tokens_never_reach_the_logs(client, plane, tokens, seed_body, caplog):
 
 
 def test_redaction_masks_tokens_and_bearer_credentials():
-    token = TokenStore().issue(tenant="research")[1]
+    token = local_site.token_store().issue(tenant="research")[1]
     line = f"GET /x Authorization: Bearer {token} token={token}"
     assert token not in redact(line)
     assert "Bearer [redacted]" in redact(line)

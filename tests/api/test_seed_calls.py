@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fm_pipeline.config import dump_job
 from tests.api.conftest import auth
 from tests.api.progress_files import write_checkpoint, write_step_metrics
 
@@ -17,7 +18,7 @@ def test_submit_status_resume(client, plane, tokens, seed_body):
     assert r.json() == {"job_id": job_id, "status": "queued"}
     # The pool had room: the policy admitted it and the orchestrator started a run.
     assert orch.calls == [("submit", job_id, None)]
-    spec = plane.store.get(job_id).spec
+    spec = dump_job(plane.job_spec(job_id))  # the registry's copy: the queue keeps its digest
     assert {k: spec["parallelism"][k] for k in ("tp", "pp", "dp_shard", "nnodes", "nproc_per_node")
             } == {"tp": 4, "pp": 2, "dp_shard": 2, "nnodes": 2, "nproc_per_node": 8}
     assert spec["model"]["size"] == "llama3-8b" and spec["checkpoint"]["every_steps"] == 500

@@ -12,15 +12,14 @@ import time
 
 import httpx
 import pytest
-
-from fm_pipeline.api.auth import TokenStore
 from tests.conftest import REPO, free_port
+from tests import local_site
 
 
 @pytest.mark.server
 def test_serve_answers_and_keeps_tokens_out_of_its_logs(fm_home, mix_store):
-    research = TokenStore().issue(tenant="research")[1]
-    admin = TokenStore().issue(tenant=None)[1]
+    research = local_site.token_store().issue(tenant="research")[1]
+    admin = local_site.token_store().issue(tenant=None)[1]
     port = free_port()
     env = {**os.environ, "FM_HOME": str(fm_home), "FM_STORE_URI": mix_store["root"]}
     proc = subprocess.Popen(

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 from fm_pipeline.api.auth import Principal
 from fm_pipeline.api.control_plane import ControlPlane, stranded_report
 from fm_pipeline.api.schemas import JobCreate
-from fm_pipeline.api.store import JobStore
 from fm_pipeline.scheduling import parse_tenants
 from tests.api.conftest import CLUSTER_TENANTS
+from tests import local_site
 
 WITH_GHOST = {**CLUSTER_TENANTS, "tenants": [*CLUSTER_TENANTS["tenants"], {
     "name": "ghost", "weight": 1, "quota": {"gpu": 8}, "priorities": ["normal"]}]}
@@ -25,7 +25,7 @@ def body(seed_body, gpus: int) -> JobCreate:
 def test_a_removed_tenant_stops_no_one_and_its_jobs_are_reported(plane, seed_body, mix_store):
     orch = plane.orchestrator
     ghost_plane = ControlPlane(tenants=parse_tenants(WITH_GHOST), orchestrator=orch,
-                               store=JobStore(), store_root=mix_store["root"], clock=plane.clock)
+                               store=local_site.job_store(), clock=plane.clock, site=local_site.site().with_store(mix_store["root"]))
     ghost = Principal(tenant="ghost", token_id="g")
     running = ghost_plane.submit(ghost, body(seed_body, 8)).job_id
     waiting = ghost_plane.submit(ghost, body(seed_body, 32)).job_id  # more than is free
@@ -35,7 +35,7 @@ def test_a_removed_tenant_stops_no_one_and_its_jobs_are_reported(plane, seed_bod
 
     # The file without ghost: `fm api serve` used to exit with "unknown tenant 'ghost'".
     served = ControlPlane(tenants=parse_tenants(CLUSTER_TENANTS), orchestrator=orch,
-                          store=JobStore(), store_root=mix_store["root"], clock=plane.clock)
+                          store=local_site.job_store(), clock=plane.clock, site=local_site.site().with_store(mix_store["root"]))
     assert set(served.stranded) == {running, waiting}
     report = stranded_report(served.store, served.stranded)
     assert running in report and waiting in report and "unknown tenant 'ghost'" in report

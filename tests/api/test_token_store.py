@@ -10,13 +10,14 @@ import subprocess
 import sys
 import threading
 
-from fm_pipeline.api.auth import TokenStore, tokens_path
+from fm_pipeline.api.auth import tokens_path
+from tests import local_site
 from tests.conftest import REPO
 
 WORKER = r"""
 import json, os, sys, time
-from fm_pipeline.api.auth import TokenStore
-store, kept, revoked = TokenStore(), [], []
+from tests import local_site
+store, kept, revoked = local_site.token_store(), [], []
 print("ready", flush=True)
 while not os.path.exists(sys.argv[1]):  # both start together: their operations interleave
     time.sleep(0.001)
@@ -32,8 +33,8 @@ print(json.dumps({"kept": kept, "revoked": revoked}))
 
 
 def test_two_processes_issuing_and_revoking_lose_nothing(fm_home):
-    server_view = TokenStore()  # long-lived, like the API server's
-    path = tokens_path()
+    server_view = local_site.token_store()  # long-lived, like the API server's
+    path = tokens_path(local_site.site())
     seen_bad, stop = [], threading.Event()
 
     def watch():  # the file, read as any process would, parses at every moment
@@ -65,7 +66,7 @@ def test_two_processes_issuing_and_revoking_lose_nothing(fm_home):
     assert not seen_bad
     for token in revoked:
         assert server_view.verify(token) is None
-        assert TokenStore().verify(token) is None
+        assert local_site.token_store().verify(token) is None
     for token in kept:
         assert server_view.verify(token).tenant == "research"
     assert len(json.loads(path.read_text())["tokens"]) == 50
@@ -75,12 +76,12 @@ def test_two_processes_issuing_and_revoking_lose_nothing(fm_home):
 def test_a_damaged_store_answers_503_and_an_unknown_tenant_403(client, tokens):
     """`client` serves the tenants research and prod; a token of tenant 'ghost' (issued by
     the CLI against another tenants file) is refused by name, not a 500."""
-    ghost = TokenStore().issue(tenant="ghost")[1]
+    ghost = local_site.token_store().issue(tenant="ghost")[1]
     r = client.get("/v1/training/jobs", headers={"Authorization": f"Bearer {ghost}"})
     assert r.status_code == 403, r.text
     assert "tenant 'ghost'" in r.json()["detail"] and "research" in r.json()["detail"]
 
-    tokens_path().write_text('{"tokens": [{"id": "tok-1"')  # truncated by hand
+    tokens_path(local_site.site()).write_text('{"tokens": [{"id": "tok-1"')  # truncated by hand
     r = client.get("/v1/training/jobs",
                    headers={"Authorization": f"Bearer {tokens['research']}"})
     assert r.status_code == 503, r.text

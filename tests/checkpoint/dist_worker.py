@@ -24,6 +24,7 @@ from torch.distributed.fsdp import fully_shard
 
 from fm_pipeline.checkpoint import CheckpointManager
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+from tests import local_site
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True,
                         flatten_optimizer_state_dict=True)
@@ -66,7 +67,7 @@ def main(mode: str, out: Path, tag: str = "") -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     job, mesh, trainer = build(world)
-    manager = CheckpointManager(job, trainer.app_state, mesh=mesh, async_save=True)
+    manager = CheckpointManager(job, trainer.app_state, mesh=mesh, async_save=True, site=local_site.site())
     if mode == "save":
         train_and_save(trainer, manager, rank)
         dump(trainer, out / "source.pt")

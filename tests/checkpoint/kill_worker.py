@@ -14,11 +14,12 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from fm_pipeline.checkpoint import CheckpointManager
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+from tests import local_site
 
 
 def main(ready: Path) -> None:
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True)
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True, site=local_site.site())
     trainer.step(1)
     manager.save(1, tokens_seen=32)
     manager.wait()

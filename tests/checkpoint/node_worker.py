@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from fm_pipeline.catalog import local_root
+from tests.local_site import local_root
 from fm_pipeline.checkpoint import CheckpointManager
 from fm_pipeline.storage import open_store
 from tests.checkpoint.dist_worker import build, dump, train_and_save
+from tests import local_site
 
 
 def main(mode: str, out: Path, store_uri: str) -> None:
@@ -29,7 +30,7 @@ def main(mode: str, out: Path, store_uri: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     job, mesh, trainer = build(world, nnodes=world, upload=True)
     manager = CheckpointManager(job, trainer.app_state, mesh=mesh, store=open_store(store_uri),
-                                async_save=True)
+                                async_save=True, site=local_site.site())
     report = {"rank": rank, "fm_home": os.environ["FM_HOME"], "copies": manager.copies.count}
     if mode == "save":
         result = train_and_save(trainer, manager, rank)

@@ -15,6 +15,7 @@ from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import CheckpointRef
 from fm_pipeline.checkpoint import CheckpointManager, Probe, load_full_state
 from tests.checkpoint.tiny import TinyLM, Trainer, batch, tiny_job
+from tests import local_site
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def gated_writes(monkeypatch):
 def test_async_save_returns_after_staging_and_saves_the_step_state(gated_writes):
     gate, writing = gated_writes
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True)
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True, site=local_site.site())
     trainer.step(1)
     at_save = {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
@@ -60,7 +61,7 @@ def test_async_save_returns_after_staging_and_saves_the_step_state(gated_writes)
 def test_second_save_while_one_is_in_flight_is_skipped_with_a_reason(gated_writes, caplog):
     gate, writing = gated_writes
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True, on_busy="skip")
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True, on_busy="skip", site=local_site.site())
     trainer.step(1)
     manager.save(1, tokens_seen=32)
     assert writing.wait(30)
@@ -80,7 +81,7 @@ def test_second_save_while_one_is_in_flight_is_skipped_with_a_reason(gated_write
 def test_sync_save_is_committed_when_save_returns_and_records_the_run(tmp_path):
     trainer = Trainer(TinyLM())
     job = tiny_job()
-    manager = CheckpointManager(job, trainer.app_state, async_save=False, mix_key="mix-abc")
+    manager = CheckpointManager(job, trainer.app_state, async_save=False, mix_key="mix-abc", site=local_site.site())
     for step in (1, 2):
         trainer.step(step)
     probe_tokens = batch(99)
@@ -106,7 +107,7 @@ def test_sync_save_is_committed_when_save_returns_and_records_the_run(tmp_path):
 
 def test_saving_a_step_that_is_already_committed_is_skipped():
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False)
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False, site=local_site.site())
     trainer.step(1)
     manager.save(1, tokens_seen=32)
     before = (manager.root / "step-00000001" / "manifest.json").read_bytes()
@@ -120,7 +121,7 @@ def test_saving_over_a_committed_step_that_fails_validation_replaces_it_and_keep
     """A manifest that exists is not a checkpoint that validates: a truncated shard at step 1
     is set aside (kept, with the reason) and the new save of step 1 commits."""
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False)
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False, site=local_site.site())
     trainer.step(1)
     manager.save(1, tokens_seen=32)
     shard = manager.root / "step-00000001" / "__0_0.distcp"
@@ -129,6 +130,6 @@ def test_saving_over_a_committed_step_that_fails_validation_replaces_it_and_keep
     assert manager.save(1, tokens_seen=32).result().committed
     manager.close()
     assert validate(CheckpointRef.local(manager.root / "step-00000001")) == []
-    (aside,) = list_set_aside("ckpt-test")
+    (aside,) = list_set_aside("ckpt-test", root=local_site.root_of("ckpt-test"))
     assert aside.kind == "invalid" and "__0_0.distcp: size" in aside.reason
     assert aside.ref.read_bytes("manifest.json") == before

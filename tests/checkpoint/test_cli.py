@@ -7,11 +7,12 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from fm_pipeline.catalog import local_root
+from tests.local_site import local_root
 from fm_pipeline.checkpoint import CheckpointManager
 from fm_pipeline.cli.ckpt import app
 from fm_pipeline.config import dump_job
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+from tests import local_site
 
 runner = CliRunner()
 
@@ -22,7 +23,7 @@ def job_file(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(dump_job(job)))
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(job, trainer.app_state, async_save=False)
+    manager = CheckpointManager(job, trainer.app_state, async_save=False, site=local_site.site())
     for step in (1, 2):
         trainer.step(step)
         manager.save(step, tokens_seen=32 * step)

@@ -9,12 +9,14 @@ import shutil
 import pytest
 import torch.distributed as dist
 
-from fm_pipeline.catalog import CheckpointRef, apply_retention, local_root, read_marks
+from fm_pipeline.catalog import CheckpointRef, apply_retention, read_marks
+from tests.local_site import local_root
 from fm_pipeline.catalog.manifest import Manifest
 from fm_pipeline.checkpoint import drill_worker
 from fm_pipeline.checkpoint.drill import drill_latest, run_restore_drill
 from tests.checkpoint.transformer_ckpt import drill_job, write_checkpoint
 from tests.conftest import free_port
+from tests import local_site
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def world_of_one_env(monkeypatch):
 
 @pytest.mark.slow
 def test_drill_passes_on_a_good_checkpoint_and_is_recorded(ref, written):
-    result = run_restore_drill(ref)
+    result = run_restore_drill(ref, site=local_site.site())
     assert result.passed, result.summary() + json.dumps(result.checks, indent=1)[-3000:]
     assert result.source_topology == "world 1 (single process)"
     assert result.drill_topology == "world 2 (dp_shard 2)" and result.world_size == 2
@@ -60,9 +62,9 @@ def test_drill_passes_on_a_good_checkpoint_and_is_recorded(ref, written):
     assert result.bytes_per_s == pytest.approx(result.bytes / result.restore_s)
     mark = read_marks(ref)["drill"]
     assert mark["passed"] is True and mark["drill_topology"] == result.drill_topology
-    report = apply_retention(drill_job().name, keep_last=1, job=drill_job())
+    report = apply_retention(drill_job().name, keep_last=1, job=drill_job(), root=local_site.root_of(drill_job().name))
     assert "drill-passed" in report.kept[2]
-    assert drill_latest(drill_job()) is None  # the schedule does not drill it twice
+    assert drill_latest(drill_job(), site=local_site.site()) is None  # the schedule does not drill it twice
 
 
 def test_drill_fails_on_a_flipped_byte_naming_the_file(ref, world_of_one_env):
@@ -91,7 +93,7 @@ def test_drill_refuses_a_truncated_checkpoint_before_launching_and_records_it(re
     shard = ref.dir / "__0_0.distcp"
     with open(shard, "r+b") as f:
         f.truncate(100)
-    result = run_restore_drill(ref)
+    result = run_restore_drill(ref, site=local_site.site())
     assert not result.passed and result.world_size == 0  # no workers were started
     assert result.reasons[0].startswith("__0_0.distcp: size 100 bytes, the manifest says")
     assert read_marks(ref)["drill"]["passed"] is False
@@ -148,7 +150,7 @@ def test_pipeline_checkpoint_drills_with_pp_swapped_for_dp():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     ref = CheckpointRef.local(root / "step-00000002")
     assert read_manifest(ref).parallelism.pp == 2
-    result = run_restore_drill(ref)
+    result = run_restore_drill(ref, site=local_site.site())
     assert result.passed, result.summary() + json.dumps(result.checks, indent=1)[-3000:]
     assert "pp 2" in result.source_topology and "pp" not in result.drill_topology
     assert result.drill_topology == "world 2 (dp_shard 2)"

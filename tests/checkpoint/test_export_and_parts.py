@@ -18,15 +18,16 @@ from fm_pipeline.checkpoint import (
 )
 from fm_pipeline.checkpoint.state import OPTIM_OPTIONS, unpack_param_groups
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+from tests import local_site
 
 
 def test_dcp_to_torch_save_reads_our_checkpoint(tmp_path):
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True)
+    manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=True, site=local_site.site())
     trainer.step(1)
     manager.save(1, tokens_seen=32)
     manager.close()
-    out = export_torch_save(latest_valid(tiny_job()).found, tmp_path / "export.pt")
+    out = export_torch_save(latest_valid(tiny_job(), root=local_site.root_of(tiny_job())).found, tmp_path / "export.pt")
     exported = torch.load(out, weights_only=False)
     assert set(exported) == {"model", "optimizer", "lr_scheduler", "dataloader"}
     live = trainer.model.state_dict()
@@ -59,14 +60,14 @@ def test_pipeline_stage_parts_save_and_load_into_an_unsplit_model():
     app_state = {"model": ModelState(parts), "optimizer": OptimizerState(parts, optims)}
     merged = app_state["model"].state_dict()
     assert sorted(merged) == sorted(TinyLM().state_dict())  # global FQNs, nothing renamed
-    manager = CheckpointManager(tiny_job(), app_state, async_save=False)
+    manager = CheckpointManager(tiny_job(), app_state, async_save=False, site=local_site.site())
     manager.save(1, tokens_seen=32)
     manager.close()
 
     whole = TinyLM()
     whole_opt = torch.optim.AdamW(whole.parameters(), lr=1e-2)
     restore_latest({"model": ModelState(whole), "optimizer": OptimizerState(whole, whole_opt)},
-                   tiny_job())
+                   tiny_job(), root=local_site.root_of(tiny_job()))
     restored = whole.state_dict()
     assert all(torch.equal(restored[k], v) for k, v in merged.items())
     saved_opt = unpack_param_groups(app_state["optimizer"].state_dict())
@@ -78,7 +79,7 @@ def test_pipeline_stage_parts_save_and_load_into_an_unsplit_model():
     # ...and back into two stages of a fresh model
     fresh = _stages(TinyLM(n_layers=2))
     back = {"model": ModelState(fresh)}
-    restore_latest(back, tiny_job())
+    restore_latest(back, tiny_job(), root=local_site.root_of(tiny_job()))
     for part in fresh:
         for k, v in part.state_dict().items():
             assert torch.equal(v, merged[k])

@@ -14,11 +14,13 @@ import time
 import pytest
 import torch
 
-from fm_pipeline.catalog import CheckpointInvalid, CheckpointRef, latest_valid, local_root, validate
+from fm_pipeline.catalog import CheckpointInvalid, CheckpointRef, latest_valid, validate
+from tests.local_site import local_root
 from fm_pipeline.checkpoint import CheckpointManager, restore, restore_latest
 from fm_pipeline.checkpoint.load import NoRestorableCheckpoint
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import REPO
+from tests import local_site
 
 
 def test_process_killed_mid_save_never_yields_a_selectable_checkpoint(tmp_path, fm_home):
@@ -39,7 +41,7 @@ def test_process_killed_mid_save_never_yields_a_selectable_checkpoint(tmp_path, 
     killed = local_root(job.name) / "step-00000002"
     assert (killed / ".metadata").is_file() and list(killed.glob("*.distcp"))
     assert not (killed / "manifest.json").exists()
-    found = latest_valid(job)
+    found = latest_valid(job, root=local_site.root_of(job))
     assert found.found.step == 1
     (skipped, problems), = found.skipped
     assert skipped.step == 2
@@ -52,7 +54,7 @@ def pristine(tmp_path_factory):
     """Two committed checkpoints (steps 1 and 2) of a tiny run, built once per module."""
     root = tmp_path_factory.mktemp("pristine")
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(tiny_job(), trainer.app_state, root=root, async_save=False)
+    manager = CheckpointManager(tiny_job(), trainer.app_state, root=root, async_save=False, site=local_site.site())
     for step in (1, 2):
         trainer.step(step)
         manager.save(step, tokens_seen=32 * step)
@@ -104,7 +106,7 @@ def test_tampered_checkpoint_is_refused_naming_the_file_and_discovery_falls_back
     problems = [str(p) for p in validate(run_root / "step-00000002", job)]
     assert any(p.startswith(expected) for p in problems), problems
     assert validate(run_root / "step-00000001", job) == []
-    found = latest_valid(job)
+    found = latest_valid(job, root=local_site.root_of(job))
     assert found.found.step == 1
     assert found.skipped[0][0].step == 2
 
@@ -112,7 +114,7 @@ def test_tampered_checkpoint_is_refused_naming_the_file_and_discovery_falls_back
 def test_restore_falls_back_to_the_previous_checkpoint_when_the_newest_is_corrupt(run_root):
     _flip_byte(run_root / "step-00000002" / "__0_0.distcp")
     trainer = Trainer(TinyLM())
-    result = restore_latest(trainer.app_state, tiny_job())
+    result = restore_latest(trainer.app_state, tiny_job(), root=local_site.root_of(tiny_job()))
     assert result.step == 1 and trainer.cursor.samples_consumed == 4
     assert "CRC32C mismatch" in result.skipped[0]
 
@@ -122,7 +124,7 @@ def test_a_newest_checkpoint_skipped_before_loading_is_logged_with_its_reason(ru
     # restores, and the log still says which one was skipped and why.
     _truncate(run_root / "step-00000002" / "__0_0.distcp")
     with caplog.at_level("WARNING", logger="fm_pipeline.checkpoint.load"):
-        result = restore_latest(Trainer(TinyLM()).app_state, tiny_job())
+        result = restore_latest(Trainer(TinyLM()).app_state, tiny_job(), root=local_site.root_of(tiny_job()))
     assert result.step == 1
     said = [r.getMessage() for r in caplog.records if "step-00000002" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("skipping checkpoint")
@@ -138,7 +140,7 @@ def test_another_models_checkpoint_is_refused_naming_the_field(run_root, pristin
     trainer = Trainer(TinyLM())
     with pytest.raises(CheckpointInvalid, match=r"model\.config\.dim"):
         restore(trainer.app_state, ref, job=other)
-    assert latest_valid(other).found is None
+    assert latest_valid(other, root=local_site.root_of(other)).found is None
     result = restore(trainer.app_state, ref, job=tiny_job())
     assert result.step == 2
     assert all(torch.equal(v, pristine[1][k]) for k, v in trainer.model.state_dict().items())
@@ -149,20 +151,20 @@ def test_resume_refuses_to_start_over_when_no_committed_checkpoint_restores(run_
         _flip_byte(run_root / f"step-0000000{step}" / "__0_0.distcp")
     trainer = Trainer(TinyLM())
     with pytest.raises(NoRestorableCheckpoint, match="none restores") as err:
-        restore_latest(trainer.app_state, tiny_job())
+        restore_latest(trainer.app_state, tiny_job(), root=local_site.root_of(tiny_job()))
     assert str(err.value).count("CRC32C mismatch") == 2
 
 
 def test_resume_with_only_an_incomplete_save_is_a_fresh_start(run_root):
     for step in (1, 2):
         (run_root / f"step-0000000{step}" / "manifest.json").unlink()
-    assert restore_latest(Trainer(TinyLM()).app_state, tiny_job()) is None
+    assert restore_latest(Trainer(TinyLM()).app_state, tiny_job(), root=local_site.root_of(tiny_job())) is None
 
 
 def test_sha256_manifests_are_verified_the_same_way(tmp_path):
     trainer = Trainer(TinyLM())
     manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False,
-                                checksum="sha256")
+                                checksum="sha256", site=local_site.site())
     trainer.step(1)
     ref = CheckpointRef.local(manager.save(1, tokens_seen=32).result().path)
     manager.close()
@@ -207,4 +209,4 @@ def test_a_metadata_pickle_that_would_run_code_is_refused_without_running_it(run
     assert any(p.startswith(".metadata: unreadable DCP metadata: refers to ")
                and "system, which DCP metadata never holds" in p for p in problems), problems
     assert not (tmp_path / "ran").exists()
-    assert latest_valid(tiny_job()).found.step == 1
+    assert latest_valid(tiny_job(), root=local_site.root_of(tiny_job())).found.step == 1

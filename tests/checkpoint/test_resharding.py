@@ -16,6 +16,7 @@ from fm_pipeline.checkpoint import load_full_state, restore_latest
 from fm_pipeline.checkpoint.state import OPTIM_OPTIONS
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import REPO
+from tests import local_site
 
 
 def torchrun(nproc: int, *args: str) -> None:
@@ -38,7 +39,7 @@ def assert_same(a: dict, b: dict, what: str) -> None:
 @pytest.mark.slow
 def test_fsdp4_checkpoint_restores_bitwise_at_2_ranks_and_1(tmp_path):
     torchrun(4, "save", str(tmp_path))
-    found = latest_valid(tiny_job())
+    found = latest_valid(tiny_job(), root=local_site.root_of(tiny_job()))
     manifest = read_manifest(found.found)
     assert manifest.step == 3 and manifest.parallelism.world_size == 4
     assert manifest.parallelism.mesh.dim_names == ["dp_shard"]
@@ -58,7 +59,7 @@ def test_fsdp4_checkpoint_restores_bitwise_at_2_ranks_and_1(tmp_path):
 
     # One process, no process group, a plain unsharded module.
     single = Trainer(TinyLM())
-    assert restore_latest(single.app_state, tiny_job()).step == 3
+    assert restore_latest(single.app_state, tiny_job(), root=local_site.root_of(tiny_job())).step == 3
     assert_same(get_model_state_dict(single.model), source["model"], "model at 1 process")
     optim = get_optimizer_state_dict(single.model, single.opt, options=OPTIM_OPTIONS)
     assert_same(optim, source["optimizer"], "optimizer at 1 process")

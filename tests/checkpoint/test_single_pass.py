@@ -17,6 +17,7 @@ from fm_pipeline.catalog.manifest import checksum_file
 from fm_pipeline.checkpoint import CheckpointManager, restore
 from fm_pipeline.checkpoint.torch_records import locate, tensor_view
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+from tests import local_site
 
 RECORDS = {
     "fp32": torch.randn(100, 64),
@@ -57,7 +58,7 @@ def test_records_it_does_not_know_are_left_to_torch_load():
 def _saved(checksum: str = "crc32c"):
     trainer = Trainer(TinyLM())
     manager = CheckpointManager(tiny_job(), trainer.app_state, async_save=False,
-                                checksum=checksum)
+                                checksum=checksum, site=local_site.site())
     trainer.step(1)
     result = manager.save(1, tokens_seen=32).result()
     manager.close()

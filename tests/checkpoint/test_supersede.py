@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import logging
 
-from fm_pipeline.catalog import CheckpointRef, apply_retention, latest_valid, local_root, validate
+from fm_pipeline.catalog import CheckpointRef, apply_retention, latest_valid, validate
+from tests.local_site import local_root
 from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import MANIFEST
 from fm_pipeline.catalog.supersede import supersede_newer
 from fm_pipeline.checkpoint import CheckpointManager, restore
 from fm_pipeline.storage import open_store
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
+from tests import local_site
 
 PREFIX = "checkpoints/ckpt-test"
 
@@ -21,7 +23,7 @@ def test_a_resave_replaces_the_superseded_store_copy_and_its_stale_files(fm_home
     store = open_store(fm_home / "store")
     job = tiny_job(upload=True)
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False)
+    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False, site=local_site.site())
     for step in (1, 2, 3):
         trainer.step(step)
         manager.save(step, tokens_seen=32 * step)
@@ -35,11 +37,11 @@ def test_a_resave_replaces_the_superseded_store_copy_and_its_stale_files(fm_home
                            store=store)
     assert len(gone) == 4  # steps 2 and 3, in both tiers
     for tier in ("local", "store"):
-        found = latest_valid(job, store=store, tiers=(tier,), checksums=False)
+        found = latest_valid(job, store=store, tiers=(tier,), checksums=False, root=local_site.root_of(job))
         assert found.found.step == 1, tier
         assert [str(p) for p in validate(found.found, job)] == []
     # Retention keeps superseded checkpoints and does not count them: keep_last=1 keeps 1.
-    report = apply_retention(job.name, keep_last=1, job=job)
+    report = apply_retention(job.name, keep_last=1, job=job, root=local_site.root_of(job.name))
     assert report.deleted == {} and report.kept[1] and report.kept[3] == ["superseded"]
 
     trainer.step(2)
@@ -51,11 +53,11 @@ def test_a_resave_replaces_the_superseded_store_copy_and_its_stale_files(fm_home
     assert "__1_0.distcp" not in remote.files() and validate(remote, job) == []
     assert len(list(root.glob("superseded/*/step-00000002"))) == 1
     # The store's superseded copy is kept too, stale file and all, with its reason.
-    aside = [e for e in list_set_aside(job.name, store=store) if not e.ref.is_local]
+    aside = [e for e in list_set_aside(job.name, store=store, root=local_site.root_of(job.name)) if not e.ref.is_local]
     assert [(e.ref.step, e.kind) for e in aside] == [(2, "superseded")]
     assert "__1_0.distcp" in aside[0].ref.files() and "resumed from step 1" in aside[0].reason
     for tier in ("local", "store"):
-        found = latest_valid(job, store=store, tiers=(tier,), checksums=False)
+        found = latest_valid(job, store=store, tiers=(tier,), checksums=False, root=local_site.root_of(job))
         assert found.found.step == 2, tier
         assert any("step-00000003" in line and "resumed from step 1" in line
                    for line in found.skipped_lines())
@@ -71,7 +73,7 @@ def test_a_checkpoint_marked_invalid_cannot_be_named_in_a_resume(fm_home):
     store = open_store(fm_home / "store")
     job = tiny_job(upload=True)
     trainer = Trainer(TinyLM())
-    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False)
+    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False, site=local_site.site())
     for step in (1, 2):
         trainer.step(step)
         manager.save(step, tokens_seen=32 * step)

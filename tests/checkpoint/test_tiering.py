@@ -8,18 +8,20 @@ import shutil
 import pytest
 import torch
 
-from fm_pipeline.catalog import latest_valid, local_root, read_marks, sync_to_store, validate
+from fm_pipeline.catalog import latest_valid, read_marks, sync_to_store, validate
+from tests.local_site import local_root
 from fm_pipeline.catalog.refs import CheckpointRef
 from fm_pipeline.checkpoint import CheckpointManager, restore_latest
 from fm_pipeline.storage import open_store
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import free_port
+from tests import local_site
 
 
 def _train_and_save(store, steps=(1,), **kw):
     trainer = Trainer(TinyLM())
     job = tiny_job(upload=True)
-    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False, **kw)
+    manager = CheckpointManager(job, trainer.app_state, store=store, async_save=False, **kw, site=local_site.site())
     results = []
     for step in steps:
         trainer.step(step)
@@ -34,13 +36,13 @@ def test_s3_upload_then_restore_on_a_machine_without_the_local_copy(s3_bucket):
     assert result.upload.committed and result.upload.bytes == result.total_bytes
     keys = {i.key for i in store.list("checkpoints/ckpt-test/step-00000001/")}
     assert "checkpoints/ckpt-test/step-00000001/manifest.json" in keys
-    found = latest_valid(job, store=store, tiers=("store",), checksums=True)
+    found = latest_valid(job, store=store, tiers=("store",), checksums=True, root=local_site.root_of(job))
     assert found.found is not None and not found.found.is_local
     assert read_marks(found.found)["upload"]["committed"] is True
 
     shutil.rmtree(local_root(job.name))  # a fresh machine: only the store has it
     fresh = Trainer(TinyLM())
-    restored = restore_latest(fresh.app_state, job, store=store)
+    restored = restore_latest(fresh.app_state, job, store=store, root=local_site.root_of(job))
     assert restored.step == 1 and restored.source.startswith(f"s3://{s3_bucket}/fm/")
     assert restored.download_s > 0 and restored.bytes_per_s > 0
     for k, v in trainer.model.state_dict().items():
@@ -95,18 +97,18 @@ def test_s3_outage_mid_upload_leaves_it_uncommitted_remotely_and_local_intact(fl
     local = CheckpointRef.local(result.path)
     assert validate(local, job) == []  # the local copy is intact and selectable
     assert read_marks(local)["upload"]["committed"] is False
-    assert latest_valid(job, tiers=("local",)).found.step == 1
+    assert latest_valid(job, tiers=("local",), root=local_site.root_of(job)).found.step == 1
 
     restart()  # the endpoint is back: some files made it, the manifest did not
     keys = {i.key.rsplit("/", 1)[-1] for i in store.list("checkpoints/ckpt-test/")}
     assert keys and "manifest.json" not in keys
-    remote = latest_valid(job, store=store, tiers=("store",))
+    remote = latest_valid(job, store=store, tiers=("store",), root=local_site.root_of(job))
     assert remote.found is None
     assert "manifest.json: missing" in remote.skipped_lines()[0]
 
-    (report,) = sync_to_store(job.name, store)  # the retry commits it
+    (report,) = sync_to_store(job.name, store, root=local_site.root_of(job.name))  # the retry commits it
     assert report.committed
-    assert latest_valid(job, store=store, tiers=("store",)).found.step == 1
+    assert latest_valid(job, store=store, tiers=("store",), root=local_site.root_of(job)).found.step == 1
     assert read_marks(local)["upload"]["attempts"] == 2
 
 
@@ -116,8 +118,8 @@ def test_unreachable_store_still_finds_the_local_checkpoint():
     job, trainer, (result,) = _train_and_save(None, upload=False)
     dead = S3Store("s3://nobucket/x", endpoint_url="http://127.0.0.1:9", max_attempts=1,
                    connect_timeout_s=0.5)
-    found = latest_valid(job, store=dead)
+    found = latest_valid(job, store=dead, root=local_site.root_of(job))
     assert found.found.step == 1 and found.found.is_local
     assert "127.0.0.1:9" in found.unreachable[0]
     fresh = Trainer(TinyLM())
-    assert restore_latest(fresh.app_state, job, store=dead).step == 1
+    assert restore_latest(fresh.app_state, job, store=dead, root=local_site.root_of(job)).step == 1

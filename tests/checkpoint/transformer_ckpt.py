@@ -15,6 +15,7 @@ import torch.distributed as dist
 from fm_pipeline.checkpoint import CheckpointManager, ModelState, OptimizerState, Probe
 from fm_pipeline.config import parse_job
 from tests.checkpoint.tiny import Cursor
+from tests import local_site
 
 SEQ, GBS = 32, 4
 
@@ -71,7 +72,7 @@ def train_and_save(job, steps: int, *, root=None):
     cursor, counters = Cursor(), Counters()
     app_state = {"model": ModelState(pm.parts), "optimizer": OptimizerState(pm.parts, optims),
                  "dataloader": cursor, "train_state": counters}
-    manager = CheckpointManager(job, app_state, mesh=mesh, async_save=True, root=root)
+    manager = CheckpointManager(job, app_state, mesh=mesh, async_save=True, root=root, site=local_site.site())
     g = torch.Generator().manual_seed(0)
     vocab = job.model_cfg.vocab_size
     for step in range(1, steps + 1):

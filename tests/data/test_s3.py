@@ -13,6 +13,7 @@ from fm_pipeline.data.manifest import manifest_key
 from fm_pipeline.data.testing import small_job
 from fm_pipeline.storage import StoreError, open_store
 from fm_pipeline.storage.s3 import S3Store
+from tests import local_site
 from tests.data.conftest import make_job
 
 
@@ -21,7 +22,7 @@ def test_mix_round_trips_through_s3(s3_bucket, small_mix, fm_home, tmp_path):
     manifest = prepare_mix(small_job(), store)
     assert manifest.key == small_mix.key
     assert store.exists(manifest_key(manifest.key))
-    mix = open_mix(store, manifest.key)
+    mix = open_mix(store, manifest.key, cache_dir=local_site.site().data_cache(manifest.key))
     # Same spec, same bytes: the S3-prepared mix serves exactly the local mix's samples.
     assert np.array_equal(mix.samples(0, 64), small_mix.samples(0, 64))
     loader = MixLoader(mix, dp_rank=1, dp_size=2, micro_batch_size=2, global_batch_size=8, seq_len=32)

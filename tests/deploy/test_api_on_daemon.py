@@ -14,12 +14,11 @@ import time
 
 import pytest
 from dagster import DagsterRunStatus
-
-from fm_pipeline.api.auth import TokenStore
-from fm_pipeline.config.paths import runs_dir
+from tests.local_site import runs_dir
 from fm_pipeline.scheduling import parse_tenants
 from tests.api.conftest import TENANTS, auth
 from tests.deploy.stack import deployment, wait_for
+from tests import local_site
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 SLOW_STEP = "0:0.5"  # rank 0 sleeps 0.5 s per step: time to act while a run trains
@@ -59,7 +58,7 @@ def stack(fm_home, mix_store, monkeypatch):
 def orch(stack):
     from fm_pipeline.dagster_runs.orchestrator import DagsterOrchestrator
 
-    return DagsterOrchestrator(stack.instance)
+    return DagsterOrchestrator(stack.instance, site=local_site.site())
 
 
 @pytest.fixture
@@ -68,11 +67,10 @@ def api(stack, orch, mix_store, tokens):
 
     from fm_pipeline.api.app import create_app
     from fm_pipeline.api.control_plane import ControlPlane
-    from fm_pipeline.api.store import JobStore
 
-    plane = ControlPlane(tenants=parse_tenants(TENANTS), orchestrator=orch, store=JobStore(),
-                         store_root=mix_store["root"])
-    with TestClient(create_app(plane, TokenStore(), tick_s=0.2)) as client:
+    plane = ControlPlane(tenants=parse_tenants(TENANTS), orchestrator=orch, store=local_site.job_store(),
+                         site=local_site.site().with_store(mix_store["root"]))
+    with TestClient(create_app(plane, local_site.token_store(), tick_s=0.2)) as client:
         yield client
     plane.store.close()
 

@@ -18,8 +18,6 @@ import threading
 import httpx
 import pytest
 from dagster import DagsterRunStatus
-
-from fm_pipeline.api.auth import TokenStore
 from fm_pipeline.deploy.instance import Postgres
 from fm_pipeline.orchestration.registry import plant_fault
 from fm_pipeline.storage import open_store
@@ -27,6 +25,7 @@ from tests.api.conftest import TENANTS
 from tests.conftest import free_port
 from tests.deploy.postgres import postgres_server
 from tests.deploy.stack import deployment, wait_for
+from tests import local_site
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 STEPS = 8
@@ -41,7 +40,7 @@ def body(mix_store, priority: str) -> dict:
 
 
 def bearer(tenant: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {TokenStore().issue(tenant=tenant)[1]}"}
+    return {"Authorization": f"Bearer {local_site.token_store().issue(tenant=tenant)[1]}"}
 
 
 def submit(base: str, headers: dict, payload: dict, store, *, fault: bool = True) -> str:

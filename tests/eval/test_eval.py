@@ -16,6 +16,7 @@ from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.eval import evaluate_at_init, evaluate_checkpoint, evaluate_checkpoints
 from fm_pipeline.storage import open_store
 from tests.conftest import REPO
+from tests import local_site
 
 pytestmark = pytest.mark.slow
 JOB = small_job(**{"name": "evaluated", "training.steps": 6, "training.segment_steps": 6,
@@ -47,8 +48,8 @@ def at_home(trained, monkeypatch):
 
 
 def test_training_lowers_the_heldout_loss_of_every_domain_and_perplexity_is_exp_loss(at_home):
-    trained = evaluate_checkpoint(at_home, job=JOB, max_batches=4)
-    init = evaluate_at_init(JOB, max_batches=4)
+    trained = evaluate_checkpoint(at_home, job=JOB, max_batches=4, site=local_site.site())
+    init = evaluate_at_init(JOB, max_batches=4, site=local_site.site())
     assert trained.step == 6 and init.step == 0
     assert set(trained.domains) == set(init.domains) == {"code", "prose"}
     for name, d in trained.domains.items():
@@ -62,8 +63,8 @@ def test_training_lowers_the_heldout_loss_of_every_domain_and_perplexity_is_exp_
 
 
 def test_any_number_of_ranks_scores_the_same_checkpoint_alike(at_home):
-    one = evaluate_checkpoint(at_home, job=JOB, max_batches=4)
-    two = evaluate_checkpoint(at_home, job=JOB, max_batches=4, nproc=2)
+    one = evaluate_checkpoint(at_home, job=JOB, max_batches=4, site=local_site.site())
+    two = evaluate_checkpoint(at_home, job=JOB, max_batches=4, nproc=2, site=local_site.site())
     assert two.world_size == 2 and "dp_shard 2" in two.topology
     for name in one.domains:
         assert two.domains[name].batches == one.domains[name].batches
@@ -76,7 +77,7 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(at_home):
     shard.write_bytes(original[:-8] + bytes(b ^ 0x5A for b in original[-8:]))
     try:
         with pytest.raises(CheckpointInvalid, match=shard.name):
-            evaluate_checkpoint(at_home, job=JOB, max_batches=1)
+            evaluate_checkpoint(at_home, job=JOB, max_batches=1, site=local_site.site())
     finally:
         shard.write_bytes(original)
 
@@ -84,7 +85,7 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(at_home):
 def test_a_checkpoint_of_another_model_is_refused_before_anything_runs(at_home):
     other = small_job(**{"name": "evaluated", "model.dim": 128})
     with pytest.raises(CheckpointInvalid, match="model.config.dim"):
-        evaluate_checkpoint(at_home, job=other)
+        evaluate_checkpoint(at_home, job=other, site=local_site.site())
 
 
 def test_several_checkpoints_score_in_one_launch_as_each_alone(at_home, monkeypatch):
@@ -94,11 +95,11 @@ def test_several_checkpoints_score_in_one_launch_as_each_alone(at_home, monkeypa
     from fm_pipeline.eval import run
 
     earlier = CheckpointRef.local(at_home.dir.parent / "step-00000003")
-    alone = [evaluate_checkpoint(r, job=JOB, max_batches=2) for r in (earlier, at_home)]
+    alone = [evaluate_checkpoint(r, job=JOB, max_batches=2, site=local_site.site()) for r in (earlier, at_home)]
     launches = []
     launch = run._launch
     monkeypatch.setattr(run, "_launch", lambda *a, **k: launches.append(a) or launch(*a, **k))
-    both = evaluate_checkpoints([earlier, at_home], job=JOB, max_batches=2)
+    both = evaluate_checkpoints([earlier, at_home], job=JOB, max_batches=2, site=local_site.site())
     assert len(launches) == 1 and [r.step for r in both] == [3, 6]
     for together, single in zip(both, alone, strict=True):
         for name, d in single.domains.items():
@@ -112,7 +113,7 @@ def test_several_checkpoints_score_in_one_launch_as_each_alone(at_home, monkeypa
     (at_home.dir / "marks" / "eval.json").unlink()
     try:
         with pytest.raises(CheckpointInvalid, match=shard.name):
-            evaluate_checkpoints([earlier, at_home], job=JOB, max_batches=2)
+            evaluate_checkpoints([earlier, at_home], job=JOB, max_batches=2, site=local_site.site())
     finally:
         shard.write_bytes(original)
     assert read_marks(at_home)["eval"]["step"] == 6  # scored all the same

@@ -15,6 +15,7 @@ from fm_pipeline.launch.local import segment_command
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import tiny_job
+from tests import local_site
 
 STORE = "s3://fm-bucket/fm"
 CLAIM = "fm-runs"  # a ReadWriteMany volume: the local checkpoint tier of every node
@@ -78,7 +79,7 @@ def _without_rendezvous_and_paths(argv: list[str]) -> list[str]:
 def test_the_pod_runs_the_local_command_with_only_the_rendezvous_changed(two_nodes, tmp_path):
     launch = SegmentLaunch(two_nodes, end_step=20, overrides=("training.lr=0.001",))
     container = _container(render_segment(launch, _target()))
-    local_argv, _ = segment_command(launch, tmp_path / "seg")
+    local_argv, _ = segment_command(launch, local_site.site(), tmp_path / "seg")
     pod = container["command"]
     assert pod[0] == "torchrun"
     assert _without_rendezvous_and_paths(pod) == _without_rendezvous_and_paths(local_argv)
@@ -228,11 +229,11 @@ def test_a_chosen_checkpoint_reaches_the_trainer_as_resume_from(two_nodes, tmp_p
     chosen = "s3://fm-test/runs/checkpoints/tiny/step-00000010"
     launch = SegmentLaunch(two_nodes, end_step=20, resume_from=chosen)
     pod = _container(render_segment(launch, _target()))["command"]
-    local_argv, _ = segment_command(launch, tmp_path / "seg")
+    local_argv, _ = segment_command(launch, local_site.site(), tmp_path / "seg")
     for argv in (pod, local_argv):
         assert argv[-4:] == ["--end-step", "20", "--resume-from", chosen]
     assert "--resume-from" not in segment_command(
-        SegmentLaunch(two_nodes, end_step=20), tmp_path / "other")[0]
+        SegmentLaunch(two_nodes, end_step=20), local_site.site(), tmp_path / "other")[0]
 
 
 def test_the_fast_tier_lives_in_node_memory_that_outlives_the_pods_with_its_keeper():

@@ -16,6 +16,7 @@ from fm_pipeline.launch.k8s_follow import segment_result
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import tiny_job
+from tests import local_site
 
 NS = "training"
 
@@ -202,9 +203,9 @@ def test_a_jobset_stopped_while_queued_ends_preempted_with_nothing_to_save(
     name = rendered.name
     jobsets.submit(rendered)
     assert jobsets.status(name, NS).phase == "Suspended"
-    with followed_jobset("tiny", rendered) as record:
-        assert stop_jobsets(jobsets, "tiny", reason="cancel") == [name]
-        assert stop_jobsets(jobsets, "tiny", reason="cancel") == []  # once
+    with followed_jobset(local_site.runs_dir("tiny"), rendered) as record:
+        assert stop_jobsets(jobsets, local_site.runs_dir("tiny"), reason="cancel") == [name]
+        assert stop_jobsets(jobsets, local_site.runs_dir("tiny"), reason="cancel") == []  # once
         followed = jobsets.follow(name, NS, poll_s=0.05, timeout_s=30)
         stopped = record.stop_reason()
     assert not record.path.exists() and followed.status.phase == "Deleted"

@@ -18,6 +18,7 @@ from fm_pipeline.launch.local import descendants, run_segment_locally, segment_c
 from fm_pipeline.launch.outcome import Outcome, SegmentFailed, SegmentPreempted
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import TINY_WORKER
+from tests import local_site
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def _run(job, monkeypatch, behaviour: str, **kwargs):
     monkeypatch.setenv("FM_TINY_WORKER", behaviour)
     launch = SegmentLaunch(job, end_step=5, module=TINY_WORKER)
     return run_segment_locally(launch, echo=None, timeout_s=kwargs.pop("timeout_s", 120),
-                               **kwargs)
+                               **kwargs, site=local_site.site())
 
 
 def test_success_writes_the_result_next_to_the_segment(job2, monkeypatch, fm_home):
@@ -104,7 +105,7 @@ def test_the_real_trainer_preempted_by_the_flag_file_checkpoints_and_says_so(tmp
     job = small_job(**{"name": "real", "parallelism.nproc_per_node": 2, "training.steps": 40,
                        "training.segment_steps": 40, "checkpoint.every_steps": 100,
                        "checkpoint.upload": False})
-    build_small_mix(job)
+    build_small_mix(job, store=local_site.site().store())
     segment = tmp_path / "segment"
 
     def touch_after_step_2():
@@ -118,7 +119,7 @@ def test_the_real_trainer_preempted_by_the_flag_file_checkpoints_and_says_so(tmp
 
     threading.Thread(target=touch_after_step_2, daemon=True).start()
     result = run_segment_locally(SegmentLaunch(job, end_step=40), segment_dir=segment,
-                                 echo=None, timeout_s=300)
+                                 echo=None, timeout_s=300, site=local_site.site())
     assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75, result.reason
     assert "preempted" in result.reason
     committed = sorted((fm_home / "runs" / "real" / "checkpoints").glob("step-*/manifest.json"))
@@ -130,7 +131,7 @@ def test_stopping_kills_workers_that_ignore_sigterm_even_if_torchrun_dies(job2, 
     """Workers run in sessions of their own: killing torchrun's group would orphan them."""
     out = tmp_path / "out"
     out.mkdir()
-    argv, paths = segment_command(SegmentLaunch(job2, end_step=5, module=TINY_WORKER),
+    argv, paths = segment_command(SegmentLaunch(job2, end_step=5, module=TINY_WORKER), local_site.site(),
                                   tmp_path / "segment")
     env = {**os.environ, **paths.env(), "FM_TINY_WORKER": "ignore_sigterm",
            "FM_TINY_OUT": str(out)}

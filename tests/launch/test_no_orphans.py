@@ -21,6 +21,7 @@ from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.reaper import reap_orphans
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import TINY_WORKER
+from tests import local_site
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def out(tmp_path, monkeypatch):
 def _run(job2, monkeypatch, behaviour: str, **kwargs):
     monkeypatch.setenv("FM_TINY_WORKER", behaviour)
     return run_segment_locally(SegmentLaunch(job2, end_step=5, module=TINY_WORKER), echo=None,
-                               **kwargs)
+                               **kwargs, site=local_site.site())
 
 
 def test_a_finished_segment_leaves_no_process(job2, monkeypatch, out):
@@ -104,10 +105,11 @@ LAUNCHER = textwrap.dedent("""
     import sys
     from fm_pipeline.launch.local import run_segment_locally
     from fm_pipeline.launch.spec import SegmentLaunch
+    from tests import local_site
     from tests.launch.conftest import TINY_WORKER, tiny_job
 
     run_segment_locally(SegmentLaunch(tiny_job(), end_step=5, module=TINY_WORKER), echo=None,
-                        timeout_s=300)
+                        timeout_s=300, site=local_site.site())
 """)
 
 

@@ -21,9 +21,10 @@ from dagster import ConfigurableResource, MaterializeResult
 from fm_pipeline.resources.launcher_results import segment_failure
 
 from fm_pipeline.checkpoint import CheckpointManager, ModelState
-from fm_pipeline.config.paths import runs_dir
+from tests.local_site import runs_dir
 from fm_pipeline.launch.outcome import Outcome, SegmentResult
 from tests.orchestration.plans import step_of
+from tests import local_site
 
 PREEMPT_ENV = "FM_DOUBLE_PREEMPT_AT"
 
@@ -40,7 +41,7 @@ class DoubleRun:
 def _newest_step(job) -> int:
     from fm_pipeline.catalog import latest_valid
 
-    found = latest_valid(job, checksums=False)
+    found = latest_valid(job, checksums=False, root=local_site.root_of(job))
     return found.found.step if found.found else 0
 
 
@@ -56,7 +57,7 @@ class LauncherDouble(ConfigurableResource):
             "FM_FAULT_FAIL_AT") else None
         preempt_at = int(env[PREEMPT_ENV]) if env.get(PREEMPT_ENV) else None
         model = torch.nn.Linear(4, 4)
-        manager = CheckpointManager(job, {"model": ModelState([model])}, async_save=False)
+        manager = CheckpointManager(job, {"model": ModelState([model])}, async_save=False, site=local_site.site())
         t0 = time.monotonic()
         metrics = runs_dir(job.name) / "metrics.jsonl"
         metrics.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ orchestrator launched the segment)."""
 from __future__ import annotations
 
 from fm_pipeline.rundir.events import read_events
+from tests import local_site
 
 # One job shape and one planted fault that both orchestrators run (the local one in
 # tests/api/test_local_orchestrator.py, the Dagster path in tests/orchestration/
@@ -16,7 +17,7 @@ PLANS = [(0, 2, None, False), (2, 4, 2, False), (2, 4, 2, False), (4, 6, 4, Fals
 
 def planned_segments(job_name: str) -> list[tuple[int, int, int | None, bool]]:
     """(start, end, step of the checkpoint it starts from or None, chosen) per launch."""
-    planned, _ = read_events(job_name, kinds=("segment_planned",))
+    planned, _ = read_events(local_site.runs_dir(job_name), kinds=("segment_planned",))
     return [(p["start"], p["end"], step_of(p["checkpoint"]), p["chosen"]) for p in planned]
 
 

@@ -16,6 +16,7 @@ from dagster import DagsterInstance, DagsterRunStatus, DefaultSensorStatus
 from fm_pipeline.definitions import defs
 from tests.conftest import REPO, free_port
 from tests.orchestration.conftest import job_spec
+from tests import local_site
 
 
 def test_definitions_hold_the_training_lineage_jobs_sensors_and_schedule():
@@ -84,7 +85,7 @@ def test_a_training_job_submitted_over_graphql_is_a_queued_segment_run_of_its_pa
 
     job = job_spec("via-api")
     run_id = submit_over_graphql(job, store=ObjectStoreResource().open(), url=webserver,
-                                 tags={"fm/api_job_id": "42"})
+                                 tags={"fm/api_job_id": "42"}, site=local_site.site())
     with DagsterInstance.from_config(str(fm_home / "dagster")) as instance:
         run = instance.get_run_by_id(run_id)
         assert instance.has_dynamic_partition("training_jobs", "via-api")

@@ -33,6 +33,7 @@ from fm_pipeline.orchestration.registry import plant_fault
 from fm_pipeline.orchestration.submissions import submit_run
 from fm_pipeline.storage import open_store
 from tests.deploy.stack import deployment, use_home
+from tests import local_site
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")]
@@ -129,7 +130,7 @@ def test_segments_record_their_step_range_mfu_goodput_and_the_plan(ran):
 
 
 def test_the_injected_failure_is_recorded_and_resumed_from_the_last_valid_checkpoint(ran):
-    report = job_report(ran.instance, JOB)
+    report = job_report(ran.instance, JOB, runs=local_site.runs_dir(JOB))
     failed = [s for s in report.segments if s["status"] == "FAILURE"]
     assert len(failed) == 1
     (f,) = failed

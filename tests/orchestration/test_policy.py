@@ -18,6 +18,7 @@ from fm_pipeline.orchestration.registry import UnknownJob
 from fm_pipeline.orchestration.segments import SegmentNotRunnable, SegmentPlan, plan_segment
 from fm_pipeline.storage import open_store
 from tests.orchestration.conftest import job_spec
+from tests import local_site
 
 
 def failure(run: str, *, at: int | None, reason: str = "RuntimeError: NCCL timeout",
@@ -110,21 +111,21 @@ def test_a_segment_plan_starts_at_the_newest_valid_checkpoint_or_the_one_chosen(
     store = open_store(str(tmp_path / "store"))
     job = job_spec("plans", **{"training.steps": 6, "training.segment_steps": 4,
                                "checkpoint.every_steps": 2})
-    assert plan_segment(job, store) == SegmentPlan(0, 4, None)  # from scratch
+    assert plan_segment(job, store, site=local_site.site()) == SegmentPlan(0, 4, None)  # from scratch
     manager = CheckpointManager(job, {"model": ModelState([torch.nn.Linear(2, 2)])},
-                                store=store, async_save=False)
+                                store=store, async_save=False, site=local_site.site())
     for step in (2, 4):
         manager.save(step, tokens_seen=step * job.tokens_per_step, final=True)
     manager.close()
-    newest = plan_segment(job, store)
+    newest = plan_segment(job, store, site=local_site.site())
     assert (newest.start, newest.end, newest.chosen) == (4, 6, False)
     assert newest.checkpoint.rstrip("/").endswith("step-00000004")
     older = newest.checkpoint.replace("step-00000004", "step-00000002")
-    assert plan_segment(job, store, resume_from=older) == SegmentPlan(2, 4, older, chosen=True)
+    assert plan_segment(job, store, resume_from=older, site=local_site.site()) == SegmentPlan(2, 4, older, chosen=True)
     with pytest.raises(SegmentNotRunnable, match="is not a checkpoint of job plans"):
-        plan_segment(job, store, resume_from="/nowhere/step-00000002")
+        plan_segment(job, store, resume_from="/nowhere/step-00000002", site=local_site.site())
     with pytest.raises(SegmentNotRunnable, match="has nothing to train"):
-        plan_segment(job, store, end_step=4)
+        plan_segment(job, store, end_step=4, site=local_site.site())
 
 
 def test_a_registered_spec_is_parsed_once_per_process(tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ from fm_pipeline.definitions import defs
 from tests.orchestration.conftest import job_spec
 from tests.orchestration.launcher_double import PREEMPT_ENV, LauncherDouble
 from tests.orchestration.plans import FAULT, PLANS, SHAPE, planned_segments
+from tests import local_site
 
 
 class Pipeline:
@@ -97,7 +98,7 @@ def _segment(request: RunRequest) -> tuple[int, int]:
 
 def test_failed_segment_resumes_from_the_newest_valid_checkpoint(instance):
     p = Pipeline(instance, job_spec("resume"), policy=TrainingPolicyResource(backoff_base_s=0))
-    first = p.run(first_segment_request(p.job, store=p.store.open()))
+    first = p.run(first_segment_request(p.job, store=p.store.open(), site=local_site.site()))
     assert first.success
     (nxt,) = _requests(p.progress())
     assert _segment(nxt) == (4, 8) and nxt.run_key == f"next-after-{first.run_id}"
@@ -131,7 +132,7 @@ def test_the_dagster_path_launches_the_plans_the_local_orchestrator_launches(ins
     p = Pipeline(instance, job_spec("same-plans", **SHAPE),
                  policy=TrainingPolicyResource(backoff_base_s=0))
     plant_fault(p.store.open(), p.job.name, FAULT)
-    request = first_segment_request(p.job, store=p.store.open())
+    request = first_segment_request(p.job, store=p.store.open(), site=local_site.site())
     for _ in range(len(PLANS)):
         config = request.run_config["ops"]["training_segment"]["config"]
         assert config["planned_start"] == "scratch" or config["planned_start"].endswith(
@@ -147,7 +148,7 @@ def test_the_dagster_path_launches_the_plans_the_local_orchestrator_launches(ins
 
 def test_the_same_failure_at_the_same_step_twice_stops_the_job(instance):
     p = Pipeline(instance, job_spec("crash-loop"), policy=TrainingPolicyResource(backoff_base_s=0))
-    p.run(first_segment_request(p.job, store=p.store.open()))
+    p.run(first_segment_request(p.job, store=p.store.open(), site=local_site.site()))
     (nxt,) = _requests(p.progress())
     once = p.run(nxt, fault="1:5")
     retry = p.on_failure(once)
@@ -163,7 +164,7 @@ def test_the_same_failure_at_the_same_step_twice_stops_the_job(instance):
 
 def test_backoff_delays_the_resume_until_it_has_passed(instance, monkeypatch):
     p = Pipeline(instance, job_spec("backoff"), policy=TrainingPolicyResource(backoff_base_s=600))
-    failed = p.run(first_segment_request(p.job, store=p.store.open()), fault="1:3")
+    failed = p.run(first_segment_request(p.job, store=p.store.open(), site=local_site.site()), fault="1:3")
     verdict = p.on_failure(failed)
     assert isinstance(verdict, SkipReason) and "backoff" in verdict.skip_message
     tags = p.tags(failed)
@@ -186,7 +187,7 @@ def test_backoff_delays_the_resume_until_it_has_passed(instance, monkeypatch):
 def test_backoff_doubles_and_the_retry_budget_stops_the_job(instance):
     p = Pipeline(instance, job_spec("budget"), policy=TrainingPolicyResource(
         backoff_base_s=0.001, max_consecutive_failures=2))
-    request = first_segment_request(p.job, store=p.store.open())
+    request = first_segment_request(p.job, store=p.store.open(), site=local_site.site())
     decisions = []
     for step in (1, 2, 3):  # different failures: not a crash loop
         failed = p.run(request, fault=f"1:{step}")
@@ -202,7 +203,7 @@ def test_backoff_doubles_and_the_retry_budget_stops_the_job(instance):
 def test_preempted_segment_resumes_at_once_and_is_not_counted(instance):
     p = Pipeline(instance, job_spec("preempt"), policy=TrainingPolicyResource(
         backoff_base_s=600, max_consecutive_failures=0))
-    preempted = p.run(first_segment_request(p.job, store=p.store.open()), preempt_at=3)
+    preempted = p.run(first_segment_request(p.job, store=p.store.open(), site=local_site.site()), preempt_at=3)
     request = p.on_failure(preempted)
     assert isinstance(request, RunRequest), request
     assert request.tags["fm/trigger"] == "resume_after_preemption"
@@ -212,7 +213,7 @@ def test_preempted_segment_resumes_at_once_and_is_not_counted(instance):
 def test_every_new_checkpoint_is_evaluated_once(instance):
     """Once, and in one run per segment run: the checkpoints it recorded together."""
     p = Pipeline(instance, job_spec("evals"), policy=TrainingPolicyResource())
-    p.run(first_segment_request(p.job, store=p.store.open()))  # checkpoints at 2 and 4
+    p.run(first_segment_request(p.job, store=p.store.open(), site=local_site.site()))  # checkpoints at 2 and 4
     context = build_sensor_context(instance=instance, definitions=defs)
     first = checkpoint_evaluation_sensor(context)
     assert [(r.partition_key, r.tags["fm/checkpoint_steps"], r.tags["fm/checkpoint_step"],
@@ -226,7 +227,7 @@ def test_every_new_checkpoint_is_evaluated_once(instance):
 def test_a_run_the_control_plane_stopped_is_left_to_it_and_api_tags_are_carried(instance):
     p = Pipeline(instance, job_spec("api-job"), policy=TrainingPolicyResource(backoff_base_s=0))
     api_tags = {"fm/api_job_id": "api-job", "fm/api_run": "1"}
-    first = p.run(first_segment_request(p.job, store=p.store.open(), tags=api_tags))
+    first = p.run(first_segment_request(p.job, store=p.store.open(), tags=api_tags, site=local_site.site()))
     (nxt,) = _requests(p.progress())
     assert {k: nxt.tags[k] for k in api_tags} == api_tags  # the next segment is the API run's
     failed = p.run(nxt, fault="1:5")
@@ -246,7 +247,7 @@ def test_a_run_the_control_plane_stopped_is_left_to_it_and_api_tags_are_carried(
 
 def test_a_segment_refuses_a_resume_from_that_is_not_one_of_its_checkpoints(instance):
     p = Pipeline(instance, job_spec("bad-resume"), policy=TrainingPolicyResource())
-    request = first_segment_request(p.job, store=p.store.open())
+    request = first_segment_request(p.job, store=p.store.open(), site=local_site.site())
     config = request.run_config["ops"]["training_segment"]["config"]
     config["resume_from"] = "/nowhere/step-00000002"
     failed = p.run(request)

@@ -32,6 +32,7 @@ from fm_pipeline.rundir.events import read_events
 from fm_pipeline.storage import open_store
 from fm_pipeline.stragglers.mitigation import straggler_stops
 from tests.deploy.stack import deployment, use_home
+from tests import local_site
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::dagster.PreviewWarning")]
@@ -108,12 +109,12 @@ def test_a_straggler_is_stopped_once_and_the_job_resumes_without_its_slot(at_hom
                                                    "segment_progress_sensor")
     assert resumed.status == DagsterRunStatus.SUCCESS
 
-    (raised,), _ = read_events(name, kinds=("straggler",))
+    (raised,), _ = read_events(local_site.runs_dir(name), kinds=("straggler",))
     assert (raised["rank"], raised["action"]) == (1, "exclude")
     window = straggling_job(name).resilience.straggler_window
     assert raised["detected_step"] - raised["first_step"] < window
-    assert straggler_stops(name) == 1
-    (applied,), _ = read_events(name, kinds=("exclusion_applied",))
+    assert straggler_stops(local_site.runs_dir(name)) == 1
+    (applied,), _ = read_events(local_site.runs_dir(name), kinds=("exclusion_applied",))
     assert (applied["world_size_before"], applied["world_size"]) == (2, 1)
     assert [s["rank"] for s in applied["excluded"]] == [1]
 
@@ -132,7 +133,7 @@ def test_a_straggler_is_stopped_once_and_the_job_resumes_without_its_slot(at_hom
     assert [t.get("fm.straggler_exclusion", "") for t in tags if t["fm.outcome"] ==
             "succeeded"] == [segment["straggler_action"]]
 
-    report = job_report(instance, name)
+    report = job_report(instance, name, runs=local_site.runs_dir(name))
     assert report.reached_step == STEPS
     costs = report.stragglers
     assert costs["stops"] == 1 and costs["restart_s"] > 0
@@ -145,13 +146,13 @@ def test_with_the_stop_budget_spent_the_straggler_is_reported_and_training_goes_
     name = "budget-spent"
     (only,) = segment_runs(instance, name)
     assert only.status == DagsterRunStatus.SUCCESS
-    raised, _ = read_events(name, kinds=("straggler",))
+    raised, _ = read_events(local_site.runs_dir(name), kinds=("straggler",))
     assert raised and all(r["action"] == "reported" for r in raised)
     assert "max_straggler_stops 0: reported only" in raised[0]["budget_spent"]
-    assert read_events(name, kinds=("exclusion_applied",))[0] == []
+    assert read_events(local_site.runs_dir(name), kinds=("exclusion_applied",))[0] == []
     (segment,) = materializations(instance, name)
     assert segment["world_size"] == 2 and segment["end_step"] == STEPS
-    assert job_report(instance, name).stragglers["stops"] == 0
+    assert job_report(instance, name, runs=local_site.runs_dir(name)).stragglers["stops"] == 0
 
 
 def test_a_persistent_straggler_stops_the_job_at_most_its_budget_then_is_reported(at_home):
@@ -160,8 +161,8 @@ def test_a_persistent_straggler_stops_the_job_at_most_its_budget_then_is_reporte
     runs = segment_runs(instance, name)
     assert [r.status for r in runs] == [DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS]
     assert runs[0].tags["fm/outcome"] == "preempted"
-    assert straggler_stops(name) == 1  # the budget, not more
-    raised, _ = read_events(name, kinds=("straggler",))
+    assert straggler_stops(local_site.runs_dir(name)) == 1  # the budget, not more
+    raised, _ = read_events(local_site.runs_dir(name), kinds=("straggler",))
     first = [r for r in raised if r["world_size"] == 4]
     then = [r for r in raised if r["world_size"] == 2]
     assert first[0]["action"] == "exclude"
@@ -172,10 +173,10 @@ def test_a_persistent_straggler_stops_the_job_at_most_its_budget_then_is_reporte
     assert all(r["action"] == "reported" for r in then)
     assert "1 straggler stop(s) of max_straggler_stops 1: reported only" in \
         then[0]["budget_spent"]
-    (applied,), _ = read_events(name, kinds=("exclusion_applied",))
+    (applied,), _ = read_events(local_site.runs_dir(name), kinds=("exclusion_applied",))
     assert (applied["world_size_before"], applied["world_size"]) == (4, 2)
     (segment,) = materializations(instance, name)
     assert segment["world_size"] == 2 and segment["end_step"] == PERSISTENT_STEPS
     assert segment["resharded"] is True
-    report = job_report(instance, name)
+    report = job_report(instance, name, runs=local_site.runs_dir(name))
     assert report.reached_step == PERSISTENT_STEPS and report.stragglers["stops"] == 1

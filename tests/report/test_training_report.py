@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 from fm_pipeline.catalog.marks import write_mark
 from fm_pipeline.catalog.refs import MANIFEST, CheckpointRef
 from fm_pipeline.cli.main import app
-from fm_pipeline.config.paths import runs_dir
+from tests.local_site import runs_dir
 from fm_pipeline.eval.result import DomainLoss, EvalResult
 from fm_pipeline.report import NoMetrics, read_run_history
 from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE, JsonLines
+from tests import local_site
 
 JOB = "plotted"
 EVERY = 10  # checkpoint.every_steps
@@ -89,7 +90,7 @@ def test_report_writes_the_figure_and_a_summary_with_the_lost_work():
 
 def test_history_keeps_the_latest_launch_of_each_step_and_fades_the_redone_ones():
     write_run()
-    history = read_run_history(JOB)
+    history = read_run_history(JOB, directory=local_site.runs_dir(JOB))
     kept = history.kept()
     assert [r["step"] for r in kept] == list(range(1, 51))
     assert kept[32]["segment"] == "00000030-launch2"  # step 33: the resumed launch's record
@@ -106,7 +107,7 @@ def test_history_keeps_the_latest_launch_of_each_step_and_fades_the_redone_ones(
 
 def test_a_killed_launch_without_its_segment_record_still_counts_its_lost_steps(tmp_path):
     write_run(with_segment_records=False)  # e.g. SIGKILLed ranks: only metrics.jsonl
-    history = read_run_history(JOB)
+    history = read_run_history(JOB, directory=local_site.runs_dir(JOB))
     assert history.lost_steps == 5
     assert history.launches[1].outcome == "no end record"
     out = CliRunner().invoke(app, ["report", JOB, "--out", str(tmp_path / "x" / "run.png")])
@@ -120,7 +121,7 @@ def test_a_job_without_metrics_is_a_clear_error():
     assert "job 'never-ran' has no training metrics" in " ".join(out.output.split())
     assert not (runs_dir("never-ran") / "training.png").exists()
     with pytest.raises(NoMetrics, match="never-ran"):
-        read_run_history("never-ran")
+        read_run_history("never-ran", directory=local_site.runs_dir("never-ran"))
 
 
 def test_the_initial_models_evaluation_starts_the_heldout_curve_at_step_0(tmp_path):
@@ -130,9 +131,9 @@ def test_the_initial_models_evaluation_starts_the_heldout_curve_at_step_0(tmp_pa
     baseline = EvalResult(job=JOB, step=0, checkpoint=None, domains={
         "code": DomainLoss(loss=8.1, tokens=4096, batches=8),
         "prose": DomainLoss(loss=8.0, tokens=2048, batches=4)})
-    path = write_report(JOB, out=tmp_path / "with-init.png", baseline=baseline, quiet=True)
+    path = write_report(JOB, out=tmp_path / "with-init.png", baseline=baseline, quiet=True, site=local_site.site())
     assert path.stat().st_size > 10_000
-    history = read_run_history(JOB)
+    history = read_run_history(JOB, directory=local_site.runs_dir(JOB))
     history.baseline = baseline.to_dict()
     assert [c.step for c in history.evaluations()] == [0, 30, 40]
     assert history.evaluations()[0].heldout()["code"] == 8.1

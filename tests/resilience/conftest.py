@@ -23,13 +23,14 @@ def chaos_ws(tmp_path_factory) -> ChaosWorkspace:
 
 
 @pytest.fixture
-def live_segment():
+def live_segment(chaos_ws):
+    """Segments of jobs in the chaos workspace (its Site)."""
     started: list[LiveSegment] = []
 
     def start(job, *, end_step: int | None = None, env=None, overrides=()) -> LiveSegment:
         launch = SegmentLaunch(job, end_step=end_step or job.training.steps,
                                overrides=tuple(overrides))
-        live = LiveSegment(launch, env=env, timeout_s=300).start()
+        live = LiveSegment(launch, env=env, timeout_s=300, site=chaos_ws.site).start()
         started.append(live)
         return live
 

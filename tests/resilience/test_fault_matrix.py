@@ -65,7 +65,7 @@ def chain(chaos_ws):
         started: list[LiveSegment] = []
 
         def start() -> LiveSegment:
-            live = LiveSegment(SegmentLaunch(job, end_step=STEPS), timeout_s=300).start()
+            live = LiveSegment(SegmentLaunch(job, end_step=STEPS), timeout_s=300, site=chaos_ws.site).start()
             started.append(live)
             return live
 
@@ -164,8 +164,8 @@ def test_the_job_resumes_to_its_end_and_clean_steps_raise_no_straggler(chain):
     assert final.result.ok and final.segment["end_step"] == STEPS
     assert restored_step(final.segment) == links["hang"].facts["newest_valid"] is not None
     with ws.active():
-        assert read_events(job.name, kinds=("straggler",))[0] == []
-        scanned = scan_rank_timings(job.name)
+        assert read_events(ws.site.runs_dir(job.name), kinds=("straggler",))[0] == []
+        scanned = scan_rank_timings(ws.site.runs_dir(job.name))
     # Every launch of the chain is a separate detector run; the last one has > 20 samples.
     assert len(scanned) == 4 and not any(scanned.values()), scanned
 

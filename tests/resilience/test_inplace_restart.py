@@ -66,10 +66,10 @@ def test_a_killed_worker_restarts_in_place_from_memory_and_matches_the_straight_
         assert restart["restored_step"] + restart["steps_redone"] >= killed["end_step"]
         assert "without an error record" in restart["cause"]
         assert segment["end_step"] == STEPS and segment["restored_tier"] == "memory"
-        events, _ = read_events("killed", kinds=("inplace_restart",))
+        events, _ = read_events(chaos_ws.site.runs_dir("killed"), kinds=("inplace_restart",))
         assert [e["restored_step"] for e in events] == [restart["restored_step"]]
         # What GET /v1/training/jobs/{id} counts as inplace_restarts, and lists as events.
-        assert [e["kind"] for e in job_events("killed")].count("inplace_restart") == 1
+        assert [e["kind"] for e in job_events(chaos_ws.site.runs_dir("killed"))].count("inplace_restart") == 1
         a, b = _final_state(chaos_ws, "straight"), _final_state(chaos_ws, "killed")
         for key in a["model"]:
             assert torch.equal(a["model"][key], b["model"][key]), key
@@ -151,20 +151,23 @@ def test_a_deliberate_stop_is_not_restarted_in_place(chaos_ws, live_segment, fas
         chaos_ws.prepare(job)
         live = live_segment(job)
         live.wait_for_step(3)
-        preempt_running_segments(job.name)
+        preempt_running_segments(chaos_ws.site.runs_dir(job.name))
         result = live.result()
         assert result.outcome == Outcome.PREEMPTED, result.reason
         assert "not restarted" in result.reason
         assert [s["attempt"] for s in chaos_ws.segments("stopped")] == [0]
 
 
-def test_through_dagster_pipes_the_restart_is_in_the_materialization(chaos_ws, fast_dir):
+def test_through_dagster_pipes_the_restart_is_in_the_materialization(chaos_ws, fast_dir,
+                                                                    monkeypatch):
     """The local launcher under Dagster: rank 1 raises after step 5 (FM_FAULT_FAIL_AT, once
     per segment), torchrun restarts both workers, and the one materialization of the step
     carries the restart: count, cause, tier, restore time, steps redone."""
     from dagster import asset, materialize
     from fm_pipeline.resources.launcher_local import LocalLauncher
 
+    # The launcher resource is an entry point: its Site comes from this process's environment.
+    monkeypatch.setenv("FM_HOME", str(chaos_ws.home))
     with chaos_ws.active():
         job = chaos_ws.job("piped", **FAST)
         chaos_ws.prepare(job)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.resilience.matrix import run_fault
 from tests.resilience.records_check import assert_figures_agree
 
@@ -22,6 +21,6 @@ def test_operational_fault(chaos_ws, fault):
     assert result.passed, (result.error, result.outcome, result.failed_checks())
     assert result.steps_lost == 0, result.outcome
     with chaos_ws.active():
-        assert_figures_agree(result, runs_dir(result.job))
+        assert_figures_agree(result, chaos_ws.site.runs_dir(result.job))
     if fault == "api-kill-submit":  # the daemon started the run the killed server submitted
         assert result.resume_s is not None and result.resume_s > 0

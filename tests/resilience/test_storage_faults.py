@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from fm_pipeline.catalog import CheckpointRef, validate
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.resilience.scenarios.storage import DISK_BYTES, s3_down
 from tests.resilience.records_check import assert_figures_agree
@@ -23,7 +22,7 @@ def test_s3_down_mid_upload_keeps_training_and_commits_nothing_partial(chaos_ws)
     # Read from the records: nothing trained twice, nothing ended, nothing resumed.
     assert (result.steps_lost, result.detect_s, result.resume_s) == (0, None, None)
     with chaos_ws.active():
-        assert_figures_agree(result, runs_dir("chaos-s3-down"))
+        assert_figures_agree(result, chaos_ws.site.runs_dir("chaos-s3-down"))
 
 
 def test_disk_full_fails_the_save_naming_it_and_the_partial_checkpoint_is_never_chosen(
@@ -32,7 +31,7 @@ def test_disk_full_fails_the_save_naming_it_and_the_partial_checkpoint_is_never_
     with ws.active():
         job = ws.job("disk-full")
         ws.prepare(job)
-        small_disk_at(runs_dir(job.name) / "checkpoints", DISK_BYTES)
+        small_disk_at(chaos_ws.site.runs_dir(job.name) / "checkpoints", DISK_BYTES)
         result = live_segment(job).result()
         newest, skipped = ws.newest_valid(job)
         first = validate(CheckpointRef.local(ws.checkpoint_dir(job.name, 2)), job)

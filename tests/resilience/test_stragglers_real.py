@@ -28,14 +28,14 @@ def test_a_slowed_rank_is_flagged_alone_then_excluded_and_the_job_resumes_withou
         live = live_segment(job, env={"FM_FAULT_SLOW_RANKS": f"1:{SLOW_S}"})
         result = live.result()
         (segment,) = ws.segments(job.name)
-        raised, _ = read_events(job.name, kinds=("straggler",))
-        ended, _ = read_events(job.name, kinds=("straggler_end",))
+        raised, _ = read_events(chaos_ws.site.runs_dir(job.name), kinds=("straggler",))
+        ended, _ = read_events(chaos_ws.site.runs_dir(job.name), kinds=("straggler_end",))
         from fm_pipeline.api.progress import job_events
 
-        api_kinds = [e["kind"] for e in job_events(job.name)]
-        summary = straggler_summary(job)
-        plan = plan_after_stragglers(job)
-        k8s = plan_after_stragglers(job, target="kubernetes")
+        api_kinds = [e["kind"] for e in job_events(chaos_ws.site.runs_dir(job.name))]
+        summary = straggler_summary(job, chaos_ws.site.runs_dir(job.name))
+        plan = plan_after_stragglers(job, chaos_ws.site.runs_dir(job.name))
+        k8s = plan_after_stragglers(job, chaos_ws.site.runs_dir(job.name), target="kubernetes")
 
         # The detector: rank 1, its compute, within the window; nobody else.
         (event,) = raised
@@ -85,14 +85,14 @@ def test_straggler_events_reach_mlflow_as_tags_and_metrics(tmp_path):
     from fm_pipeline.sim.rank_timings import SlowRank, synthetic_timings
     from fm_pipeline.stragglers.watch import StragglerWatch
     from fm_pipeline.tracking.runs import open_client
-    from fm_pipeline.train.tracking import MlflowSink
+    from fm_pipeline.train.tracking import MlflowSink, TrainerTracking
 
     job = small_job(**{"name": "watched", "parallelism.nproc_per_node": 4})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    sink = MlflowSink(uri, job_name=job.name, params={"job": {"name": job.name}},
-                      run_name="watched-0-40")
+    sink = MlflowSink(TrainerTracking(uri=uri), job_name=job.name,
+                      params={"job": {"name": job.name}}, run_name="watched-0-40")
     watch = StragglerWatch.for_segment(job, segment="00000000-test", world_size=4,
-                                       gather_every=1, mlflow=sink)
+                                       gather_every=1, mlflow=sink, runs=tmp_path / "runs")
     stops = [watch.update([vars(t) for t in gathered]) for gathered in synthetic_timings(
         n_ranks=4, steps=40, seed=5, slow=[SlowRank(rank=2, factor=1.6, from_step=10)])]
     watch.close(end_step=40)
@@ -115,7 +115,6 @@ def test_under_drop_the_slowed_rank_computes_fewer_rows_and_the_job_never_stops(
     counted as lost tokens."""
     import statistics
 
-    from fm_pipeline.config.paths import runs_dir
     from fm_pipeline.rundir.records import RANK_TIMINGS_FILE, read_records
 
     ws = chaos_ws
@@ -127,9 +126,9 @@ def test_under_drop_the_slowed_rank_computes_fewer_rows_and_the_job_never_stops(
         ws.prepare(job)
         result = live_segment(job, env={"FM_FAULT_SLOW_RANKS": f"1:{SLOW_S}"}).result()
         (segment,) = ws.segments(job.name)
-        raised, _ = read_events(job.name, kinds=("straggler",))
-        (ended,), _ = read_events(job.name, kinds=("straggler_drop_end",))
-        timings = list(read_records(runs_dir(job.name) / RANK_TIMINGS_FILE, "rank_timing"))
+        raised, _ = read_events(chaos_ws.site.runs_dir(job.name), kinds=("straggler",))
+        (ended,), _ = read_events(chaos_ws.site.runs_dir(job.name), kinds=("straggler_drop_end",))
+        timings = list(read_records(chaos_ws.site.runs_dir(job.name) / RANK_TIMINGS_FILE, "rank_timing"))
     assert result.ok and segment["end_step"] == 20 and not segment.get("preempt_reason")
     event = raised[0]
     assert (event["rank"], event["action"]) == (1, "drop")

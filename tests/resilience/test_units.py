@@ -20,41 +20,42 @@ from fm_pipeline.sim.rank_timings import SlowRank, synthetic_timings
 from fm_pipeline.stragglers.history import straggler_summary
 from fm_pipeline.stragglers.mitigation import excluded_slots, plan_after_stragglers
 from fm_pipeline.stragglers.watch import StragglerWatch
+from tests import local_site
 
 runner = CliRunner()
 
 
 def test_a_sensor_tailing_the_event_log_sees_each_complete_record_once():
-    append_event("job-a", "straggler", rank=1)
-    with open(events_path("job-a"), "a") as f:
+    append_event(local_site.runs_dir("job-a"), "straggler", rank=1)
+    with open(events_path(local_site.runs_dir("job-a")), "a") as f:
         f.write('{"kind": "straggler", "rank": 2')  # a record still being written
-    first, cursor = read_events("job-a", kinds=("straggler",))
+    first, cursor = read_events(local_site.runs_dir("job-a"), kinds=("straggler",))
     assert [r["rank"] for r in first] == [1] and first[0]["job"] == "job-a"
-    with open(events_path("job-a"), "a") as f:
+    with open(events_path(local_site.runs_dir("job-a")), "a") as f:
         f.write(', "time": 1}\n')
-    append_event("job-a", "fault_injected", fault="kill-rank")
-    rest, cursor = read_events("job-a", kinds=("straggler",), offset=cursor)
+    append_event(local_site.runs_dir("job-a"), "fault_injected", fault="kill-rank")
+    rest, cursor = read_events(local_site.runs_dir("job-a"), kinds=("straggler",), offset=cursor)
     assert [r["rank"] for r in rest] == [2]
-    assert read_events("job-a", offset=cursor) == ([], cursor)
+    assert read_events(local_site.runs_dir("job-a"), offset=cursor) == ([], cursor)
 
 
 def _exclude(job_name: str, *, host: str, local_rank: int, rank: int) -> None:
-    append_event(job_name, "straggler", host=host, local_rank=local_rank, rank=rank,
+    append_event(local_site.runs_dir(job_name), "straggler", host=host, local_rank=local_rank, rank=rank,
                  section="compute", severity=0.4, first_step=10, action="exclude")
 
 
 def test_local_exclusion_shrinks_dp_shard_and_kubernetes_avoids_the_host():
     job = small_job(**{"name": "tp-job", "parallelism.nproc_per_node": 4,
                        "parallelism.tp": 2, "model.n_heads": 4, "model.n_kv_heads": 2})
-    assert plan_after_stragglers(job).job == job  # nothing excluded yet
+    assert plan_after_stragglers(job, local_site.runs_dir(job.name)).job == job  # nothing excluded yet
     _exclude("tp-job", host="node-a", local_rank=3, rank=3)
-    plan = plan_after_stragglers(job)
+    plan = plan_after_stragglers(job, local_site.runs_dir(job.name))
     p = plan.job.parallelism
     # 3 ranks cannot hold tp 2: the largest layout that can is 2 ranks (dp_shard 1).
     assert (p.world_size, p.tp, p.resolved_dp_shard) == (2, 2, 1)
     assert plan.job.training.global_batch_size == job.training.global_batch_size
     assert "world size 4 -> 2" in plan.note and plan.env == {}
-    k8s = plan_after_stragglers(job, target="kubernetes")
+    k8s = plan_after_stragglers(job, local_site.runs_dir(job.name), target="kubernetes")
     assert k8s.job == job and k8s.avoid_hosts == ("node-a",)
     # The next JobSet (strictly validated) keeps its pods off the flagged node.
     from fm_pipeline.launch import KubernetesTarget, Placement, SegmentLaunch, render_segment
@@ -67,8 +68,8 @@ def test_local_exclusion_shrinks_dp_shard_and_kubernetes_avoids_the_host():
         "nodeSelectorTerms"]
     assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                          "values": ["node-a"]}]
-    append_event("tp-job", "exclusions_cleared")
-    assert excluded_slots("tp-job") == [] and plan_after_stragglers(job).job == job
+    append_event(local_site.runs_dir("tp-job"), "exclusions_cleared")
+    assert excluded_slots(local_site.runs_dir("tp-job")) == [] and plan_after_stragglers(job, local_site.runs_dir(job.name)).job == job
 
 
 def test_each_launch_applies_the_exclusion_and_the_log_records_each_decision_once():
@@ -76,13 +77,13 @@ def test_each_launch_applies_the_exclusion_and_the_log_records_each_decision_onc
 
     job = small_job(**{"name": "once-job", "parallelism.nproc_per_node": 2})
     _exclude("once-job", host="node-a", local_rank=1, rank=1)
-    plans = [apply_exclusions(job, "local") for _ in range(3)]  # three launches
+    plans = [apply_exclusions(job, local_site.runs_dir(job.name), "local") for _ in range(3)]  # three launches
     assert [p.job.parallelism.world_size for p in plans] == [1, 1, 1]
-    (applied,), _ = read_events("once-job", kinds=("exclusion_applied",))
+    (applied,), _ = read_events(local_site.runs_dir("once-job"), kinds=("exclusion_applied",))
     assert applied["world_size"] == 1 and applied["excluded"][0]["host"] == "node-a"
     _exclude("once-job", host="node-a", local_rank=0, rank=0)  # a new decision: recorded
-    assert apply_exclusions(job, "local") is None and apply_exclusions(job, "local") is None
-    events, _ = read_events("once-job", kinds=("exclusion_applied",))
+    assert apply_exclusions(job, local_site.runs_dir(job.name), "local") is None and apply_exclusions(job, local_site.runs_dir(job.name), "local") is None
+    events, _ = read_events(local_site.runs_dir("once-job"), kinds=("exclusion_applied",))
     assert len(events) == 2 and events[1]["note"].startswith("not applied")
 
 
@@ -91,12 +92,12 @@ def test_gpu_exclusion_names_the_devices_left_and_an_impossible_one_is_refused()
                        "cluster.accelerator": "h100"})
     _exclude("gpu-job", host="node-a", local_rank=1, rank=1)
     # 3 ranks cannot split the global batch of 8: 2 ranks, on devices 0 and 2.
-    assert plan_after_stragglers(gpu).env == {"CUDA_VISIBLE_DEVICES": "0,2"}
+    assert plan_after_stragglers(gpu, local_site.runs_dir(gpu.name)).env == {"CUDA_VISIBLE_DEVICES": "0,2"}
     tight = small_job(**{"name": "tight", "parallelism.nproc_per_node": 2,
                          "parallelism.tp": 2, "model.n_heads": 4, "model.n_kv_heads": 2})
     _exclude("tight", host="node-a", local_rank=0, rank=0)
     with pytest.raises(ValueError, match="no smaller layout keeps tp 2"):
-        plan_after_stragglers(tight)
+        plan_after_stragglers(tight, local_site.runs_dir(tight.name))
 
 
 def _feed(watch: StragglerWatch, *, n_ranks: int, slow_rank: int, steps: int = 40):
@@ -111,32 +112,32 @@ def _feed(watch: StragglerWatch, *, n_ranks: int, slow_rank: int, steps: int = 4
 def test_exclude_policy_asks_for_one_stop_and_refuses_what_the_layout_cannot_absorb():
     job = small_job(**{"name": "excl", "parallelism.nproc_per_node": 4,
                        "resilience.straggler_policy": "exclude"})
-    watch = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=1)
+    watch = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=1, runs=local_site.runs_dir(job.name))
     (stop,) = _feed(watch, n_ranks=4, slow_rank=2)
     assert stop.startswith("straggler: rank 2 (node-0000) compute +")
-    (raised,), _ = read_events("excl", kinds=("straggler",))
+    (raised,), _ = read_events(local_site.runs_dir("excl"), kinds=("straggler",))
     assert raised["action"] == "exclude" and raised["local_rank"] == 2
 
     tight = small_job(**{"name": "tight2", "parallelism.nproc_per_node": 2,
                          "parallelism.tp": 2, "model.n_heads": 4, "model.n_kv_heads": 2,
                          "resilience.straggler_policy": "exclude"})
-    watch = StragglerWatch.for_segment(tight, segment="s1", world_size=2, gather_every=1)
+    watch = StragglerWatch.for_segment(tight, segment="s1", world_size=2, gather_every=1, runs=local_site.runs_dir(tight.name))
     assert _feed(watch, n_ranks=2, slow_rank=1) == []  # keeps training
-    (refused,), _ = read_events("tight2", kinds=("straggler",))
+    (refused,), _ = read_events(local_site.runs_dir("tight2"), kinds=("straggler",))
     assert refused["action"] == "exclude_refused" and "tp 2" in refused["refused"]
-    assert excluded_slots("tight2") == []
+    assert excluded_slots(local_site.runs_dir("tight2")) == []
 
 
 def test_exclusions_expire_and_a_cleared_or_expired_slot_is_used_again():
     job = small_job(**{"name": "ttl-job", "parallelism.nproc_per_node": 2,
                        "resilience.exclusion_ttl_s": 60})
     _exclude("ttl-job", host="node-a", local_rank=1, rank=1)
-    assert plan_after_stragglers(job).job.parallelism.world_size == 1
-    (slot,) = excluded_slots("ttl-job", ttl_s=60)
-    assert excluded_slots("ttl-job", ttl_s=60, now=slot.time + 61) == []
-    assert excluded_slots("ttl-job") == [slot]  # no ttl: until cleared
-    append_event("ttl-job", "exclusions_cleared")
-    assert plan_after_stragglers(job).job == job
+    assert plan_after_stragglers(job, local_site.runs_dir(job.name)).job.parallelism.world_size == 1
+    (slot,) = excluded_slots(local_site.runs_dir("ttl-job"), ttl_s=60)
+    assert excluded_slots(local_site.runs_dir("ttl-job"), ttl_s=60, now=slot.time + 61) == []
+    assert excluded_slots(local_site.runs_dir("ttl-job")) == [slot]  # no ttl: until cleared
+    append_event(local_site.runs_dir("ttl-job"), "exclusions_cleared")
+    assert plan_after_stragglers(job, local_site.runs_dir(job.name)).job == job
 
 
 def test_past_its_budget_of_stops_exclude_reports_and_says_why():
@@ -147,16 +148,16 @@ def test_past_its_budget_of_stops_exclude_reports_and_says_why():
     job = small_job(**{"name": "budget", "parallelism.nproc_per_node": 4,
                        "resilience.straggler_policy": "exclude",
                        "resilience.max_straggler_stops": 1})
-    first = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=1)
-    assert len(_feed(first, n_ranks=4, slow_rank=2)) == 1 and straggler_stops("budget") == 1
-    second = StragglerWatch.for_segment(job, segment="s2", world_size=4, gather_every=1)
+    first = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=1, runs=local_site.runs_dir(job.name))
+    assert len(_feed(first, n_ranks=4, slow_rank=2)) == 1 and straggler_stops(local_site.runs_dir("budget")) == 1
+    second = StragglerWatch.for_segment(job, segment="s2", world_size=4, gather_every=1, runs=local_site.runs_dir(job.name))
     assert _feed(second, n_ranks=4, slow_rank=2) == []  # reported, training goes on
-    records, _ = read_events("budget", kinds=("straggler",))
+    records, _ = read_events(local_site.runs_dir("budget"), kinds=("straggler",))
     assert [r["action"] for r in records] == ["exclude", "reported"]
     assert records[1]["budget_spent"] == ("1 straggler stop(s) of max_straggler_stops 1: "
                                           "reported only")
-    append_event("budget", "exclusions_cleared")  # the operator clears: the budget renews
-    third = StragglerWatch.for_segment(job, segment="s3", world_size=4, gather_every=1)
+    append_event(local_site.runs_dir("budget"), "exclusions_cleared")  # the operator clears: the budget renews
+    third = StragglerWatch.for_segment(job, segment="s3", world_size=4, gather_every=1, runs=local_site.runs_dir(job.name))
     assert len(_feed(third, n_ranks=4, slow_rank=2)) == 1
 
 
@@ -177,16 +178,16 @@ def test_straggler_costs_come_from_the_jobs_records():
 
 def test_policy_off_or_a_single_rank_watches_nothing():
     off = small_job(**{"name": "off", "resilience.straggler_policy": "off"})
-    assert StragglerWatch.for_segment(off, segment="s", world_size=4, gather_every=1) is None
+    assert StragglerWatch.for_segment(off, segment="s", world_size=4, gather_every=1, runs=local_site.runs_dir(off.name)) is None
     assert StragglerWatch.for_segment(small_job(), segment="s", world_size=1,
-                                      gather_every=1) is None
+                                      gather_every=1, runs=local_site.runs_dir(small_job().name)) is None
 
 
 def test_straggler_summary_counts_each_event_once_with_its_final_cost():
     job = small_job(**{"name": "costly", "parallelism.nproc_per_node": 4})
-    watch = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=10)
+    watch = StragglerWatch.for_segment(job, segment="s1", world_size=4, gather_every=10, runs=local_site.runs_dir(job.name))
     _feed(watch, n_ranks=4, slow_rank=1, steps=60)
-    summary = straggler_summary(job)
+    summary = straggler_summary(job, local_site.runs_dir(job.name))
     (event,) = summary["events"]
     assert event["kind"] == "straggler_end" and event["action"] == "reported"
     assert summary["idle_gpu_hours"] == pytest.approx(event["idle_gpu_hours"])
@@ -211,7 +212,7 @@ def test_fault_figures_are_read_from_the_records_and_a_set_figure_is_caught(monk
     # Segment "a" logs steps 1-4 and is killed after step 4; "b" restores step 2 and redoes
     # 3 and 4: two steps lost. Injection at t=104.5, end seen at 106.0, first step of "b"
     # at 112.0. A figure a scenario sets by hand disagrees with the records and is caught.
-    from fm_pipeline.config.paths import runs_dir
+    from tests.local_site import runs_dir
     from fm_pipeline.rundir.records import METRICS_FILE
     from tests.resilience.records_check import assert_figures_agree
 
@@ -224,8 +225,8 @@ def test_fault_figures_are_read_from_the_records_and_a_set_figure_is_caught(monk
         + "\n" for seg, s, t in steps))
     clock = iter([104.5, 106.0])
     monkeypatch.setattr("fm_pipeline.rundir.events.time.time", lambda: next(clock))
-    append_event("figures", "fault_injected", fault="kill-rank")
-    append_event("figures", "segment_ended", exit_code=-9)
+    append_event(local_site.runs_dir("figures"), "fault_injected", fault="kill-rank")
+    append_event(local_site.runs_dir("figures"), "segment_ended", exit_code=-9)
     hand_set = FaultResult("kill-rank", steps_lost=0, detect_s=1.5, resume_s=7.5)
     with pytest.raises(AssertionError, match="the records say 2, 1.5 s, 7.5 s"):
         assert_figures_agree(hand_set, runs)
@@ -235,7 +236,7 @@ def test_fault_figures_are_read_from_the_records_and_a_set_figure_is_caught(monk
     assert_figures_agree(measured, runs)
     # An operator's fix (a full disk freed): the resume is timed from it.
     clock = iter([110.0])
-    append_event("figures", "fault_cleared", fault="kill-rank")
+    append_event(local_site.runs_dir("figures"), "fault_cleared", fault="kill-rank")
     measured.record_figures(runs)
     assert measured.resume_s == 2.0
     assert_figures_agree(measured, runs)
@@ -276,7 +277,7 @@ def test_cli_shows_a_jobs_stragglers_and_clears_its_exclusions(tmp_path):
     assert shown.exit_code == 0 and "node-b" in shown.output and "exclude" in shown.output
     cleared = runner.invoke(app, ["chaos", "clear-exclusions", "--job", str(job_file)])
     assert cleared.exit_code == 0 and "cleared 1 exclusion" in cleared.output
-    assert excluded_slots("shown") == []
+    assert excluded_slots(local_site.runs_dir("shown")) == []
 
 
 def test_the_s3_endpoint_dies_on_the_marked_request_and_comes_back_with_its_data():
@@ -324,8 +325,8 @@ def test_namespaced_nodes_reach_each_other_and_nothing_is_left_after_a_failure()
 def test_events_are_plain_json_lines_the_api_lists():
     from fm_pipeline.api.progress import job_events
 
-    append_event("api-job", "straggler", rank=3, severity=0.25)
-    (line,) = events_path("api-job").read_text().splitlines()
+    append_event(local_site.runs_dir("api-job"), "straggler", rank=3, severity=0.25)
+    (line,) = events_path(local_site.runs_dir("api-job")).read_text().splitlines()
     assert json.loads(line)["kind"] == "straggler"
-    (event,) = job_events("api-job")
+    (event,) = job_events(local_site.runs_dir("api-job"))
     assert event["kind"] == "straggler" and event["detail"]["rank"] == 3

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.resilience.matrix import run_fault
 from tests.resilience.records_check import assert_figures_agree
 
@@ -23,6 +22,6 @@ def test_writer_fault(chaos_ws, fault):
         pytest.fail(f"{fault} could not be injected here: {result.skipped}")
     assert result.passed, (result.error, result.outcome, result.failed_checks())
     with chaos_ws.active():  # the table's figures are the records' figures
-        assert_figures_agree(result, runs_dir(JOBS[fault]))
+        assert_figures_agree(result, chaos_ws.site.runs_dir(JOBS[fault]))
     if fault == "second-trainer":  # refused at once, and nothing trained twice
         assert result.steps_lost == 0 and 0 < result.detect_s < 60

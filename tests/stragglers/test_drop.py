@@ -11,6 +11,7 @@ from fm_pipeline.rundir.events import read_events
 from fm_pipeline.stragglers.detector import StragglerEvent
 from fm_pipeline.stragglers.drop import DropController
 from fm_pipeline.stragglers.watch import StragglerWatch
+from tests import local_site
 
 
 def _records(step: int, *, slow: float = 1.0, work: float = 1.0, rows_s: float = 0.1,
@@ -87,26 +88,26 @@ def test_auto_drops_a_new_straggler_then_stops_once_the_drop_has_cost_a_relaunch
     # A relaunch of 0.3 s on 4 GPUs = 1.2 GPU-s; dropping 1 of rank 1's 2 rows costs
     # 1/8 x 0.2 s x 4 = 0.1 GPU-s per step: 12 steps of dropping, then the stop.
     job = _job("auto", **{"training.micro_batch_size": 2, "resilience.relaunch_cost_s": 0.3})
-    watch = StragglerWatch(job, segment="s1", world_size=4, gather_every=1)
+    watch = StragglerWatch(job, segment="s1", world_size=4, gather_every=1, runs=local_site.runs_dir(job.name))
     stop = _feed(watch, steps=range(1, 9), slow=2.0)
-    raised, _ = read_events(job.name, kinds=("straggler",))
+    raised, _ = read_events(local_site.runs_dir(job.name), kinds=("straggler",))
     assert stop is None and [e["action"] for e in raised] == ["drop"]
     assert raised[0]["cost"]["rows_kept"] == 1 and watch.row_plan() == [2, 1, 2, 2]
     stop = _feed(watch, steps=range(9, 30), slow=2.0)
     assert stop and "dropped rows cost" in stop and "one relaunch" in stop
-    raised, _ = read_events(job.name, kinds=("straggler",))
+    raised, _ = read_events(local_site.runs_dir(job.name), kinds=("straggler",))
     switched = raised[-1]
     assert switched["action"] == "exclude" and switched["switched_from"] == "drop"
     assert switched["cost"]["drop_cost_gpu_s_so_far"] >= switched["cost"]["relaunch_cost_gpu_s"]
-    (ended,) = read_events(job.name, kinds=("straggler_drop_end",))[0]
+    (ended,) = read_events(local_site.runs_dir(job.name), kinds=("straggler_drop_end",))[0]
     assert ended["why"] == "switched to exclude" and ended["tokens_dropped"] > 0
     assert watch.row_plan() is None  # the stop: nobody drops in the last step
 
 
 def test_drop_keeps_dropping_and_writes_the_drops_end_when_the_segment_ends(fm_home):
     job = _job("drop", **{"training.micro_batch_size": 2, "resilience.relaunch_cost_s": 0.3})
-    watch = StragglerWatch(job, segment="s1", world_size=4, gather_every=1)
+    watch = StragglerWatch(job, segment="s1", world_size=4, gather_every=1, runs=local_site.runs_dir(job.name))
     assert _feed(watch, steps=range(1, 40), slow=2.0) is None  # never stops
     watch.close(end_step=39)
-    (ended,) = read_events(job.name, kinds=("straggler_drop_end",))[0]
+    (ended,) = read_events(local_site.runs_dir(job.name), kinds=("straggler_drop_end",))[0]
     assert ended["why"] == "segment ended" and ended["tokens_dropped"] > 0

@@ -15,11 +15,12 @@ import yaml
 from fm_pipeline.resources.mlflow import MlflowTrackingResource
 
 from fm_pipeline.config import dump_job
-from fm_pipeline.config.paths import runs_dir
+from tests.local_site import runs_dir
 from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE, read_records
 from fm_pipeline.tracking import names
 from tests.conftest import REPO
+from tests import local_site
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -45,7 +46,7 @@ def _train(job_file: Path, fm_home: Path, *, nproc: int | None, end_step: int,
 def test_rank0_logs_each_step_into_the_segment_runs_of_its_job(mlflow_server, experiment,
                                                                fm_home, tmp_path):
     job = small_job(**JOB)
-    build_small_mix(job)
+    build_small_mix(job, store=local_site.site().store())
     job_file = tmp_path / "tracked.yaml"
     spec = dump_job(job)
     spec["parallelism"]["dp_shard"] = -1  # follow the world size: segment 2 runs on 1 rank

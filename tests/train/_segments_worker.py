@@ -9,6 +9,7 @@ process group: checking many parallelism layouts costs one interpreter start-up,
 import sys
 
 from fm_pipeline.config import load_job
+from fm_pipeline.config.site import Site
 from fm_pipeline.parallel import init_distributed
 from fm_pipeline.train.segment import run_segment
 
@@ -16,5 +17,6 @@ if __name__ == "__main__":
     init_distributed()
     for arg in sys.argv[1:]:
         path, _, end = arg.partition("@")
-        result = run_segment(load_job(path), end_step=int(end) if end else None)
+        result = run_segment(load_job(path), site=Site.from_environ(),
+                             end_step=int(end) if end else None)
         assert result.exit_code == 0, (path, result.summary)

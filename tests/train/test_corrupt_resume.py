@@ -17,6 +17,7 @@ from fm_pipeline.data.testing import build_small_mix
 from fm_pipeline.rundir.records import read_records
 from fm_pipeline.storage import open_store
 from tests.train.launch import env_for, failure, train, write_job
+from tests import local_site
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,7 @@ def test_training_past_a_corrupt_newest_checkpoint_replaces_it_and_keeps_the_res
             assert steps[step].read_bytes("manifest.json") == before[tier][step], (tier, step)
             assert validate(steps[step], job) == [], (tier, step)
     # The corrupt copies are set aside with the reason, every file kept.
-    aside = list_set_aside(JOB, store=store)
+    aside = list_set_aside(JOB, store=store, root=local_site.root_of(JOB))
     assert sorted((e.ref.step, e.ref.is_local, e.kind) for e in aside) == [
         (30, False, "invalid"), (30, True, "invalid")]
     for entry in aside:

@@ -11,6 +11,7 @@ from fm_pipeline.data.testing import build_small_mix
 from fm_pipeline.rundir.events import read_events
 from fm_pipeline.rundir.records import read_records
 from tests.train.launch import failure, train, write_job
+from tests import local_site
 
 JOB = "planned"
 
@@ -32,7 +33,7 @@ def _restored(fm_home) -> list[str | None]:
 def test_a_plan_that_fails_validation_falls_back_and_one_overtaken_yields(fm_home, tmp_path):
     path = write_job(tmp_path, JOB, nproc=1, **{
         "training.steps": 8, "training.segment_steps": 2, "checkpoint.every_steps": 2})
-    build_small_mix(load_job(path))
+    build_small_mix(load_job(path), store=local_site.site().store())
     ckpts = fm_home / "runs" / JOB / "checkpoints"
     out = train(fm_home, path, "--end-step", "4")
     assert out.returncode == 0, failure(out)
@@ -43,7 +44,7 @@ def test_a_plan_that_fails_validation_falls_back_and_one_overtaken_yields(fm_hom
                 "--end-step", "6")
     assert out.returncode == 0, failure(out)
     assert str(_restored(fm_home)[-1]).rstrip("/").endswith("step-00000002")
-    (differs,), _ = read_events(JOB, kinds=("resume_plan_differs",))
+    (differs,), _ = read_events(local_site.runs_dir(JOB), kinds=("resume_plan_differs",))
     assert (differs["planned_step"], differs["restored_step"]) == (4, 2)
     assert "the planned checkpoint failed validation" in differs["reason"]
 
@@ -53,7 +54,7 @@ def test_a_plan_that_fails_validation_falls_back_and_one_overtaken_yields(fm_hom
                 "--end-step", "8")
     assert out.returncode == 0, failure(out)
     assert str(_restored(fm_home)[-1]).rstrip("/").endswith("step-00000006")
-    _, differs = read_events(JOB, kinds=("resume_plan_differs",))[0]
+    _, differs = read_events(local_site.runs_dir(JOB), kinds=("resume_plan_differs",))[0]
     assert (differs["planned_step"], differs["restored_step"]) == (2, 6)
     assert "went past it" in differs["reason"]
     assert not (ckpts / "superseded.json").exists()

@@ -53,13 +53,13 @@ def test_an_unreachable_mlflow_server_is_a_warning_not_a_four_minute_stall(tmp_p
     import socket
 
     from fm_pipeline.train.reporter import SegmentReporter
+    from fm_pipeline.train.tracking import TrainerTracking
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    monkeypatch.setenv("FM_MLFLOW_URI", dead)
     reporter = SegmentReporter(job_name="j", runs_dir=tmp_path, params={}, start_step=0,
-                               target_step=2)
+                               target_step=2, tracking=TrainerTracking(uri=dead))
     assert reporter.mlflow.ready.wait(30) and not reporter.mlflow.usable
     reporter.mlflow.log_metrics(1, {"loss": 1.0})  # dropped, not raised
     reporter.mlflow.close(summary={}, failed=False)

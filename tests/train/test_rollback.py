@@ -22,6 +22,7 @@ from fm_pipeline.data.testing import build_small_mix
 from fm_pipeline.rundir.records import read_records
 from fm_pipeline.storage import open_store
 from tests.train.launch import env_for, failure, train, write_job
+from tests import local_site
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ JOB = "rollback"
 
 
 def _newest(job, store, tier: str):
-    found = latest_valid(job, store=store, tiers=(tier,), checksums=False)
+    found = latest_valid(job, store=store, tiers=(tier,), checksums=False, root=local_site.root_of(job))
     return found.found, read_manifest(found.found), found.skipped_lines()
 
 
@@ -82,7 +83,7 @@ def test_rollback_continues_from_the_chosen_checkpoint_in_both_tiers(fm_home, s3
     # The old step 20 is set aside in both tiers (kept, with the reason), not deleted.
     (aside,) = ckpts.glob("superseded/*/step-00000020")
     assert read_manifest(CheckpointRef.local(aside)).created_at == old20.created_at
-    kept = [e for e in list_set_aside(JOB, store=store) if not e.ref.is_local]
+    kept = [e for e in list_set_aside(JOB, store=store, root=local_site.root_of(JOB)) if not e.ref.is_local]
     assert [(e.ref.step, e.kind) for e in kept] == [(20, "superseded")]
     assert read_manifest(kept[0].ref).created_at == old20.created_at
     assert (out.stdout + out.stderr).count("set aside (superseded: the job was resumed") == 2
@@ -93,7 +94,7 @@ def test_rollback_continues_from_the_chosen_checkpoint_in_both_tiers(fm_home, s3
     rows = [line for line in listing.output.splitlines() if "superseded" in line]
     # the old 20 set aside in both tiers, 30 superseded in both tiers
     assert [r.split()[1] for r in rows] == ["20", "20", "30", "30"], listing.output
-    seen = progress.checkpoints(JOB, store)
+    seen = progress.checkpoints(JOB, store, root=local_site.root_of(JOB))
     assert progress.last_committed(seen).step == 20
     assert {(c.step, c.tier) for c in seen if c.superseded} == {(30, "local"), (30, "store")}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
 from fm_pipeline.resilience.matrix import FaultResult
@@ -30,7 +29,7 @@ def base_run(ws: ChaosWorkspace):
     job = ws.job(BASE_JOB)
     if not snapshot.is_dir():
         ws.prepare(job)
-        live = LiveSegment(SegmentLaunch(job, end_step=BASE_STEP)).start()
+        live = LiveSegment(SegmentLaunch(job, end_step=BASE_STEP), site=ws.site).start()
         result = live.result()
         if not result.ok:
             raise RuntimeError(f"the base run of the checkpoint faults failed: {result.reason}")
@@ -48,7 +47,7 @@ def _corrupt_and_resume(ws: ChaosWorkspace, fault: str, damage: Callable, detect
     result.injected = f"{damage(victim)} of step {BASE_STEP}"
     # Damage at rest has no moment a launcher sees: the next restore finds it, and that is
     # inside the time to resume.
-    append_event(job.name, "fault_injected", fault=fault, target=result.injected,
+    append_event(ws.site.runs_dir(job.name), "fault_injected", fault=fault, target=result.injected,
                  step=BASE_STEP, detect=False)
     found, skipped = ws.newest_valid(job)
     resumed = resume(ws, job, end_step=job.training.steps)
@@ -58,7 +57,7 @@ def _corrupt_and_resume(ws: ChaosWorkspace, fault: str, damage: Callable, detect
     reason = rejected[0].split(": ", 1)[1] if rejected else "not rejected"
     result.outcome = (f"discovery skipped step {BASE_STEP} ({reason}); resumed from step "
                       f"{restored}, {resumed.result.outcome.value}")
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     result.check(f"discovery rejects step {BASE_STEP}, naming {victim.name} and the "
                  f"{detects}", bool(rejected) and victim.name in rejected[0])
     said = [line for line in (log or "").splitlines() if f"step-{BASE_STEP:08d}" in line and

@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import SegmentResult
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience.matrix import FaultResult
@@ -41,14 +40,14 @@ def fault_and_resume(ws: ChaosWorkspace, result: FaultResult, job, *, at_step: i
     from the job's records once the resume ended."""
     ws.prepare(job)
     end = job.training.steps
-    live = LiveSegment(SegmentLaunch(job, end_step=end), env=env).start()
+    live = LiveSegment(SegmentLaunch(job, end_step=end), site=ws.site, env=env).start()
     try:
         live.wait_for_step(at_step)
         if after_checkpoint is not None:
             live.wait_for_checkpoint(after_checkpoint)
         fault_time = time.time()
         result.injected = inject(live)
-        append_event(job.name, "fault_injected", fault=fault, target=result.injected,
+        append_event(ws.site.runs_dir(job.name), "fault_injected", fault=fault, target=result.injected,
                      step=last_step(live))
         failed = live.result()
     finally:
@@ -59,13 +58,13 @@ def fault_and_resume(ws: ChaosWorkspace, result: FaultResult, job, *, at_step: i
     resumed = None
     if decision.resume:
         resumed = resume(ws, job, end_step=end, env=env)
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     return FaultRun(failed=failed, fault_time=fault_time, last_step=reached,
                     expected_step=expected, skipped=skipped, decision=decision,
                     resumed=resumed)
 
 
-def recovery_checks(result: FaultResult, run: FaultRun, job) -> None:
+def recovery_checks(result: FaultResult, run: FaultRun, job, ws: ChaosWorkspace) -> None:
     """What every recoverable fault must show: resumed, from the newest valid checkpoint
     (nothing committed lost), to the end, and no straggler invented by the turbulence."""
     result.check(f"the orchestration policy resumes ({run.decision.source}: "
@@ -79,7 +78,7 @@ def recovery_checks(result: FaultResult, run: FaultRun, job) -> None:
     result.check(f"the resumed segment completes at step {job.training.steps} "
                  f"({resumed.result.outcome.value})",
                  resumed.completed and resumed.segment.get("end_step") == job.training.steps)
-    stragglers, _ = read_events(job.name, kinds=("straggler",))
+    stragglers, _ = read_events(ws.site.runs_dir(job.name), kinds=("straggler",))
     result.check("no straggler event raised by these healthy ranks", not stragglers)
 
 

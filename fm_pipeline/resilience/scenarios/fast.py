@@ -26,7 +26,7 @@ from pathlib import Path
 from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 from fm_pipeline.rundir.events import append_event
-from fm_pipeline.rundir.records import EVENTS_FILE, METRICS_FILE, SEGMENTS_FILE, read_records
+from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE, read_records
 
 STEPS, DURABLE_EVERY = 12, 4
 KILL_WORKER_AT, LOSE_NODE_AT, LOSE_BOTH_AT = 3, 7, 10
@@ -67,12 +67,11 @@ def run_fast_faults(ws: ChaosWorkspace, *, keep_alive_s: int | None) -> FastFaul
         network, where = node_network(stack, 2)
         nodes = PodNodes(rendered, root=root, network=network, store_uri=str(ws.store_dir),
                          cwd=Path(__file__).resolve().parents[3], rdzv_conf=conf)
-        events = nodes.runs_dir / EVENTS_FILE
 
         def inject(what: str) -> None:
             faults.append((what, time.time()))
             # detect: false: no segment end marks it; the restart is inside the launch.
-            append_event(job.name, "fault_injected", path=events, fault=result.fault,
+            append_event(nodes.runs_dir, "fault_injected", job=job.name, fault=result.fault,
                          target=what, detect=False)
 
         nodes.start()
@@ -140,7 +139,7 @@ def _wait_for_restart(nodes, n: int, timeout_s: float = 240) -> None:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        seen, _ = read_events("", path=nodes.runs_dir / EVENTS_FILE, kinds=("inplace_restart",))
+        seen, _ = read_events(nodes.runs_dir, kinds=("inplace_restart",))
         if len(seen) >= n:
             return
         if nodes.procs[0].poll() is not None:

@@ -19,7 +19,7 @@ from fm_pipeline.resilience.matrix import FaultResult
 from fm_pipeline.resilience.scenarios.fast import check_redone_steps_bitwise
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 from fm_pipeline.rundir.events import append_event
-from fm_pipeline.rundir.records import EVENTS_FILE, METRICS_FILE, SEGMENTS_FILE, read_records
+from fm_pipeline.rundir.records import METRICS_FILE, SEGMENTS_FILE, read_records
 
 STEPS, DURABLE_EVERY, LOSE_NODE_AT = 10, 4, 6
 
@@ -48,7 +48,7 @@ def recreate_pods_fast(ws: ChaosWorkspace) -> FaultResult:
             lost_at = time.time()
             result.injected = (f"every process of node 1 SIGKILLed after step {LOSE_NODE_AT}; "
                                f"both pods recreated, node 1's on a new node; nodes in {where}")
-            append_event(job.name, "fault_injected", path=nodes.runs_dir / EVENTS_FILE,
+            append_event(nodes.runs_dir, "fault_injected", job=job.name,
                          fault=result.fault, target=result.injected)
             first_codes = nodes.wait(timeout_s=180)
         finally:

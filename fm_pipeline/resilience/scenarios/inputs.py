@@ -5,7 +5,6 @@ problem, nothing committed is touched, and retrying is refused where it cannot h
 
 from __future__ import annotations
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
@@ -29,8 +28,9 @@ def _checkpoint_state(ws: ChaosWorkspace, job) -> dict[int, bytes]:
             for p in sorted(root.glob("step-*/manifest.json"))}
 
 
-def _launch(job, **kwargs):
-    live = LiveSegment(SegmentLaunch(job, end_step=job.training.steps, **kwargs)).start()
+def _launch(ws, job, **kwargs):
+    live = LiveSegment(SegmentLaunch(job, end_step=job.training.steps, **kwargs),
+                       site=ws.site).start()
     try:
         return live, live.result()
     finally:
@@ -46,7 +46,7 @@ def bad_config(ws: ChaosWorkspace) -> FaultResult:
     outcomes = []
     result.injected = "trainer launched with " + ", ".join(f"--set {o}" for o, _ in BAD_OVERRIDES)
     for override, field in BAD_OVERRIDES:
-        live, failed = _launch(job, overrides=(override,))
+        live, failed = _launch(ws, job, overrides=(override,))
         decision, _ = decide(failed, failed_at_step=None, start_step=BASE_STEP)
         outcomes.append(f"`{override}`: {failed.outcome.value} in {failed.duration_s:.1f} s")
         result.check(f"--set {override}: exit 2 (bad_config), got {failed.outcome.value} exit "
@@ -60,7 +60,7 @@ def bad_config(ws: ChaosWorkspace) -> FaultResult:
     result.check("every committed checkpoint is byte-for-byte untouched",
                  _checkpoint_state(ws, job) == before and len(before) == 3)
     result.outcome = "; ".join(outcomes)
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     return result
 
 
@@ -76,13 +76,13 @@ def bad_data(ws: ChaosWorkspace) -> FaultResult:
     path, what = injectors.corrupt_shard(ws.store_dir, mix, sample=sample)
     try:
         result.injected = what
-        append_event(job.name, "fault_injected", fault="bad-data", target=what, step=BASE_STEP)
-        live, failed = _launch(job)
+        append_event(ws.site.runs_dir(job.name), "fault_injected", fault="bad-data", target=what, step=BASE_STEP)
+        live, failed = _launch(ws, job)
         decision, _ = decide(failed, failed_at_step=BASE_STEP, start_step=BASE_STEP)
     finally:
         injectors.flip_byte(path)  # the same byte again: the shard is whole for later faults
     key = path.relative_to(ws.store_dir).as_posix()
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     result.outcome = (f"{failed.outcome.value} (exit {failed.exit_code}): "
                       f"{first_line(failed.reason, 120)}; decision: "
                       f"{'resume' if decision.resume else 'stop'}")

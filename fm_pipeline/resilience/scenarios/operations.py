@@ -28,7 +28,6 @@ from pathlib import Path
 import httpx
 import yaml
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.resilience.api_server import ApiServer, group_members
 from fm_pipeline.resilience.injectors import Unavailable
 from fm_pipeline.resilience.matrix import FaultResult
@@ -49,11 +48,12 @@ STEPS = 8
 class Client:
     """A tenant calling the REST API with its own token."""
 
-    def __init__(self, base: str, tenant: str):
-        from fm_pipeline.api.auth import TokenStore
+    def __init__(self, base: str, tenant: str, site):
+        from fm_pipeline.api.auth import TokenStore, tokens_path
 
-        self.base = base
-        self.headers = {"Authorization": f"Bearer {TokenStore().issue(tenant=tenant)[1]}"}
+        self.base = base  # the server's site: where its tokens are
+        token = TokenStore(tokens_path(site)).issue(tenant=tenant)[1]
+        self.headers = {"Authorization": f"Bearer {token}"}
 
     def submit(self, body: dict, *, key: str | None = None) -> httpx.Response:
         headers = {**self.headers, **({"Idempotency-Key": key} if key else {})}
@@ -95,12 +95,12 @@ def _wait(what: str, predicate, *, timeout_s: float, every_s: float = 0.5):
         time.sleep(every_s)
 
 
-def _steps(job_id: str) -> list[dict]:
-    return step_records(job_id, since=0.0)
+def _steps(ws: ChaosWorkspace, job_id: str) -> list[dict]:
+    return step_records(ws.site.runs_dir(job_id), since=0.0)
 
 
-def _segments(job_id: str) -> list[dict]:
-    return read_records(runs_dir(job_id) / SEGMENTS_FILE, "segment")
+def _segments(ws: ChaosWorkspace, job_id: str) -> list[dict]:
+    return read_records(ws.site.runs_dir(job_id) / SEGMENTS_FILE, "segment")
 
 
 def api_kill_submit(ws: ChaosWorkspace) -> FaultResult:
@@ -111,7 +111,7 @@ def api_kill_submit(ws: ChaosWorkspace) -> FaultResult:
     api = ApiServer(ws.home, TENANTS, env=_env(ws), name="api-kill-submit")
     with api:
         api.start(env={"FM_FAILPOINTS": "api.after_run_submitted=kill"})
-        prod = Client(api.base, "prod")
+        prod = Client(api.base, "prod", ws.site)
         key = f"chaos-{uuid.uuid4().hex[:12]}"
         body = _body(ws, gpus=POOL_GPUS)
         killed_at = time.time()
@@ -125,7 +125,7 @@ def api_kill_submit(ws: ChaosWorkspace) -> FaultResult:
         api.start()  # the operator restarts it: no fail point now
         retry = prod.submit(body, key=key)
         job_id = retry.json().get("job_id", "?") if retry.status_code in (200, 201) else "?"
-        append_event(job_id, "fault_injected", fault=result.fault, target=result.injected,
+        append_event(ws.site.runs_dir(job_id), "fault_injected", fault=result.fault, target=result.injected,
                      time=round(killed_at, 3), detect=False)
         jobs = prod.get("")["jobs"]  # before the second job: the retry made none
         other = prod.submit(_body(ws, gpus=1, steps=2)).json().get("job_id", "?")
@@ -143,7 +143,7 @@ def api_kill_submit(ws: ChaosWorkspace) -> FaultResult:
         status, events = prod.status(job_id), prod.get(f"/{job_id}/events")["events"]
     admitted = [e for e in events if e["kind"] == "admitted"]
     kinds = [e["kind"] for e in events]
-    result.record_figures(runs_dir(job_id))
+    result.record_figures(ws.site.runs_dir(job_id))
     result.outcome = (f"submit: {answer}, server exit {code}; retry {retry.status_code} "
                       f"(replayed: {retry.headers.get('Idempotent-Replayed')}); {job_id} "
                       f"{status['status']} at step {status['step']} in {status['runs']} run(s); "
@@ -160,8 +160,8 @@ def api_kill_submit(ws: ChaosWorkspace) -> FaultResult:
                  len(admitted) == 1 and admitted[0]["detail"].get("adopted")
                  and "launch_failed" not in kinds)
     result.check(f"one run, one segment ({status['runs']} run(s), "
-                 f"{len(_segments(job_id))} segment record(s))",
-                 status["runs"] == 1 and len(_segments(job_id)) == 1)
+                 f"{len(_segments(ws, job_id))} segment record(s))",
+                 status["runs"] == 1 and len(_segments(ws, job_id)) == 1)
     result.check(f"GPUs in active runs never exceeded the pool: at most {most} of "
                  f"{POOL_GPUS} (statuses seen: {sorted(seen)})",
                  0 < most <= POOL_GPUS and "other:queued" in seen)
@@ -183,20 +183,20 @@ def daemon_kill(ws: ChaosWorkspace) -> FaultResult:
     api = ApiServer(ws.home, TENANTS, env=_env(ws, **slow), name="daemon-kill")
     with api:
         api.start()
-        prod = Client(api.base, "prod")
+        prod = Client(api.base, "prod", ws.site)
         r = prod.submit(_body(ws, gpus=POOL_GPUS, steps=12))
         job_id = r.json()["job_id"]
-        _wait("step 3 and checkpoint 2", lambda: any(s["step"] >= 3 for s in _steps(job_id))
-              and (runs_dir(job_id) / "checkpoints" / "step-00000002" / "manifest.json"
+        _wait("step 3 and checkpoint 2", lambda: any(s["step"] >= 3 for s in _steps(ws, job_id))
+              and (ws.site.runs_dir(job_id) / "checkpoints" / "step-00000002" / "manifest.json"
                    ).is_file(), timeout_s=300, every_s=0.1)
         pid = api.daemon_pid()
         if pid is None:
             raise RuntimeError("no dagster-daemon holds the instance's lock")
         os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
-        step = max(s["step"] for s in _steps(job_id))
+        step = max(s["step"] for s in _steps(ws, job_id))
         result.injected = f"SIGKILL to dagster-daemon (pid {pid}) at step {step}"
-        append_event(job_id, "fault_injected", fault=result.fault, target=result.injected,
+        append_event(ws.site.runs_dir(job_id), "fault_injected", fault=result.fault, target=result.injected,
                      step=step, time=round(killed_at, 3), detect=False)
         answered = []
 
@@ -219,9 +219,9 @@ def daemon_kill(ws: ChaosWorkspace) -> FaultResult:
             pass
         left, left_after_s = group_members(pid), time.monotonic() - t0
         _end_group(pid)
-    segments = _segments(job_id)
-    result.record_figures(runs_dir(job_id))
-    overlap = _overlapping(_steps(job_id))
+    segments = _segments(ws, job_id)
+    result.record_figures(ws.site.runs_dir(job_id))
+    overlap = _overlapping(_steps(ws, job_id))
     result.outcome = (f"another daemon (pid {new_pid}) after {daemon_back_s:.1f} s; {job_id} "
                       f"{status['status']} at step {status['step']} in {status['runs']} run(s), "
                       f"{len(segments)} segment(s): "
@@ -284,16 +284,16 @@ def clock_skew(ws: ChaosWorkspace) -> FaultResult:
     job_file = ws.home / "node-b" / "job.yaml"
     job_file.parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(yaml.safe_dump(dump_job(job)), encoding="utf-8")
-    holder_run = LiveSegment(SegmentLaunch(job, end_step=job.training.steps),
+    holder_run = LiveSegment(SegmentLaunch(job, end_step=job.training.steps), site=ws.site,
                              env={"FM_FAULT_SLOW_RANKS": "0:0.5,1:0.5"}).start()
     try:
         holder_run.wait_for_step(2)
-        holder = json.loads((runs_dir(job.name) / "lease.json").read_text())
+        holder = json.loads((ws.site.runs_dir(job.name) / "lease.json").read_text())
         step = holder_run.steps()[-1]["step"]
         result.injected = (f"a trainer on host node-b (UTS namespace, its own disk, the same "
                            f"store) whose wall clock runs {SKEW_S} s ahead (libfaketime) "
                            f"started on {job.name} at step {step}")
-        append_event(job.name, "fault_injected", fault=result.fault, target=result.injected,
+        append_event(ws.site.runs_dir(job.name), "fault_injected", fault=result.fault, target=result.injected,
                      step=step, detect=False)
         t0 = time.monotonic()
         contender = _skewed_trainer(job_file, ws, libs[0], nproc=2)
@@ -302,9 +302,9 @@ def clock_skew(ws: ChaosWorkspace) -> FaultResult:
     finally:
         holder_run.cleanup()
     text = contender.stdout + contender.stderr
-    steps = [r["step"] for r in _steps(job.name)]
+    steps = [r["step"] for r in _steps(ws, job.name)]
     lease_lines = [ln for ln in text.splitlines() if "already being trained" in ln]
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     result.outcome = (f"contender exit {contender.returncode} after {refused_s:.1f} s: "
                       f"{first_line(lease_lines[0] if lease_lines else text[-300:], 140)}; "
                       f"holder {done.outcome.value} at step {done.end_step}")

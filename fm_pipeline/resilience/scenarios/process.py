@@ -18,7 +18,7 @@ from fm_pipeline.resilience.scenarios.common import (
 )
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 from fm_pipeline.rundir.events import append_event
-from fm_pipeline.rundir.records import EVENTS_FILE
+
 
 FAULT_STEP = 3  # between the checkpoints of steps 2 and 4
 
@@ -39,7 +39,7 @@ def kill_rank(ws: ChaosWorkspace) -> FaultResult:
     result.check(f"the failure names the killed rank 1 and its signal, not the peer it took "
                  f"down: rank {f.failed_rank}, {first_line(f.reason, 120)!r}",
                  f.failed_rank == 1 and "SIGKILL" in f.reason)
-    recovery_checks(result, run, job)
+    recovery_checks(result, run, job, ws)
     return result
 
 
@@ -68,7 +68,7 @@ def hang_rank(ws: ChaosWorkspace) -> FaultResult:
     result.check(f"detected within the collective timeout + torchrun's 30 s teardown + 20 s "
                  f"slack ({timeout:.0f} + 30 + 20 s), not torch's default 30 minutes: "
                  f"{result.detect_s} s", result.detect_s <= timeout + 30 + 20)
-    recovery_checks(result, run, job)
+    recovery_checks(result, run, job, ws)
     return result
 
 
@@ -96,7 +96,7 @@ def preempt(ws: ChaosWorkspace) -> FaultResult:
     result.check(f"the stop took {segment.get('preempt_to_exit_s')} s, inside the grace "
                  f"period ({job.training.preemption_grace_s:.0f} s)",
                  (segment.get("preempt_to_exit_s") or 1e9) < job.training.preemption_grace_s)
-    recovery_checks(result, run, job)
+    recovery_checks(result, run, job, ws)
     result.check("0 steps lost", result.steps_lost == 0)
     return result
 
@@ -122,17 +122,16 @@ def kill_node(ws: ChaosWorkspace) -> FaultResult:
         network, where = node_network(stack, 2)
         nodes = PodNodes(rendered, root=root, network=network, store_uri=str(store), cwd=repo)
         nodes.start()
-        events = nodes.runs_dir / EVENTS_FILE
         try:
             nodes.wait_for_step(FAULT_STEP)
             wait_for_checkpoint(nodes.runs_dir, 2, timeout_s=120)
             killed = nodes.kill_node(1)
             result.injected = (f"SIGKILL to every process of node 1 ({len(killed)}: agent and "
                                f"worker) after step {FAULT_STEP}; nodes in {where}")
-            append_event(job.name, "fault_injected", path=events, fault="kill-node",
+            append_event(nodes.runs_dir, "fault_injected", job=job.name, fault="kill-node",
                          target=result.injected)
             codes = nodes.wait(timeout_s=180)
-            append_event(job.name, "segment_ended", path=events, exit_code=codes[0])
+            append_event(nodes.runs_dir, "segment_ended", job=job.name, exit_code=codes[0])
         finally:
             nodes.stop()
         node0 = root / "node-0" / "state"

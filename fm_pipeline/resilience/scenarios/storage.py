@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience.injectors import small_disk
 from fm_pipeline.resilience.matrix import FaultResult
@@ -50,7 +49,7 @@ def s3_down(ws: ChaosWorkspace) -> FaultResult:
         ws.prepare(job, store).verify()
         marker = f"step-{CUT_STEP:08d}/".encode()
         s3.cut_when(marker)
-        live = LiveSegment(SegmentLaunch(job, end_step=end), env=env).start()
+        live = LiveSegment(SegmentLaunch(job, end_step=end), site=ws.site, env=env).start()
         try:
             while not s3.wait_down(timeout_s=0.2) and live.running:
                 pass
@@ -59,7 +58,7 @@ def s3_down(ws: ChaosWorkspace) -> FaultResult:
                                f"upload request of step {CUT_STEP}: "
                                f"{(s3.cut_request or b'').decode(errors='replace')[:80]}")
             # Nothing ends: "Detected after" does not apply (detect=False).
-            append_event(job.name, "fault_injected", fault="s3-down", target=result.injected,
+            append_event(ws.site.runs_dir(job.name), "fault_injected", fault="s3-down", target=result.injected,
                          step=last_step(live), detect=False)
             ran = live.result()
         finally:
@@ -71,11 +70,11 @@ def s3_down(ws: ChaosWorkspace) -> FaultResult:
         remote = {s for s in (2, 4, 6, 8)
                   if store.exists(f"checkpoints/{job.name}/step-{s:08d}/manifest.json")}
         t0 = time.time()
-        reports = sync_to_store(job.name, store)
+        reports = sync_to_store(job.name, store, root=ws.site.checkpoints_dir(job.name))
         synced = [r.step for r in reports if r.committed]
         remote_end = validate(CheckpointRef.remote(store, f"checkpoints/{job.name}/"
                                                           f"step-{end:08d}"), job)
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     result.outcome = (f"{ran.outcome.value} at step {end}; store committed steps "
                       f"{sorted(remote) or 'none'} during the outage; sync afterwards "
                       f"uploaded {synced or 'nothing'} in {time.time() - t0:.1f} s")
@@ -101,14 +100,14 @@ def disk_full(ws: ChaosWorkspace) -> FaultResult:
     result = FaultResult("disk-full", expected=(
         "the segment fails naming the write error; the partial checkpoint is never chosen; "
         "after space is freed the job resumes from the newest valid checkpoint"))
-    directory = runs_dir(job.name) / "checkpoints"
+    directory = ws.site.runs_dir(job.name) / "checkpoints"
     with small_disk(directory, size_bytes=DISK_BYTES) as disk:
         result.injected = (f"checkpoint directory on a {DISK_BYTES >> 20} MiB tmpfs (a real "
                            "mount; one checkpoint fits, the second write hits ENOSPC)")
         # Present from the launch, with no moment of injection: no "Detected after".
-        append_event(job.name, "fault_injected", fault="disk-full", target=result.injected,
+        append_event(ws.site.runs_dir(job.name), "fault_injected", fault="disk-full", target=result.injected,
                      detect=False)
-        live = LiveSegment(SegmentLaunch(job, end_step=end)).start()
+        live = LiveSegment(SegmentLaunch(job, end_step=end), site=ws.site).start()
         try:
             failed = live.result()
         finally:
@@ -118,11 +117,11 @@ def disk_full(ws: ChaosWorkspace) -> FaultResult:
         text = f"{failed.reason}\n{failed.traceback or ''}"
         decision, _ = decide(failed, failed_at_step=reached, start_step=0)
         disk.grow(64 << 20)  # the operator frees space
-        append_event(job.name, "fault_cleared", fault="disk-full", what="64 MiB free")
+        append_event(ws.site.runs_dir(job.name), "fault_cleared", fault="disk-full", what="64 MiB free")
         resumed = resume(ws, job, end_step=end) if decision.resume else None
     result.outcome = describe_outcome(failed) + (
         f"; resumed from step {resumed.restored_step}" if resumed else "")
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     result.check(f"the segment fails ({failed.outcome.value}, exit {failed.exit_code})",
                  not failed.ok and failed.exit_code not in (0, 75))
     result.check("the reason shows the disk is full (ENOSPC, or 0 MB free)",

@@ -12,7 +12,6 @@ import time
 from fm_pipeline.catalog import CheckpointRef, validate
 from fm_pipeline.catalog.set_aside import list_set_aside
 from fm_pipeline.catalog.refs import list_local, list_store, store_root
-from fm_pipeline.config.paths import runs_dir
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from fm_pipeline.resilience import injectors
@@ -39,10 +38,10 @@ def corrupt_both_tiers(ws: ChaosWorkspace) -> FaultResult:
         "the reason, never deleted; the older valid checkpoints are untouched"))
     ws.prepare(job)
     store = open_store(str(ws.store_dir))
-    base = LiveSegment(SegmentLaunch(job, end_step=NEWEST)).start().result()
+    base = LiveSegment(SegmentLaunch(job, end_step=NEWEST), site=ws.site).start().result()
     if not base.ok:
         raise RuntimeError(f"the base run failed: {base.reason}")
-    local, remote = runs_dir(job.name) / "checkpoints", store_root(job.name)
+    local, remote = ws.site.runs_dir(job.name) / "checkpoints", store_root(job.name)
     before = {"local": _manifests(list_local(local)),
               "store": _manifests(list_store(store, remote))}
     victim = injectors.checkpoint_victim(ws.checkpoint_dir(job.name, NEWEST))
@@ -51,13 +50,13 @@ def corrupt_both_tiers(ws: ChaosWorkspace) -> FaultResult:
     result.injected = f"{injected} of step {NEWEST}, in the local tier and in the store"
     # Damage at rest has no moment a launcher sees: the next restore finds it, and that is
     # inside the time to resume.
-    append_event(job.name, "fault_injected", fault=result.fault, target=result.injected,
+    append_event(ws.site.runs_dir(job.name), "fault_injected", fault=result.fault, target=result.injected,
                  step=NEWEST, detect=False)
     resumed = resume(ws, job, end_step=job.training.steps)
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     copies = {"local": CheckpointRef.local(local / f"step-{NEWEST:08d}"),
               "store": CheckpointRef.remote(store, f"{remote}/step-{NEWEST:08d}")}
-    aside = [e for e in list_set_aside(job.name, store=store) if e.ref.step == NEWEST]
+    aside = [e for e in list_set_aside(job.name, store=store, root=ws.site.checkpoints_dir(job.name)) if e.ref.step == NEWEST]
     result.outcome = (f"resumed from step {resumed.restored_step}, "
                       f"{resumed.result.outcome.value} at step {resumed.segment.get('end_step')}"
                       f"; step {NEWEST} saved again in "
@@ -95,16 +94,16 @@ def second_trainer(ws: ChaosWorkspace) -> FaultResult:
         "the refusal as the job's failure"))
     ws.prepare(job)
     slow = {"FM_FAULT_SLOW_RANKS": "0:1.0,1:1.0"}
-    first = LiveSegment(SegmentLaunch(job, end_step=job.training.steps), env=slow).start()
+    first = LiveSegment(SegmentLaunch(job, end_step=job.training.steps), site=ws.site, env=slow).start()
     try:
         first.wait_for_step(2)
-        holder = json.loads((runs_dir(job.name) / "lease.json").read_text())
+        holder = json.loads((ws.site.runs_dir(job.name) / "lease.json").read_text())
         t0 = time.time()
         result.injected = (f"a second torchrun on job {job.name} while the first (rank 0 pid "
                            f"{holder['pid']}) was at step {first.steps()[-1]['step']}")
-        append_event(job.name, "fault_injected", fault=result.fault, target=result.injected,
+        append_event(ws.site.runs_dir(job.name), "fault_injected", fault=result.fault, target=result.injected,
                      step=first.steps()[-1]["step"])
-        second = LiveSegment(SegmentLaunch(job, end_step=job.training.steps)).start()
+        second = LiveSegment(SegmentLaunch(job, end_step=job.training.steps), site=ws.site).start()
         refused = second.result()
         done = first.result()
     finally:
@@ -112,7 +111,7 @@ def second_trainer(ws: ChaosWorkspace) -> FaultResult:
     decision, _ = decide(refused, failed_at_step=None, start_step=None)
     steps = [r["step"] for r in first.steps()]
     segments = ws.segments(job.name, since=t0 - 60)
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     result.outcome = (f"second: {refused.outcome.value} (exit {refused.exit_code}) after "
                       f"{refused.duration_s:.1f} s: {first_line(refused.reason, 110)}; first: "
                       f"{done.outcome.value} at step {done.end_step}")
@@ -137,15 +136,15 @@ def read_only_tier(ws: ChaosWorkspace) -> FaultResult:
         "exit 2 (permanent: no retry can fix it) with one line naming the read-only "
         "directory, before the first step; the policy stops"))
     ws.prepare(job)
-    ckpts = runs_dir(job.name) / "checkpoints"
+    ckpts = ws.site.runs_dir(job.name) / "checkpoints"
     with injectors.read_only_dir(ckpts):
         result.injected = f"{ckpts} on a read-only tmpfs (mount -o ro)"
-        append_event(job.name, "fault_injected", fault=result.fault, target=result.injected)
-        live = LiveSegment(SegmentLaunch(job, end_step=job.training.steps)).start()
+        append_event(ws.site.runs_dir(job.name), "fault_injected", fault=result.fault, target=result.injected)
+        live = LiveSegment(SegmentLaunch(job, end_step=job.training.steps), site=ws.site).start()
         failed = live.result()
         trained = live.steps()
     decision, _ = decide(failed, failed_at_step=None, start_step=0)
-    result.record_figures(runs_dir(job.name))
+    result.record_figures(ws.site.runs_dir(job.name))
     result.outcome = (f"{failed.outcome.value} (exit {failed.exit_code}): "
                       f"{first_line(failed.reason, 120)}")
     result.check(f"exit 2, the permanent code (got {failed.outcome.value} exit "

@@ -40,7 +40,6 @@ from fm_pipeline.failpoints import failpoint
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.orchestration.registry import register_job, registered_digest, registered_job
 from fm_pipeline.scheduling import AdmissionError, FairSharePolicy, JobRequest, TenantsConfig
-from fm_pipeline.storage import open_store
 
 log = logging.getLogger(__name__)
 IDEMPOTENCY_S = 24 * 3600  # how long an Idempotency-Key names its job
@@ -69,7 +68,6 @@ class ControlPlane:
         self.orchestrator = orchestrator
         self.store = store
         self.site = site
-        self.store_root = site.store_uri
         self.clock = clock
         self.policy = FairSharePolicy(tenants, clock=clock)
         # job id -> why the tenants config cannot schedule it (its tenant is gone, it is
@@ -106,7 +104,7 @@ class ControlPlane:
                                               priority=PRIORITY_VALUES[body.priority], seq=0))
         except AdmissionError as e:
             pool.append(("gpus", str(e)))
-        job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.store_root,
+        job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.site.store_uri,
                           problems=pool, cluster=self.tenants.cluster)
         if self.capacity is not None:  # refused before it is queued, let alone started
             misfit = local_fit_problems(job, self.capacity)
@@ -325,7 +323,7 @@ class ControlPlane:
         return self.orchestrator.status(job_id)
 
     def _object_store(self):
-        return open_store(self.store_root)
+        return self.site.store()
 
     def _register(self, job: JobSpec) -> str:
         """The one stored copy of the spec (orchestration.registry); the queue keeps its

@@ -28,6 +28,7 @@ from fm_pipeline.catalog.refs import (
     CheckpointRef,
     delete_checkpoint,
     is_content_file,
+    job_of,
     list_local,
     local_tier,
     store_root,
@@ -317,15 +318,15 @@ def complete_from_store(remote: CheckpointRef, dest: Path, *, verify_present: bo
     return CheckpointRef.local(dest)
 
 
-def local_copy(ref: CheckpointRef, *, cache_root: Path | None) -> tuple[CheckpointRef, float]:
+def local_copy(ref: CheckpointRef, *, site) -> tuple[CheckpointRef, float]:
     """For one process of the control side (an evaluation or drill launching its workers):
     the checkpoint as a complete local directory and the seconds spent fetching. A local
     ref is used as it is (the workers verify it while restoring); a store ref is fetched
-    into `cache_root` (the job's local tier, usually), keeping files already there intact.
+    into its job's local tier at `site` (config.site), keeping files already there intact.
     Inside a training job, checkpoint.load.localize does this collectively."""
     if ref.is_local:
         return ref, 0.0
-    dest = Path(local_tier(cache_root)) / ref.name
+    dest = site.checkpoints_dir(job_of(ref)) / ref.name
     t0 = time.perf_counter()
     try:
         complete_from_store(ref, dest, verify_present=True)

@@ -146,7 +146,6 @@ def run_restore_drill(checkpoint, *, site, job=None, parallelism: dict | None = 
     """Drill one checkpoint (a CheckpointRef, a local directory, or a key prefix in `store`;
     one in the store is fetched into its job's local tier at `site`). Never raises for a bad
     checkpoint: the result says why it failed, and is recorded."""
-    from fm_pipeline.catalog.refs import job_of
     from fm_pipeline.catalog.tiering import local_copy
 
     t0 = time.perf_counter()
@@ -156,8 +155,7 @@ def run_restore_drill(checkpoint, *, site, job=None, parallelism: dict | None = 
         manifest = read_manifest(ref)
         if job is not None and (problems := model_problems(manifest, job)):
             raise CheckpointInvalid(ref, problems)
-        local, result.download_s = local_copy(
-            ref, cache_root=None if ref.is_local else site.checkpoints_dir(job_of(ref)))
+        local, result.download_s = local_copy(ref, site=site)
         # Structure and sizes first (cheap); the workers verify every checksum while restoring.
         if problems := validate(local, job, checksums=False):
             raise CheckpointInvalid(local, problems)

@@ -87,7 +87,6 @@ def evaluate_checkpoints(checkpoints, *, site, job=None, store=None, nproc: int 
     """evaluate_checkpoint for several checkpoints of one job in one launch of the workers
     (start-up, torch's import, the model and the data mix paid once). Each valid one is
     scored and marked; then CheckpointInvalid names the first that was not, if any."""
-    from fm_pipeline.catalog.refs import job_of
     from fm_pipeline.catalog.tiering import local_copy
 
     store = store if store is not None else site.store()
@@ -98,8 +97,7 @@ def evaluate_checkpoints(checkpoints, *, site, job=None, store=None, nproc: int 
     for ref in refs:
         if problems := model_problems(read_manifest(ref), job):
             raise CheckpointInvalid(ref, problems)
-        locals_.append(local_copy(ref, cache_root=None if ref.is_local
-                                  else site.checkpoints_dir(job_of(ref)))[0])
+        locals_.append(local_copy(ref, site=site)[0])
     args = [a for local in locals_ for a in ("--checkpoint", str(local.dir))]
     args += ["--max-batches", str(max_batches),
              "--store", store.uri]

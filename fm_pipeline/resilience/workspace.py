@@ -70,9 +70,8 @@ class ChaosWorkspace:
         """The job's data mix in `store` (default: this workspace's), built once."""
         from fm_pipeline.data import mix_key
         from fm_pipeline.data.testing import build_small_mix
-        from fm_pipeline.storage import open_store
 
-        store = store or open_store(str(self.store_dir))
+        store = store or self.site.store()
         key = (store.uri, mix_key(job))
         if key not in self._prepared:
             build_small_mix(job, store=store)

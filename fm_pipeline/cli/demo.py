@@ -33,7 +33,7 @@ from rich.table import Column, Table
 from fm_pipeline.cli.data import console
 from fm_pipeline.cli.errors import user_errors
 from fm_pipeline.cli.options import JOB
-from fm_pipeline.config import dump_job, load_job, parse_job
+from fm_pipeline.config import JobSpec, load_job
 from fm_pipeline.config.site import Site
 from fm_pipeline.deploy.instance import write_instance
 from fm_pipeline.deploy.services import daemon, default_signal_dispositions, running
@@ -60,18 +60,12 @@ def demo(job: Path = JOB,
 
     from dagster import DagsterInstance
 
-    from fm_pipeline.dagster_runs.names import TAG_API_RUN
-    from fm_pipeline.dagster_runs.submit import register_training_job
     from fm_pipeline.cli.follow import RunFollower
     from fm_pipeline.dagster_runs.summary import job_report
-    from fm_pipeline.orchestration import registered_jobs
-    from fm_pipeline.orchestration.registry import plant_fault
     from fm_pipeline.orchestration.submissions import submit_run
 
     store = site.store()
-    taken = set(registered_jobs(store))
-    name = next(f"{spec.name}-{n}" for n in range(1, 10_000) if f"{spec.name}-{n}" not in taken)
-    training = parse_job({**dump_job(spec), "name": name}, source=str(job))
+    training = demo_job(spec, store)
     # What the daemon's runs read from their environment: the demo's short backoff, and
     # torchrun's output to the segment logs only.
     env = {**site.env(), "FM_RETRY_BACKOFF_S": str(backoff_s),
@@ -86,15 +80,9 @@ def demo(job: Path = JOB,
             progress.update(starting, completed=1, note="[green]ready[/] (sensors, schedule, "
                                                          "run queue)")
             instance = DagsterInstance.get()
-            register_training_job(instance, training, store=store)
-            follower = RunFollower(progress, instance, name, target_step=spec.training.steps)
-            data_key = submit_run(store, training, kind="data_mix").run_key
-            if fail_at_step:
-                rank = 1 if training.parallelism.world_size > 1 else 0
-                plant_fault(store, name, f"{rank}:{fail_at_step}")
-            # Submitted together: the run queue starts the job's runs one at a time, in
-            # order, so the first segment starts as soon as its data mix is published.
-            submit_run(store, training, tags={TAG_API_RUN: "1"})
+            follower = RunFollower(progress, instance, training.name,
+                                   target_step=spec.training.steps)
+            data_key = submit_demo(instance, store, training, fail_at_step=fail_at_step)
             data = follower.wait_for_key(data_key)
             if not data.is_success:
                 raise typer.Exit(_failed(instance, data.run_id))
@@ -109,9 +97,40 @@ def demo(job: Path = JOB,
                 runs = len(follower.rows)
                 baseline = baseline.result()
     print_data_mix(spec, store, _check_outcomes(instance, data.run_id))
-    report = job_report(instance, name, runs=site.runs_dir(name))
+    report = job_report(instance, training.name, runs=site.runs_dir(training.name))
     print_report(report, training, baseline=baseline, runs=runs, site=site,
-                 wall_s=time.monotonic() - t0, figure=_figure(name, site, store, baseline))
+                 wall_s=time.monotonic() - t0,
+                 figure=_figure(training.name, site, store, baseline))
+
+
+def demo_job(spec: JobSpec, store) -> JobSpec:
+    """`spec` as this demo's new training job: "<name>-<n>", the first n not registered."""
+    from fm_pipeline.orchestration import registered_jobs
+
+    taken = set(registered_jobs(store))
+    return spec.renamed(next(f"{spec.name}-{n}" for n in range(1, 10_000)
+                             if f"{spec.name}-{n}" not in taken))
+
+
+def submit_demo(instance, store, job: JobSpec, *, fail_at_step: int,
+                data_mix: bool = True) -> str | None:
+    """Register `job` and submit its runs for the daemon: the data mix (its run key is
+    returned; `data_mix=False`: a mix already published) and the training job from its first
+    segment, with the fault the demo plants at `fail_at_step` (0: none)."""
+    from fm_pipeline.dagster_runs.names import TAG_API_RUN
+    from fm_pipeline.dagster_runs.submit import register_training_job
+    from fm_pipeline.orchestration.registry import plant_fault
+    from fm_pipeline.orchestration.submissions import submit_run
+
+    register_training_job(instance, job, store=store)
+    data_key = submit_run(store, job, kind="data_mix").run_key if data_mix else None
+    if fail_at_step:
+        rank = 1 if job.parallelism.world_size > 1 else 0
+        plant_fault(store, job.name, f"{rank}:{fail_at_step}")
+    # Submitted together: the run queue starts the job's runs one at a time, in order, so
+    # the first segment starts as soon as its data mix is published.
+    submit_run(store, job, tags={TAG_API_RUN: "1"})
+    return data_key
 
 
 def _check_outcomes(instance, run_id: str) -> list:

@@ -462,6 +462,15 @@ class JobSpec(_Strict):
             )
         return v
 
+    def renamed(self, name: str) -> "JobSpec":
+        """This spec under another name, checked as a parsed name is (no second parse:
+        nothing but the name changes, and every other rule held already)."""
+        limit = type(self).model_fields["name"].metadata
+        longest = next(m.max_length for m in limit if getattr(m, "max_length", None))
+        if len(name) > longest:
+            raise ValueError(f"job name {name!r} is longer than {longest} characters")
+        return self.model_copy(update={"name": type(self)._dns_name(name)})
+
     @model_validator(mode="after")
     def _cross_field(self) -> "JobSpec":
         # Every rule that spans sections; all violations are reported together, each

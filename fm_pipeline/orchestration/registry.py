@@ -86,7 +86,11 @@ def register_job(store: ObjectStore, job: JobSpec, *, replace: bool = False) -> 
         raise ValueError(f"training job {job.name!r} is already registered with another spec "
                          f"(differs in {', '.join(differ[:8])}); choose a new name or "
                          "register with replace=True")
-    store.put_bytes(dump_yaml(dump_job(job)).encode(), key)
+    raw = dump_yaml(dump_job(job)).encode()
+    store.put_bytes(raw, key)
+    # What was stored parses back to `job` (dump_job's contract): the registering process
+    # does not parse it again.
+    _parsed[(store.uri, job.name)] = (hashlib.sha256(raw).hexdigest(), job)
     return store.uri_of(key)
 
 

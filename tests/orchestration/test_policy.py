@@ -14,7 +14,9 @@ from fm_pipeline.orchestration import (
     registered_job,
     registered_jobs,
 )
-from fm_pipeline.orchestration.registry import UnknownJob
+from fm_pipeline.config import dump_job
+from fm_pipeline.config.strict_yaml import dump_yaml
+from fm_pipeline.orchestration.registry import UnknownJob, spec_key
 from fm_pipeline.orchestration.segments import SegmentNotRunnable, SegmentPlan, plan_segment
 from fm_pipeline.storage import open_store
 from tests.orchestration.conftest import job_spec
@@ -132,16 +134,20 @@ def test_a_registered_spec_is_parsed_once_per_process(tmp_path, monkeypatch):
     import fm_pipeline.orchestration.registry as registry
 
     store = open_store(str(tmp_path / "store"))
-    register_job(store, job_spec("parsed-once"))
+    job = job_spec("parsed-once")
     parsed = []
     real = registry.parse_job
     monkeypatch.setattr(registry, "parse_job", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    register_job(store, job)
+    assert registered_job(store, "parsed-once") is job  # the registering process: no parse
+    assert parsed == []
+    # Registered by another process (another writer of the same store): parsed once here.
+    changed = job_spec("parsed-once", **{"training.steps": 12})
+    store.put_bytes(dump_yaml(dump_job(changed)).encode(), spec_key("parsed-once"))
     first = registered_job(store, "parsed-once")
-    assert all(registered_job(store, "parsed-once") is first for _ in range(5))
+    assert first == changed and all(registered_job(store, "parsed-once") is first
+                                    for _ in range(5))
     assert len(parsed) == 1
-    register_job(store, job_spec("parsed-once", **{"training.steps": 12}), replace=True)
-    assert registered_job(store, "parsed-once").training.steps == 12  # a new spec: parsed
-    assert len(parsed) == 2
 
 
 def test_the_first_backoff_alone_can_be_set_and_raises_the_cap_when_longer():

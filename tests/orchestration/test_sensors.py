@@ -1,20 +1,11 @@
 """The sensors' decisions on real Dagster runs of training_segment_job, executed in process
-(`execute_in_process(raise_on_error=False)`) with the LAUNCHER TEST DOUBLE
-(launcher_double.py: real checkpoints, no torchrun), evaluated with
-build_run_status_sensor_context(...).for_run_failure() and build_sensor_context."""
+with the LAUNCHER TEST DOUBLE and the sensors evaluated against the same instance
+(driver.py)."""
 
 from __future__ import annotations
 
 import pytest
-from dagster import (
-    AssetKey,
-    RunRequest,
-    SensorResult,
-    SkipReason,
-    build_run_status_sensor_context,
-    build_sensor_context,
-    partition_loading_context,
-)
+from dagster import AssetKey, RunRequest, SkipReason, build_sensor_context
 from fm_pipeline.dagster_runs.names import (
     TAG_DECISION,
     TAG_DECISION_REASON,
@@ -22,74 +13,15 @@ from fm_pipeline.dagster_runs.names import (
     TAG_FAILURE,
     TAG_RESUME_AT,
 )
-from fm_pipeline.assets.training.sensors import (
-    checkpoint_evaluation_sensor,
-    segment_failure_sensor,
-    segment_progress_sensor,
-)
-from fm_pipeline.dagster_runs.submit import first_segment_request, register_training_job
-from fm_pipeline.resources.mlflow import MlflowTrackingResource
-from fm_pipeline.resources.store import ObjectStoreResource
+from fm_pipeline.assets.training.sensors import checkpoint_evaluation_sensor
+from fm_pipeline.dagster_runs.submit import first_segment_request
 from fm_pipeline.resources.training_policy import TrainingPolicyResource
 
 from fm_pipeline.definitions import defs
 from tests.orchestration.conftest import job_spec
-from tests.orchestration.launcher_double import PREEMPT_ENV, LauncherDouble
+from tests.orchestration.driver import Pipeline, requests_of as _requests
 from tests.orchestration.plans import FAULT, PLANS, SHAPE, planned_segments
 from tests import local_site
-
-
-class Pipeline:
-    """Segment runs in process and sensor ticks against one instance."""
-
-    def __init__(self, instance, job, *, policy: TrainingPolicyResource):
-        self.instance, self.job = instance, job
-        self.store = ObjectStoreResource()
-        self.resources = {"store": self.store, "training_policy": policy}
-        register_training_job(instance, job, store=self.store.open())
-
-    def run(self, request: RunRequest, *, fault: str = "", preempt_at: int | None = None):
-        config = dict(request.run_config["ops"]["training_segment"]["config"])
-        if fault:
-            config["fail_at"] = fault
-        job_def = defs.resolve_job_def("training_segment_job")
-        kwargs = {"partition_key": request.partition_key, "tags": dict(request.tags),
-                  "run_config": {"ops": {"training_segment": {"config": config}}}}
-        double = LauncherDouble()
-        if preempt_at is not None:  # the double reads it from the env the asset passes on
-            class Preempting(LauncherDouble):
-                def launch_segment(self, context, *, env=None, **kw):
-                    return super().launch_segment(context, env={**(env or {}),
-                                                                PREEMPT_ENV: str(preempt_at)},
-                                                  **kw)
-            double = Preempting()
-        return job_def.execute_in_process(
-            instance=self.instance, raise_on_error=False, **kwargs,
-            resources={"launcher": double, "mlflow": MlflowTrackingResource()})
-
-    def on_failure(self, result):
-        context = build_run_status_sensor_context(
-            sensor_name="segment_failure_sensor", dagster_event=result.get_run_failure_event(),
-            dagster_instance=self.instance, dagster_run=result.dagster_run,
-            resources=self.resources).for_run_failure()
-        return segment_failure_sensor(context)
-
-    def progress(self):
-        context = build_sensor_context(instance=self.instance, resources=self.resources,
-                                       definitions=defs)
-        with partition_loading_context(dynamic_partitions_store=self.instance):
-            return segment_progress_sensor(context)
-
-    def tags(self, result) -> dict:
-        return self.instance.get_run_by_id(result.run_id).tags
-
-
-def _requests(outcome) -> list[RunRequest]:
-    if isinstance(outcome, RunRequest):
-        return [outcome]
-    if isinstance(outcome, SensorResult):
-        return list(outcome.run_requests or [])
-    return []
 
 
 def _segment(request: RunRequest) -> tuple[int, int]:

@@ -9,11 +9,13 @@ Assets call `store.open()` and hand the resulting ObjectStore to the domain core
 """
 
 
+from dataclasses import replace
+
 from dagster import ConfigurableResource
 from pydantic import Field
 
 from fm_pipeline.config.site import Site
-from fm_pipeline.storage import ObjectStore, open_store
+from fm_pipeline.storage import ObjectStore
 
 
 class ObjectStoreResource(ConfigurableResource):
@@ -22,7 +24,8 @@ class ObjectStoreResource(ConfigurableResource):
 
     def site(self) -> Site:
         """Built where the run executes (its FM_HOME), with this resource's store."""
-        return Site.from_environ().with_store(self.uri or None)
+        site = Site.from_environ().with_store(self.uri or None)
+        return replace(site, s3_endpoint=self.endpoint_url) if self.endpoint_url else site
 
     def open(self) -> ObjectStore:
-        return open_store(self.uri or self.site().store_uri, endpoint_url=self.endpoint_url)
+        return self.site().store()

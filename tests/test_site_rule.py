@@ -1,6 +1,7 @@
-"""Where state lives is decided at the entry points (config.site): below them no module
-reads the site's variables from the environment or builds a Site from it; each is handed
-the Site (or the directory it needs). Shown failing on planted violations."""
+"""Where state lives is decided at the entry points (config.site), and where a worker runs
+by its entry point (config.worker_env): below them no module reads those variables from
+the environment or builds a Site or a WorkerEnv from it; each is handed the Site, the
+WorkerEnv (or the directory it needs). Shown failing on planted violations."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ from pathlib import Path
 from tests.conftest import REPO
 from tests.test_layers import SOURCES
 
-# The variables that say where a site's state is (config.site.SITE_ENV, and MLflow's own).
+# The variables that say where a site's state is (config.site.SITE_ENV, and MLflow's own)
+# and where a worker's paths are (config.worker_env); FM_K8S_SCHEMAS is gone for good.
 SITE_VARIABLES = {"FM_HOME", "FM_STORE_URI", "FM_MLFLOW_URI", "DAGSTER_HOME",
-                  "MLFLOW_TRACKING_URI"}
+                  "MLFLOW_TRACKING_URI", "FM_S3_ENDPOINT_URL", "FM_PREEMPT_FILE",
+                  "FM_FAST_TIER_DIR", "FM_RACK", "FM_RACK_LABEL", "FM_NODE_NAME",
+                  "FM_TERMINATION_LOG", "FM_K8S_SCHEMAS"}
+READERS = ("Site", "WorkerEnv")
 # Entry points: the `fm` CLI, the Dagster resources and definitions, the torchrun worker,
-# and any module's `main()` (the eval and drill workers, ...). config/site.py is the reader.
+# and any module's `main()` (the eval and drill workers, ...). config/site.py and
+# config/worker_env.py are the readers.
 ENTRY_PACKAGES = {"cli", "resources"}
-ENTRY_MODULES = {"definitions.py", "train/__main__.py", "config/site.py"}
+ENTRY_MODULES = {"definitions.py", "train/__main__.py", "config/site.py",
+                 "config/worker_env.py"}
 
 
 def _constants(files: list[Path]) -> dict[str, set[str]]:
@@ -97,8 +104,9 @@ def site_reads(root: Path, dotted: str, constants, entry_packages=ENTRY_PACKAGES
                     found.append(f"{dotted}/{rel}:{node.lineno}: reads {', '.join(hit)}")
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     node.func.attr == "from_environ" and isinstance(node.func.value, ast.Name) \
-                    and node.func.value.id == "Site":
-                found.append(f"{dotted}/{rel}:{node.lineno}: builds a Site from the environment")
+                    and node.func.value.id in READERS:
+                found.append(f"{dotted}/{rel}:{node.lineno}: builds a {node.func.value.id} "
+                             "from the environment")
     return found
 
 
@@ -106,6 +114,11 @@ def test_no_module_below_the_entry_points_reads_where_state_lives():
     files = [p for root, _ in SOURCES for p in (REPO / root).rglob("*.py")]
     constants = _constants(files)
     assert constants["ENV_URI"] == {"FM_MLFLOW_URI"}  # names are resolved, not only literals
+    from fm_pipeline.config import worker_env
+    from fm_pipeline.config.site import SITE_ENV
+
+    named = set(SITE_ENV) | {v for k, v in vars(worker_env).items() if k.endswith("_ENV")}
+    assert named <= SITE_VARIABLES, named - SITE_VARIABLES  # a new one is checked too
     found = [line for root, dotted in SOURCES
              for line in site_reads(REPO / root, dotted, constants)]
     assert not found, "\n".join(found)
@@ -117,10 +130,12 @@ def test_planted_reads_are_found_and_an_entry_points_main_is_not(tmp_path):
         "import os\nHOME = 'FM_HOME'\n"
         "def root():\n    return os.environ.get(HOME, '.fm')\n"
         "def store():\n    return os.environ['FM_STORE_URI']\n"
+        "def flag():\n    return os.getenv('FM_PREEMPT_FILE')\n"
         "def tracked():\n    return 'MLFLOW_TRACKING_URI' in os.environ\n")
     (tmp_path / "ckpt" / "late.py").write_text(
         "def where():\n    from fm_pipeline.config.site import Site\n"
         "    return Site.from_environ()\n"
+        "def node():\n    return WorkerEnv.from_environ()\n"
         "def main():\n    from fm_pipeline.config.site import Site\n"
         "    return Site.from_environ()\n")
     (tmp_path / "ckpt" / "fine.py").write_text(
@@ -131,7 +146,9 @@ def test_planted_reads_are_found_and_an_entry_points_main_is_not(tmp_path):
     constants = _constants(list(tmp_path.rglob("*.py")))
     assert site_reads(tmp_path, "planted", constants) == [
         "planted/ckpt/late.py:3: builds a Site from the environment",
+        "planted/ckpt/late.py:5: builds a WorkerEnv from the environment",
         "planted/ckpt/paths.py:4: reads FM_HOME",
         "planted/ckpt/paths.py:6: reads FM_STORE_URI",
-        "planted/ckpt/paths.py:8: reads MLFLOW_TRACKING_URI",
+        "planted/ckpt/paths.py:8: reads FM_PREEMPT_FILE",
+        "planted/ckpt/paths.py:10: reads MLFLOW_TRACKING_URI",
     ]

@@ -104,7 +104,7 @@ class ControlPlane:
                                               priority=PRIORITY_VALUES[body.priority], seq=0))
         except AdmissionError as e:
             pool.append(("gpus", str(e)))
-        job = to_job_spec(body, job_id=job_id, tenant=tenant, store_root=self.site.store_uri,
+        job = to_job_spec(body, job_id=job_id, tenant=tenant, store=self._object_store(),
                           problems=pool, cluster=self.tenants.cluster)
         if self.capacity is not None:  # refused before it is queued, let alone started
             misfit = local_fit_problems(job, self.capacity)

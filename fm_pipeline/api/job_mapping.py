@@ -11,7 +11,7 @@
     precision         -> parallelism.mixed_precision
     priority, tenant  -> priority, tenant, owner; cluster.namespace / local_queue per tenant
 
-The mix must be published in the job store (`store_root`, the site's), where the trainer finds it by
+The mix must be published in the job store (the site's), where the trainer finds it by
 `mix_key(job)`; the mapping checks that the key it derives is the manifest's own.
 Default batch: micro_batch_size 4 and the smallest global batch >= 16 that every dp rank
 and pipeline stage divides (dp x micro x pp, times an integer).
@@ -29,7 +29,7 @@ from fm_pipeline.config import JobSpec, JobSpecError, parse_job
 from fm_pipeline.model.registry import model_names
 from fm_pipeline.scheduling.kueue import local_queue_name
 from fm_pipeline.scheduling.tenants import TenantSpec
-from fm_pipeline.storage import StoreError, open_store
+from fm_pipeline.storage import ObjectStore, StoreError
 
 DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_MICRO_BATCH = 4
@@ -77,16 +77,15 @@ def mix_key_of(data_manifest: str, store_root: str) -> str:
     return ref
 
 
-def read_mix_manifest(key: str, store_root: str):
+def read_mix_manifest(key: str, store: ObjectStore):
     from fm_pipeline.data import MixManifest
     from fm_pipeline.data.manifest import manifest_key
 
-    store = open_store(store_root)
     try:
         raw = store.get_bytes(manifest_key(key))
     except StoreError:
         raise FieldError([("data_manifest", (
-            f"no published mix {key} in {store_root} (manifest.json missing); "
+            f"no published mix {key} in {store.uri} (manifest.json missing); "
             "prepare it with `fm data prepare --job JOB.yaml`"
         ))]) from None
     try:
@@ -102,7 +101,7 @@ def default_global_batch(dp: int, pp: int, micro: int) -> int:
 
 
 def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
-                store_root: str, problems: list | None = None,
+                store: ObjectStore, problems: list | None = None,
                 cluster: dict | None = None) -> JobSpec:
     """The JobSpec for `body`; FieldError names the body's fields (never the JobSpec's),
     every problem at once: `problems` already found (the pool's) come first. `cluster`:
@@ -134,7 +133,7 @@ def to_job_spec(body: JobCreate, *, job_id: str, tenant: TenantSpec,
             f"tp {p.tp} x pp {p.pp} x dp {dp} = {p.tp * p.pp * dp} must equal gpus ({body.gpus})"
         )))
     try:
-        manifest = read_mix_manifest(mix_key_of(body.data_manifest, store_root), store_root)
+        manifest = read_mix_manifest(mix_key_of(body.data_manifest, store.uri), store)
     except FieldError as e:
         problems += e.problems
     if problems:  # the spec's own rules need a layout, a model and a mix to check against

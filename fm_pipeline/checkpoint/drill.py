@@ -236,11 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     from fm_pipeline.config.site import Site
 
     site = Site.from_environ()  # an entry point: `python -m fm_pipeline.checkpoint.drill`
-    store = None
-    if args.store:
-        from fm_pipeline.storage import open_store
-
-        store = open_store(args.store)
+    store = site.open_store(args.store) if args.store else None
     parallelism = json.loads(args.parallelism) if args.parallelism else None
     if args.nproc and parallelism is None:
         parallelism = {"nproc_per_node": args.nproc}

@@ -9,24 +9,20 @@ import os
 import tempfile
 from pathlib import Path
 
+from fm_pipeline.config.worker_env import WorkerEnv
+
 log = logging.getLogger(__name__)
 
-FAST_DIR_ENV = "FM_FAST_TIER_DIR"
-RACK_ENV = "FM_RACK"
-# On Kubernetes (launch/pod.py): the node label that names a failure domain, and the pod's
-# node (downward API); the label is read from the API, which the downward API does not give.
-RACK_LABEL_ENV = "FM_RACK_LABEL"
-NODE_NAME_ENV = "FM_NODE_NAME"
 
-
-def node_rack(api=None) -> str | None:
-    """This node's failure domain: $FM_RACK, else on Kubernetes the value of the node's
-    $FM_RACK_LABEL label (the pod's service account may get nodes: launch/keeper.py renders
-    the ClusterRole); None when unknown, with the reason logged (the ring then follows the
-    nodes' order). `api`: a kubernetes CoreV1Api (default: the in-cluster one)."""
-    if os.environ.get(RACK_ENV):
-        return os.environ[RACK_ENV]
-    label, node = os.environ.get(RACK_LABEL_ENV), os.environ.get(NODE_NAME_ENV)
+def node_rack(worker: WorkerEnv, api=None) -> str | None:
+    """This node's failure domain: the launcher's (FM_RACK), else on Kubernetes the value
+    of the node's label named by FM_RACK_LABEL (the pod's service account may get nodes:
+    launch/keeper.py renders the ClusterRole); None when unknown, with the reason logged
+    (the ring then follows the nodes' order). `api`: a kubernetes CoreV1Api (default: the
+    in-cluster one)."""
+    if worker.rack:
+        return worker.rack
+    label, node = worker.rack_label, worker.node_name
     if not (label and node):
         return None
     try:
@@ -46,10 +42,9 @@ def node_rack(api=None) -> str | None:
     return labels.get(label)
 
 
-def fast_root() -> Path:
-    if os.environ.get(FAST_DIR_ENV):
-        return Path(os.environ[FAST_DIR_ENV])
-    return _shm("fm-fast")
+def fast_root(worker: WorkerEnv) -> Path:
+    """The node's fast-tier directory: the launcher's (FM_FAST_TIER_DIR), else /dev/shm."""
+    return worker.fast_dir or _shm("fm-fast")
 
 
 def starts_root() -> Path:

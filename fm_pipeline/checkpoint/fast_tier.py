@@ -1,7 +1,7 @@
 """The fast tier: in-memory snapshots every `checkpoint.memory_every_steps`, a replica on a
 peer node, and the restore an in-job restart uses (docs/checkpoints.md, "Fast tier").
 
-    fast = FastTier(job, app_state, topology=..., run_id=os.environ["TORCHELASTIC_RUN_ID"])
+    fast = FastTier(job, app_state, topology=..., run_id=..., worker=WorkerEnv(...))
     restored = fast.restore(newer_than=durable_step)    # collective; None: use the durable
     ...
     fast.record_progress(step)                           # every step (a tmpfs write)
@@ -9,7 +9,7 @@ peer node, and the restore an in-job restart uses (docs/checkpoints.md, "Fast ti
         fast.snapshot(step)                              # returns at once (overlapped copy)
     fast.close(discard=True)                             # at a clean end: frees the memory
 
-Where: `$FM_FAST_TIER_DIR`, else `/dev/shm/fm-fast` (tmpfs: memory that outlives the worker
+Where: the launcher's directory (`FM_FAST_TIER_DIR`, config.worker_env), else `/dev/shm/fm-fast` (tmpfs: memory that outlives the worker
 processes, which is what an in-job restart needs; torchrun restarts the workers, not the
 node). Layout, per job and per torchrun run (a segment; snapshots of other runs are deleted
 when a segment starts, and never restored):
@@ -26,8 +26,8 @@ replicas per peer. A snapshot is restored only by the same rank of the same topo
 run: it is the rank's local shards, not a resharding checkpoint.
 
 Replicas: each node's ranks send every snapshot to the same local rank of the next node in
-a ring that alternates racks where the placement names them (`$FM_RACK`, or on Kubernetes
-the node label `$FM_RACK_LABEL`: fast_paths.node_rack), so one lost node
+a ring that alternates racks where the placement names them (`FM_RACK`, or on Kubernetes
+the node label named by `FM_RACK_LABEL`: fast_paths.node_rack), so one lost node
 or rack leaves a copy elsewhere. The exchange runs in the snapshot's background thread on
 the tier's own gloo group. With one node there is no replica (reported).
 
@@ -60,6 +60,7 @@ import torch.distributed as dist
 from fm_pipeline.catalog.manifest import atomic_write
 from fm_pipeline.checkpoint import comm
 from fm_pipeline.checkpoint.fast_paths import fast_root, node_rack, replica_peers
+from fm_pipeline.config.worker_env import WorkerEnv
 from fm_pipeline.checkpoint.fast_snapshot import (
     SnapshotMismatch,
     apply_snapshot,
@@ -120,13 +121,14 @@ def _rank_name(rank: int) -> str:
 
 class FastTier:
     def __init__(self, job, app_state: dict, *, topology: str, run_id: str,
-                 every_steps: int | None = None, root: Path | None = None):
+                 worker: WorkerEnv = WorkerEnv(), every_steps: int | None = None,
+                 root: Path | None = None):
         self.job, self.app_state = job, app_state
         self.topology, self.run_id = topology, run_id
         self.every_steps = job.checkpoint.memory_every_steps if every_steps is None \
             else every_steps
         self.rank, self.world_size = comm.rank(), comm.world_size()
-        self.job_dir = Path(root or fast_root()) / job.name
+        self.job_dir = Path(root or fast_root(worker)) / job.name
         self.dir = self.job_dir / run_id
         self.node = os.environ.get("GROUP_RANK") or socket.gethostname()
         if comm.local_rank() == 0:
@@ -139,7 +141,8 @@ class FastTier:
         self._group = dist.new_group(backend="gloo", timeout=timedelta(
             seconds=job.resilience.collective_timeout_s)) if comm.initialized() else None
         # One read per node (on Kubernetes an API call): local rank 0's, for all its ranks.
-        where = comm.all_gather((self.node, node_rack() if comm.local_rank() == 0 else None))
+        rack = node_rack(worker) if comm.local_rank() == 0 else None
+        where = comm.all_gather((self.node, rack))
         self.nodes = [w[0] for w in where]  # each rank's node
         rack_of = {node: rack for node, rack in where if rack is not None}
         self.peers = replica_peers(self.nodes, [rack_of.get(n) for n in self.nodes])

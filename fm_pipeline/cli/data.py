@@ -40,7 +40,8 @@ ENDPOINT = typer.Option(None, "--endpoint-url", help="S3 endpoint (default: FM_S
 
 
 def _store(store: str | None, endpoint_url: str | None) -> ObjectStore:
-    return open_store(store or Site.from_environ().store_uri, endpoint_url=endpoint_url)
+    site = Site.from_environ()
+    return open_store(store or site.store_uri, endpoint_url=endpoint_url or site.s3_endpoint)
 
 
 def _open_mix(spec, store: str | None, endpoint_url: str | None):

@@ -10,7 +10,8 @@ passed down (no module below the entry points reads the environment for paths or
 
 Entry points (the `fm` CLI, the torchrun worker, the eval and drill workers, the API
 server, the Dagster resources) call `Site.from_environ()`: FM_HOME (default ./.fm),
-FM_STORE_URI, FM_MLFLOW_URI and DAGSTER_HOME override each. A process they start gets
+FM_STORE_URI, FM_MLFLOW_URI and DAGSTER_HOME override each; FM_S3_ENDPOINT_URL names the
+S3 service of its s3:// stores. A process they start gets
 `site.env()` and builds the same Site.
 """
 
@@ -18,14 +19,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fm_pipeline.storage import ObjectStore, open_store
 
-HOME_ENV, STORE_ENV, TRACKING_ENV, DAGSTER_ENV = (
-    "FM_HOME", "FM_STORE_URI", "FM_MLFLOW_URI", "DAGSTER_HOME")
-SITE_ENV = (HOME_ENV, STORE_ENV, TRACKING_ENV, DAGSTER_ENV)
+HOME_ENV, STORE_ENV, TRACKING_ENV, DAGSTER_ENV, S3_ENDPOINT_ENV = (
+    "FM_HOME", "FM_STORE_URI", "FM_MLFLOW_URI", "DAGSTER_HOME", "FM_S3_ENDPOINT_URL")
+SITE_ENV = (HOME_ENV, STORE_ENV, TRACKING_ENV, DAGSTER_ENV, S3_ENDPOINT_ENV)
 
 
 @dataclass(frozen=True)
@@ -34,22 +35,28 @@ class Site:
     store_uri: str
     tracking_uri: str
     dagster_home: Path
+    # The S3 service of every s3:// store this site opens (None: the AWS SDK's own
+    # configuration, AWS_ENDPOINT_URL_S3 or ~/.aws/config).
+    s3_endpoint: str | None = None
 
     @classmethod
     def at(cls, home: str | Path, *, store_uri: str | None = None,
-           tracking_uri: str | None = None, dagster_home: str | Path | None = None) -> Site:
+           tracking_uri: str | None = None, dagster_home: str | Path | None = None,
+           s3_endpoint: str | None = None) -> Site:
         """Everything under `home` unless named otherwise."""
         home = Path(home).resolve()
         return cls(home=home, store_uri=store_uri or str(home / "store"),
                    tracking_uri=tracking_uri or f"sqlite:///{home / 'mlflow.db'}",
-                   dagster_home=Path(dagster_home) if dagster_home else home / "dagster")
+                   dagster_home=Path(dagster_home) if dagster_home else home / "dagster",
+                   s3_endpoint=s3_endpoint or None)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Site:
         """The one reader of the site's variables: entry points only."""
         env = os.environ if environ is None else environ
         return cls.at(env.get(HOME_ENV) or Path.cwd() / ".fm", store_uri=env.get(STORE_ENV),
-                      tracking_uri=env.get(TRACKING_ENV), dagster_home=env.get(DAGSTER_ENV))
+                      tracking_uri=env.get(TRACKING_ENV), dagster_home=env.get(DAGSTER_ENV),
+                      s3_endpoint=env.get(S3_ENDPOINT_ENV))
 
     @property
     def runs_root(self) -> Path:
@@ -71,13 +78,17 @@ class Site:
         return self.home / "cache" / "data" / mix_key
 
     def store(self) -> ObjectStore:
-        return open_store(self.store_uri)
+        return self.open_store(self.store_uri)
+
+    def open_store(self, uri: str | Path) -> ObjectStore:
+        """Another store (a `--store` option, a checkpoint's), on this site's S3 service."""
+        return open_store(uri, endpoint_url=self.s3_endpoint)
 
     def with_store(self, store_uri: str | None) -> Site:
         """The same site with another object store (a `--store` option); None keeps it."""
         if not store_uri:
             return self
-        return Site(self.home, store_uri, self.tracking_uri, self.dagster_home)
+        return replace(self, store_uri=store_uri)
 
     def env(self) -> dict[str, str]:
         """What a child process needs to build this same Site at its entry point. The
@@ -86,6 +97,8 @@ class Site:
         for per segment (tracking.JobTracker.trainer_env), not every launch."""
         env = {HOME_ENV: str(self.home), STORE_ENV: self.store_uri,
                DAGSTER_ENV: str(self.dagster_home)}
+        if self.s3_endpoint:
+            env[S3_ENDPOINT_ENV] = self.s3_endpoint
         if self.tracking_uri != Site.at(self.home).tracking_uri:
             env[TRACKING_ENV] = self.tracking_uri
         return env

@@ -133,7 +133,7 @@ def plan_clean(job: JobSpec, store: ObjectStore) -> CleanPlan:
     for source in job.data.sources:
         groups: list[list] = []
         size = 0
-        for f in list_source_files(source):
+        for f in list_source_files(source, store):
             if not groups or (size + f.size > job.data.task_bytes and groups[-1]):
                 groups.append([])
                 size = 0
@@ -168,7 +168,7 @@ def clean_task(job: JobSpec, store: ObjectStore, plan: CleanPlan, task: CleanTas
         return done
     source = next(s for s in job.data.sources if s.name == task.source)
     wanted = set(task.files)
-    files = [f for f in list_source_files(source) if f.rel in wanted]
+    files = [f for f in list_source_files(source, store) if f.rel in wanted]
     if len(files) != len(wanted) or fingerprint(files) != task.fingerprint:
         raise DataError(
             f"source {source.name!r} ({source.uri}) changed since mix {key}'s cleaning was "
@@ -393,17 +393,13 @@ def finish_clean(job: JobSpec, store: ObjectStore, plan: CleanPlan) -> CleanRece
             _no_documents(source, c.read, dropped, ex)
         counts[source.name], examples[source.name] = c, ex
         parts[source.name] = [f.key for f in finals]
-        fingerprints[source.name] = _source_fingerprint(source)
+        fingerprints[source.name] = fingerprint(list_source_files(source, store))
     receipt = CleanReceipt(mix_key=key, sources=counts, fingerprints=fingerprints,
                            examples=examples, parts=parts, tasks=len(plan.tasks))
     write_receipt(store, clean_receipt_key(key), receipt)
     for prefix in ("tasks/", "dedup/"):
         store.delete_prefix(f"{_clean_prefix(key)}/{prefix}")
     return receipt
-
-
-def _source_fingerprint(source) -> str:
-    return fingerprint(list_source_files(source))
 
 
 def _require_documents(source, receipts: list[TaskReceipt]) -> None:

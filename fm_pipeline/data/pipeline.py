@@ -62,7 +62,7 @@ def prepare_mix(
         unpublish(store, key)
     elif store.exists(manifest_key(key)):
         manifest = open_mix(store, key).manifest
-        _check_fingerprints(job, manifest.provenance.get("fingerprints", {}), key)
+        _check_fingerprints(job, store, manifest.provenance.get("fingerprints", {}), key)
         return manifest
     clean_stage(job, store, progress=progress)
     tokenizer_stage(job, store, progress=progress)
@@ -84,7 +84,7 @@ def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO
     key = mix_key(job)
     done = read_receipt(store, clean_receipt_key(key), CleanReceipt)
     if done is not None:
-        _check_fingerprints(job, done.fingerprints, key)
+        _check_fingerprints(job, store, done.fingerprints, key)
         return done
     plan = stages.plan_clean(job, store)
     for source in job.data.sources:
@@ -110,9 +110,10 @@ def clean_stage(job: JobSpec, store: ObjectStore, *, progress: ProgressSink = NO
     return receipt
 
 
-def _check_fingerprints(job: JobSpec, recorded: dict[str, str], key: str) -> None:
+def _check_fingerprints(job: JobSpec, store: ObjectStore, recorded: dict[str, str],
+                        key: str) -> None:
     for source in job.data.sources:
-        now = fingerprint(list_source_files(source))
+        now = fingerprint(list_source_files(source, store))
         if recorded.get(source.name, now) != now:
             raise DataError(
                 f"source {source.name!r} ({source.uri}) changed since mix {key} was prepared "

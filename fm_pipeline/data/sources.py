@@ -52,11 +52,12 @@ class SourceFile:
     target: str | None = None  # where a followed symlink leaving the source's root points
 
 
-def list_source_files(source: SourceSpec) -> list[SourceFile]:
-    """The files a source reads, sorted; DataError when the location is missing or empty."""
+def list_source_files(source: SourceSpec, near=None) -> list[SourceFile]:
+    """The files a source reads, sorted; DataError when the location is missing or empty.
+    `near`: the mix's store; an s3:// source is opened on its S3 service (Site.s3_endpoint)."""
     pattern = source.glob or ("**/*.py" if _is_python(source) else "**/*")
     if source.uri.startswith("s3://"):
-        files = _list_s3(source, pattern)
+        files = _list_s3(source, pattern, near)
     else:
         root = _local_root(source)
         files = _list_local(root, pattern, skip=_STDLIB_SKIP if source.uri == STDLIB_URI else set(),
@@ -181,8 +182,8 @@ def _list_local(root: Path, pattern: str, *, skip: set[str], follow: bool = Fals
     return sorted(files, key=lambda f: f.rel)
 
 
-def _list_s3(source: SourceSpec, pattern: str) -> list[SourceFile]:
-    store = open_store(source.uri)
+def _list_s3(source: SourceSpec, pattern: str, near) -> list[SourceFile]:
+    store = open_store(source.uri, endpoint_url=getattr(near, "s3_endpoint", None))
     try:
         objects = store.list("")
     except StoreError as e:

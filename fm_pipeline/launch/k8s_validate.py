@@ -1,7 +1,7 @@
 """Strict validation of rendered Kubernetes objects, as the API server would do it.
 
 Custom resources (JobSet, Kueue, Kubeflow Trainer) are checked with jsonschema against the
-CRD schemas shipped in crd_schemas/ (or $FM_K8S_SCHEMAS), tightened so unknown fields are
+CRD schemas shipped in crd_schemas/, tightened so unknown fields are
 rejected like `kubectl apply --validate=strict`, and their own CEL rules
 (`x-kubernetes-validations`, k8s_cel) are evaluated on the object as on a create. Core
 kinds go through kubernetes-validate in strict mode. Neither checks `metadata` (a CRD
@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 import re
 from pathlib import Path
 
@@ -34,11 +33,6 @@ class ManifestInvalid(ValueError):
 SCHEMAS = Path(__file__).resolve().parent / "crd_schemas"  # shipped: README, sources, license
 
 
-def schemas_dir() -> Path:
-    env = os.environ.get("FM_K8S_SCHEMAS")
-    return Path(env) if env else SCHEMAS
-
-
 def _strict(schema: dict) -> dict:
     """Add additionalProperties: false wherever an object schema lists its properties."""
     schema = copy.deepcopy(schema)
@@ -51,12 +45,11 @@ def _strict(schema: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _crd_schema(group: str, kind: str, version: str) -> dict:
-    path = schemas_dir() / f"{group}_{kind}_{version}.json"
+    path = SCHEMAS / f"{group}_{kind}_{version}.json"
     if not path.is_file():
         raise FileNotFoundError(
             f"no CRD schema for {group}/{version} {kind} at {path} "
-            "(the package ships them in fm_pipeline/launch/crd_schemas; FM_K8S_SCHEMAS "
-            "overrides the directory)"
+            "(the package ships them in fm_pipeline/launch/crd_schemas)"
         )
     raw = json.loads(path.read_text())
     return raw.get("openAPIV3Schema", raw)

@@ -20,8 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from fm_pipeline.accelerators import get_accelerator
-from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV, NODE_NAME_ENV, RACK_LABEL_ENV
-from fm_pipeline.launch.spec import PREEMPT_FLAG_ENV, SegmentLaunch, SegmentPaths
+from fm_pipeline.config.worker_env import (
+    FAST_DIR_ENV,
+    NODE_NAME_ENV,
+    PREEMPT_FILE_ENV,
+    RACK_LABEL_ENV,
+    TERMINATION_LOG_ENV,
+)
+from fm_pipeline.launch.spec import SegmentLaunch, SegmentPaths
 
 CONTAINER = "trainer"
 SPEC_MOUNT = PurePosixPath("/etc/fm")
@@ -118,7 +124,7 @@ def trainer_container(
     ]
     base_env = {
         "FM_HOME": str(STATE_MOUNT),
-        "FM_TERMINATION_LOG": TERMINATION_LOG,
+        TERMINATION_LOG_ENV: TERMINATION_LOG,
         "PYTHONUNBUFFERED": "1",
         **paths.env(),
         **env,
@@ -147,7 +153,7 @@ def trainer_container(
         "ports": [{"name": "rdzv", "containerPort": master_port, "protocol": "TCP"}],
         "resources": resources,
         "lifecycle": {"preStop": {"exec": {"command": [
-            "/bin/sh", "-c", f'touch "${PREEMPT_FLAG_ENV}"; sleep {grace}',
+            "/bin/sh", "-c", f'touch "${PREEMPT_FILE_ENV}"; sleep {grace}',
         ]}}},
         # A worker that exits on purpose writes its record to the message file; otherwise
         # the kubelet keeps the log tail (torchrun's failure summary).

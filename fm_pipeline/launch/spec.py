@@ -22,11 +22,9 @@ from pathlib import Path
 
 from fm_pipeline.config import JobSpec, dump_job
 from fm_pipeline.config.strict_yaml import dump_yaml
+from fm_pipeline.config.worker_env import PREEMPT_FILE_ENV
 
 TRAINER_MODULE = "fm_pipeline.train"
-# The trainer polls this file at step boundaries; a Kubernetes preStop hook touches it, so
-# ranks checkpoint before SIGTERM arrives.
-PREEMPT_FLAG_ENV = "FM_PREEMPT_FILE"  # fm_pipeline.train.preemption reads it
 # Seconds torchrun waits, after forwarding SIGTERM, beyond the trainer's preemption grace.
 SHUTDOWN_MARGIN_S = 5
 
@@ -80,7 +78,7 @@ class SegmentPaths:
     def env(self) -> dict[str, str]:
         """The agent's environment around the command (local process and pod alike)."""
         return {"TORCHELASTIC_ERROR_FILE": str(self.error_file),
-                PREEMPT_FLAG_ENV: str(self.preempt_flag),
+                PREEMPT_FILE_ENV: str(self.preempt_flag),
                 # A fresh worker store per rendezvous round. The shared one (torch's default)
                 # is never re-announced to a node that joins after a restart: a spare that
                 # replaces a lost node waits for MASTER_ADDR in the new round's keys until

@@ -32,7 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV
+from fm_pipeline.config.worker_env import FAST_DIR_ENV
 from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod import FAST_VOLUME
 from fm_pipeline.launch.pod_local import host_path_dir, pod_process

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import NoReturn
 
 # Kubernetes keeps only the first 4096 bytes of a termination message: code and reason go
@@ -34,9 +35,10 @@ def exit_record(exit_code: int, reason: str, *, traceback_text: str | None = Non
     return {"message": {"errorCode": exit_code, "message": reason, "extraInfo": extra}}
 
 
-def write_exit_record(exit_code: int, reason: str, *,
-                      traceback_text: str | None = None) -> str | None:
-    """Write this worker's error file; returns its path, or None outside torchrun."""
+def write_exit_record(exit_code: int, reason: str, *, traceback_text: str | None = None,
+                      termination_log: Path | None = None) -> str | None:
+    """Write this worker's error file; returns its path, or None outside torchrun.
+    `termination_log`: the pod's (config.worker_env.WorkerEnv), where it runs in one."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return None
@@ -45,17 +47,15 @@ def write_exit_record(exit_code: int, reason: str, *,
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f)
     os.replace(tmp, path)  # torchrun may read it the moment we exit
-    _termination_message(record)
+    if termination_log is not None:
+        _termination_message(record, termination_log)
     return path
 
 
-def _termination_message(record: dict) -> None:
-    """In a pod ($FM_TERMINATION_LOG, the container's terminationMessagePath) the first rank
-    to exit on purpose leaves its record as the pod's termination message, so the cluster
-    shows the real code and reason (torchrun's own exit code is 1)."""
-    path = os.environ.get("FM_TERMINATION_LOG")
-    if not path:
-        return
+def _termination_message(record: dict, path: Path) -> None:
+    """In a pod (the container's terminationMessagePath) the first rank to exit on purpose
+    leaves its record as the pod's termination message, so the cluster shows the real code
+    and reason (torchrun's own exit code is 1)."""
     try:
         with open(path, "r+", encoding="utf-8") as f:  # the kubelet's file: never replace it
             if f.read(1):
@@ -66,9 +66,11 @@ def _termination_message(record: dict) -> None:
         pass  # the message is a convenience; the error files above are the record
 
 
-def exit_with(exit_code: int, reason: str, *, traceback_text: str | None = None) -> NoReturn:
+def exit_with(exit_code: int, reason: str, *, traceback_text: str | None = None,
+              termination_log: Path | None = None) -> NoReturn:
     if exit_code != 0:
-        write_exit_record(exit_code, reason, traceback_text=traceback_text)
+        write_exit_record(exit_code, reason, traceback_text=traceback_text,
+                          termination_log=termination_log)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(exit_code)

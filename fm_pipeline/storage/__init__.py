@@ -23,7 +23,7 @@ def open_store(uri: str | Path, *, endpoint_url: str | None = None) -> ObjectSto
         return S3Store(uri, endpoint_url=endpoint_url)
     from fm_pipeline.storage.local import LocalStore
 
-    return LocalStore(uri.removeprefix("file://"))
+    return LocalStore(uri.removeprefix("file://"), s3_endpoint=endpoint_url)
 
 
 __all__ = [

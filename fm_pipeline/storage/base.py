@@ -49,6 +49,10 @@ class ObjectStore(ABC):
     def uri_of(self, key: str) -> str:
         return f"{self.uri.rstrip('/')}/{key}"
 
+    # The S3 endpoint this store was opened with (config.site.Site.s3_endpoint): another
+    # location read for it (a data source) is opened on the same S3 service.
+    s3_endpoint: str | None = None
+
     @abstractmethod
     def put_file(self, local: str | Path, key: str) -> ObjectInfo: ...
 

@@ -27,8 +27,9 @@ def _is_sidecar(name: str) -> bool:
 
 
 class LocalStore(ObjectStore):
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, s3_endpoint: str | None = None):
         self.root = Path(root).expanduser().resolve()
+        self.s3_endpoint = s3_endpoint
 
     @property
     def uri(self) -> str:

@@ -51,7 +51,8 @@ class S3Store(ObjectStore):
         from botocore.config import Config
 
         self.bucket, self.prefix = parse_s3_uri(uri)
-        self.endpoint_url = endpoint_url or os.environ.get("FM_S3_ENDPOINT_URL")
+        # None: the AWS SDK's own configuration (AWS_ENDPOINT_URL_S3, ~/.aws/config).
+        self.endpoint_url = self.s3_endpoint = endpoint_url
         self._client = boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,

@@ -30,6 +30,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -101,10 +102,17 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from fm_pipeline.config import JobSpecError
+    from fm_pipeline.config.worker_env import WorkerEnv
     from fm_pipeline.rundir import exit_codes
-    from fm_pipeline.rundir.exit_record import exit_with
+    from fm_pipeline.rundir.exit_record import exit_with as exit_
 
     args = parse_args(argv)
+    # What the launcher says about where this worker runs, read once and passed down.
+    worker = WorkerEnv.from_environ()
+
+    def exit_with(code: int, reason: str) -> NoReturn:
+        exit_(code, reason, termination_log=worker.termination_log)
+
     _setup_logging()
     try:  # before torch is imported: a bad config fails in well under a second
         job = load_job_for_world(
@@ -144,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
         resume_from = args.resume_from
         while True:
             try:
-                return run_segment(job, site=site, tracking=tracking, end_step=args.end_step,
+                return run_segment(job, site=site, worker=worker, tracking=tracking,
+                                   end_step=args.end_step,
                                    resume_from=resume_from, restart_cause=restarts.cause,
                                    planned=args.planned)
             except SegmentSetupError as e:

@@ -12,7 +12,6 @@ next segment does not stop at once.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from pathlib import Path
@@ -30,8 +29,9 @@ def signal_received() -> str | None:
     return _signalled[0] if _signalled else None
 
 
-def preempt_file(runs_dir: Path) -> Path:
-    return Path(os.environ.get("FM_PREEMPT_FILE") or runs_dir / "PREEMPT")
+def preempt_file(runs_dir: Path, named: Path | None = None) -> Path:
+    """The flag the launcher named (WorkerEnv.preempt_file), else the job's own."""
+    return named or runs_dir / "PREEMPT"
 
 
 class PreemptionWatcher:

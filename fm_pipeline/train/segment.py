@@ -30,6 +30,7 @@ from fm_pipeline.checkpoint.fast_tier import FastRestore
 from fm_pipeline.checkpoint.load import resume
 from fm_pipeline.config import JobSpec, dump_job
 from fm_pipeline.config.site import Site
+from fm_pipeline.config.worker_env import WorkerEnv
 from fm_pipeline.data import mix_key, open_job_mix
 from fm_pipeline.model import count_params, flops_per_token
 from fm_pipeline.parallel import ParallelDims, init_distributed
@@ -167,7 +168,7 @@ def restore_planned(trainer: Trainer, manager: CheckpointManager, *, planned: st
     return restored
 
 
-def open_fast_tier(job: JobSpec, trainer: Trainer):
+def open_fast_tier(job: JobSpec, trainer: Trainer, worker: WorkerEnv):
     """The fast tier of this segment (every rank), or None: off, or not under torchrun (no
     run to restart in place)."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
@@ -175,7 +176,8 @@ def open_fast_tier(job: JobSpec, trainer: Trainer):
         return None
     from fm_pipeline.checkpoint.fast_tier import FastTier
 
-    return FastTier(job, trainer.app_state, topology=trainer.state.topology, run_id=run_id)
+    return FastTier(job, trainer.app_state, topology=trainer.state.topology, run_id=run_id,
+                    worker=worker)
 
 
 def restore_in_job(fast, manager: CheckpointManager):
@@ -306,7 +308,7 @@ class _Setup:
     attempt: int = 0  # the job's in-job restarts before this attempt (job_attempt)
 
 
-def _setup(job: JobSpec, *, site: Site, device: torch.device, end_step: int | None,
+def _setup(job: JobSpec, *, site: Site, worker: WorkerEnv, device: torch.device, end_step: int | None,
            resume_from: str | None, store, lease, restart_cause: str | None = None,
            planned: bool = False) -> _Setup:
     dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
@@ -317,7 +319,7 @@ def _setup(job: JobSpec, *, site: Site, device: torch.device, end_step: int | No
     trainer = Trainer(job, dims=dims, mesh=mesh, device=device, rank=dist.get_rank(), mix=mix)
     manager = CheckpointManager(job, trainer.app_state, site=site, mesh=mesh, mix_key=mix.key,
                                 store=store, lease=lease)
-    fast = open_fast_tier(job, trainer)
+    fast = open_fast_tier(job, trainer, worker)
     t0 = time.perf_counter()
     restored = None
     attempt, joined = job_attempt()
@@ -342,17 +344,19 @@ def _setup(job: JobSpec, *, site: Site, device: torch.device, end_step: int | No
             restored, restore_s=restore_s, fast=fast, attempt=attempt, joined=joined,
             recreated=recreated, in_process_causes=causes if any(causes) else None)
     # Installed last: a SIGTERM during setup still kills the process (nothing to save yet).
-    watcher = PreemptionWatcher(preempt_file(site.runs_dir(job.name)))
+    watcher = PreemptionWatcher(preempt_file(site.runs_dir(job.name), worker.preempt_file))
     return _Setup(dims=dims, mesh=mesh, trainer=trainer, manager=manager, watcher=watcher,
                   peak=peak, accelerator=accelerator, restored=restored, restore_s=restore_s,
                   target=target, fast=fast, restart=restart, attempt=attempt)
 
 
-def run_segment(job: JobSpec, *, site: Site, tracking: TrainerTracking | None = None,
+def run_segment(job: JobSpec, *, site: Site, worker: WorkerEnv = WorkerEnv(),
+                tracking: TrainerTracking | None = None,
                 end_step: int | None = None, resume_from: str | None = None,
                 restart_cause: str | None = None, planned: bool = False) -> SegmentResult:
     """Train this segment on every rank of the (possibly new) default process group, with
-    the state of `site` (its store, the job's run directory).
+    the state of `site` (its store, the job's run directory), where `worker` says this
+    process runs (its preemption flag, its node's fast tier).
     `restart_cause`: this rank's failure, when the process runs the segment again in place
     (train.inprocess)."""
     owns_process_group = not dist.is_initialized()
@@ -361,21 +365,22 @@ def run_segment(job: JobSpec, *, site: Site, tracking: TrainerTracking | None = 
     # One live segment per job, before anything is read.
     lease = take_lease(job, store, runs=site.runs_dir(job.name))
     try:
-        return _run_leased(job, site=site, tracking=tracking, device=device, end_step=end_step, resume_from=resume_from,
-                           store=store, lease=lease, owns_process_group=owns_process_group,
+        return _run_leased(job, site=site, worker=worker, tracking=tracking, device=device,
+                           end_step=end_step, resume_from=resume_from, store=store, lease=lease, owns_process_group=owns_process_group,
                            restart_cause=restart_cause, planned=planned)
     finally:
         if lease is not None:
             lease.release()
 
 
-def _run_leased(job: JobSpec, *, site: Site, tracking: TrainerTracking | None,
+def _run_leased(job: JobSpec, *, site: Site, worker: WorkerEnv,
+                tracking: TrainerTracking | None,
                 device: torch.device, end_step: int | None,
                 resume_from: str | None, store, lease, owns_process_group: bool,
                 restart_cause: str | None = None, planned: bool = False) -> SegmentResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        setup = _setup(job, site=site, device=device, end_step=end_step, resume_from=resume_from,
+        setup = _setup(job, site=site, worker=worker, device=device, end_step=end_step, resume_from=resume_from,
                        store=store, lease=lease, restart_cause=restart_cause,
                        planned=planned)
     except ValueError as e:  # bad input of any kind, found before the first step

@@ -57,7 +57,7 @@ def test_a_queue_db_from_before_is_read_and_its_spec_registered(plane, mix_store
 
     tenant = plane.tenants.tenant("prod")
     job = to_job_spec(JobCreate(**seed_body), job_id="job-legacy", tenant=tenant,
-                      store_root=mix_store["root"], cluster=plane.tenants.cluster)
+                      store=open_store(mix_store["root"]), cluster=plane.tenants.cluster)
     path = local_site.site().api_dir / "legacy.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(path) as db:  # the schema before the registry kept the spec

@@ -20,7 +20,6 @@ import torch.distributed as dist
 
 from tests.local_site import local_root
 from fm_pipeline.checkpoint import CheckpointManager
-from fm_pipeline.storage import open_store
 from tests.checkpoint.dist_worker import build, dump, train_and_save
 from tests import local_site
 
@@ -29,8 +28,9 @@ def main(mode: str, out: Path, store_uri: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     job, mesh, trainer = build(world, nnodes=world, upload=True)
-    manager = CheckpointManager(job, trainer.app_state, mesh=mesh, store=open_store(store_uri),
-                                async_save=True, site=local_site.site())
+    site = local_site.site()  # this worker's entry point: its node's FM_HOME, the S3 service
+    manager = CheckpointManager(job, trainer.app_state, mesh=mesh,
+                                store=site.open_store(store_uri), async_save=True, site=site)
     report = {"rank": rank, "fm_home": os.environ["FM_HOME"], "copies": manager.copies.count}
     if mode == "save":
         result = train_and_save(trainer, manager, rank)

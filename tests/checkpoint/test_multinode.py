@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from fm_pipeline.catalog import CheckpointRef, read_manifest, validate
-from fm_pipeline.storage import open_store
 from tests.checkpoint.test_resharding import assert_same
 from tests.checkpoint.tiny import tiny_job
 from tests.conftest import REPO, free_port
+from tests import local_site
 
 STEP3 = "step-00000003"
 
@@ -62,7 +62,7 @@ def test_two_nodes_with_their_own_disks_commit_upload_and_resume(tmp_path, s3_bu
     # and a copy of the manifest, never the other node's shard
     assert on_disk[0] >= {"__0_0.distcp", ".metadata", "manifest.json"}
     assert on_disk[1] == {"__1_0.distcp", "manifest.json"}
-    store = open_store(store_uri)
+    store = local_site.site().open_store(store_uri)
     remote = CheckpointRef.remote(store, f"checkpoints/ckpt-test/{STEP3}")
     job = tiny_job()
     assert validate(remote, job) == []  # whole in the store, checksums verified

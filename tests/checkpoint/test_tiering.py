@@ -12,7 +12,6 @@ from fm_pipeline.catalog import latest_valid, read_marks, sync_to_store, validat
 from tests.local_site import local_root
 from fm_pipeline.catalog.refs import CheckpointRef
 from fm_pipeline.checkpoint import CheckpointManager, restore_latest
-from fm_pipeline.storage import open_store
 from tests.checkpoint.tiny import TinyLM, Trainer, tiny_job
 from tests.conftest import free_port
 from tests import local_site
@@ -31,7 +30,7 @@ def _train_and_save(store, steps=(1,), **kw):
 
 
 def test_s3_upload_then_restore_on_a_machine_without_the_local_copy(s3_bucket):
-    store = open_store(f"s3://{s3_bucket}/fm")
+    store = local_site.site().open_store(f"s3://{s3_bucket}/fm")
     job, trainer, (result,) = _train_and_save(store)
     assert result.upload.committed and result.upload.bytes == result.total_bytes
     keys = {i.key for i in store.list("checkpoints/ckpt-test/step-00000001/")}

@@ -18,7 +18,7 @@ from tests.data.conftest import make_job
 
 
 def test_mix_round_trips_through_s3(s3_bucket, small_mix, fm_home, tmp_path):
-    store = open_store(f"s3://{s3_bucket}/mixes")
+    store = local_site.site().open_store(f"s3://{s3_bucket}/mixes")
     manifest = prepare_mix(small_job(), store)
     assert manifest.key == small_mix.key
     assert store.exists(manifest_key(manifest.key))
@@ -37,12 +37,13 @@ def test_mix_round_trips_through_s3(s3_bucket, small_mix, fm_home, tmp_path):
 
 
 def test_s3_prefix_as_a_jsonl_source(s3_bucket, tmp_path):
-    docs = open_store(f"s3://{s3_bucket}/corpus")
+    docs = local_site.site().open_store(f"s3://{s3_bucket}/corpus")
     lines = [json.dumps({"text": (json.__doc__ or "")[i * 150:(i + 1) * 150]}) for i in range(6)]
     docs.put_bytes("\n".join(lines).encode(), "part-0.jsonl")
     docs.put_bytes(b"ignored", "notes/readme.md")
     job = make_job([{"name": "web", "uri": f"s3://{s3_bucket}/corpus", "glob": "*.jsonl", "weight": 1.0}])
-    manifest = prepare_mix(job, open_store(tmp_path / "store"))
+    # The source is read on the site's S3 service, whichever store the mix goes to.
+    manifest = prepare_mix(job, local_site.site().open_store(tmp_path / "store"))
     assert manifest.sources[0].documents.read == 6 and manifest.sources[0].train_tokens > 0
 
 
@@ -54,10 +55,10 @@ def test_unreachable_s3_is_a_clear_error_and_publishes_nothing(monkeypatch, tmp_
     job = make_job([{"name": "docs", "uri": str(text_dir), "weight": 1.0}])
     with pytest.raises(StoreError, match=r"s3://nobucket/mixes/data/.* at http://127\.0\.0\.1:9"):
         prepare_mix(job, dead)
-    monkeypatch.setenv("FM_S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("FM_S3_ENDPOINT_URL", "http://127.0.0.1:9")  # the site's S3 service
     source_job = make_job([{"name": "web", "uri": "s3://nobucket/corpus", "weight": 1.0}])
     with pytest.raises(Exception, match=r"source 'web': cannot list s3://nobucket/corpus"):
-        prepare_mix(source_job, open_store(tmp_path / "store"))
+        prepare_mix(source_job, local_site.site().open_store(tmp_path / "store"))
     assert not open_store(tmp_path / "store").exists(manifest_key(mix_key(source_job)))
 
 
@@ -67,7 +68,7 @@ def test_the_loader_fetches_the_shards_of_the_steps_ahead_from_s3(s3_bucket, sma
     in the background: the same batches as without it, and the steps that follow find
     their shards fetched instead of downloading them themselves. A shard corrupted in the
     store is still reported by the step that reads it, naming it."""
-    store = open_store(f"s3://{s3_bucket}/mixes")
+    store = local_site.site().open_store(f"s3://{s3_bucket}/mixes")
     manifest = prepare_mix(small_job(), store)
     steps = 24
 

@@ -22,9 +22,9 @@ from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.launch.jobset import RenderedSegment
 from fm_pipeline.launch.pod_local import pod_process
-from fm_pipeline.storage import open_store
 from tests.conftest import REPO, free_port
 from tests.launch.conftest import kubeconfig
+from tests import local_site
 
 NS = "training"
 STEP_LINE = re.compile(r"^step (\d+):")
@@ -120,7 +120,7 @@ def test_a_stopped_kubernetes_segment_checkpoints_and_ends_preempted(
     job = small_job(**{"name": "stop", "training.steps": 40, "training.segment_steps": 40,
                        "checkpoint.every_steps": 100, "training.preemption_grace_s": 5,
                        "cluster.namespace": NS})
-    build_small_mix(job, store=open_store(store_uri))
+    build_small_mix(job, store=local_site.site().open_store(store_uri))
     launcher = KubernetesLauncher(store_uri=store_uri, s3_endpoint_url=s3_endpoint,
                                   kubeconfig_file=kubeconfig(tmp_path, api),
                                   poll_interval_s=0.05, timeout_s=180)
@@ -172,7 +172,7 @@ def test_a_stopped_kubernetes_segment_checkpoints_and_ends_preempted(
             else "deleted on request (preempt)") in metadata["reason"]
     stopped_at = kubelet.steps[-1]
     assert 2 <= stopped_at < 40
-    manifest = json.loads(open_store(store_uri).get_bytes(
+    manifest = json.loads(local_site.site().open_store(store_uri).get_bytes(
         f"checkpoints/stop/step-{stopped_at:08d}/manifest.json"))
     assert manifest["step"] == stopped_at  # the preemption checkpoint, in the store
     assert not api.jobsets and not api.jobs and not api.pods and not api.core  # nothing left

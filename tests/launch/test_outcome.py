@@ -130,15 +130,17 @@ def test_a_log_tail_without_torchruns_header_still_names_the_exception():
 
 
 def test_the_first_rank_to_exit_writes_the_pods_termination_message(tmp_path, monkeypatch):
+    from fm_pipeline.config.worker_env import WorkerEnv
     from fm_pipeline.rundir.exit_record import write_exit_record
 
     message = tmp_path / "termination-log"
     message.write_text("")  # the kubelet creates it empty
-    monkeypatch.setenv("FM_TERMINATION_LOG", str(message))
+    # what the pod tells each rank (launch/pod.py), as the worker's entry point reads it
+    worker = WorkerEnv.from_environ({"FM_TERMINATION_LOG": str(message)})
     for rank, code in ((1, 75), (0, 1)):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error{rank}.json"))
-        write_exit_record(code, f"rank {rank} stopped")
+        write_exit_record(code, f"rank {rank} stopped", termination_log=worker.termination_log)
     evidence = parse_error_record(message.read_text(), source="message")
     assert (evidence.exit_code, evidence.rank, evidence.reason) == (75, 1, "rank 1 stopped")
 

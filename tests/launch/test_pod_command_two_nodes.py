@@ -16,8 +16,8 @@ from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.pod_local import expand_k8s_vars, pod_process
 from fm_pipeline.launch.spec import SegmentLaunch
-from fm_pipeline.storage import open_store
 from tests.conftest import REPO, free_port
+from tests import local_site
 
 
 def test_k8s_variable_expansion_follows_the_kubelet():
@@ -56,7 +56,7 @@ def test_two_nodes_train_and_checkpoint_with_the_pod_command(tmp_path, s3_bucket
     job = small_job(**{"name": "two", "parallelism.nnodes": 2, "parallelism.nproc_per_node": 1,
                        "training.steps": 8, "training.segment_steps": 4,
                        "checkpoint.every_steps": 100})
-    build_small_mix(job, store=open_store(store_uri))
+    build_small_mix(job, store=local_site.site().open_store(store_uri))
     target = KubernetesTarget(store_uri=store_uri, s3_endpoint_url=s3_endpoint,
                               shared_volume_claim="fm-runs")
     rendered = render_segment(SegmentLaunch(job, end_step=4), target)
@@ -65,7 +65,7 @@ def test_two_nodes_train_and_checkpoint_with_the_pod_command(tmp_path, s3_bucket
         assert node.returncode == 0, node.stdout[-4000:]
     logs = "".join(node.stdout for node in finished)
     assert "completed at step 4" in logs
-    manifest = json.loads(open_store(store_uri).get_bytes(
+    manifest = json.loads(local_site.site().open_store(store_uri).get_bytes(
         "checkpoints/two/step-00000004/manifest.json"))
     assert manifest["step"] == 4
     assert manifest["parallelism"]["world_size"] == 2 and manifest["parallelism"]["nnodes"] == 2
@@ -77,7 +77,7 @@ def test_two_nodes_train_and_checkpoint_with_the_pod_command(tmp_path, s3_bucket
     (alone,) = _run_nodes(following, tmp_path, nodes=1)
     assert alone.returncode == 0, alone.stdout[-4000:]
     assert "completed at step 8" in alone.stdout
-    manifest = json.loads(open_store(store_uri).get_bytes(
+    manifest = json.loads(local_site.site().open_store(store_uri).get_bytes(
         "checkpoints/two/step-00000008/manifest.json"))
     assert manifest["parallelism"]["world_size"] == 1 and manifest["parallelism"]["dp_shard"] == 1
     restored = [line for line in alone.stdout.splitlines() if "restored step 4" in line]

@@ -15,7 +15,7 @@ import torch
 
 from fm_pipeline.api.progress import job_events
 from fm_pipeline.checkpoint import load_full_state
-from fm_pipeline.checkpoint.fast_paths import FAST_DIR_ENV
+from fm_pipeline.config.worker_env import FAST_DIR_ENV
 from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.rundir.events import read_events
 

@@ -13,6 +13,7 @@ import pytest
 
 from fm_pipeline.rundir.lease import JobLease, LeaseHeld, LeaseLost, LeaseUnavailable, store_key
 from fm_pipeline.storage import open_store
+from tests import local_site
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -20,7 +21,7 @@ def store(request, tmp_path):
     if request.param == "local":
         return open_store(tmp_path / "store")
     bucket = request.getfixturevalue("s3_bucket")
-    return open_store(f"s3://{bucket}/fm")
+    return local_site.site().open_store(f"s3://{bucket}/fm")
 
 
 def _lease(store, tmp_path, node: str, *, ttl_s: float = 60.0, host: str | None = None):

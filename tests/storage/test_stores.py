@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fm_pipeline.storage import ObjectNotFound, StoreError, open_store
+from tests import local_site
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -12,7 +13,7 @@ def store(request, tmp_path):
     if request.param == "local":
         return open_store(tmp_path / "store")
     bucket = request.getfixturevalue("s3_bucket")
-    return open_store(f"s3://{bucket}/prefix")
+    return local_site.site().open_store(f"s3://{bucket}/prefix")
 
 
 def test_round_trip_list_delete(store, tmp_path):
@@ -39,7 +40,7 @@ def test_keys_cannot_escape_the_root(store):
 
 
 def test_s3_multipart_upload_verifies(s3_bucket, tmp_path):
-    store = open_store(f"s3://{s3_bucket}/big")
+    store = local_site.site().open_store(f"s3://{s3_bucket}/big")
     src = tmp_path / "big.bin"
     src.write_bytes(bytes(range(256)) * (40 << 12))  # 40 MiB: three 16 MiB parts
     info = store.put_file(src, "big.bin")

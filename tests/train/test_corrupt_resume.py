@@ -15,7 +15,6 @@ from fm_pipeline.catalog.refs import list_local, list_store, store_root
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix
 from fm_pipeline.rundir.records import read_records
-from fm_pipeline.storage import open_store
 from tests.train.launch import env_for, failure, train, write_job
 from tests import local_site
 
@@ -38,7 +37,7 @@ def test_training_past_a_corrupt_newest_checkpoint_replaces_it_and_keeps_the_res
     path = write_job(tmp_path, JOB, nproc=1, **{
         "training.steps": 30, "training.segment_steps": 30, "checkpoint.every_steps": 10,
         "checkpoint.keep_last": 3, "checkpoint.upload": True})
-    job, store = load_job(path), open_store(store_uri)
+    job, store = load_job(path), local_site.site().open_store(store_uri)
     build_small_mix(job, store=store)
     root = fm_home / "runs" / JOB / "checkpoints"
 

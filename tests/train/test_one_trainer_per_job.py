@@ -22,6 +22,7 @@ from fm_pipeline.rundir.records import read_records
 from fm_pipeline.storage import open_store
 from tests.conftest import REPO
 from tests.train.launch import env_for, failure, torchrun_cmd, write_job
+from tests import local_site
 
 pytestmark = pytest.mark.slow
 
@@ -96,7 +97,7 @@ def test_nodes_sharing_only_s3_are_refused_by_the_store_lease(fm_home, tmp_path,
     store_uri = f"s3://{s3_bucket}/fm"
     s3 = {"FM_STORE_URI": store_uri, "FM_S3_ENDPOINT_URL": os.environ["FM_S3_ENDPOINT_URL"]}
     path, job = _job(tmp_path, "lease-s3", **{"checkpoint.upload": True})
-    store = open_store(store_uri)
+    store = local_site.site().open_store(store_uri)
     build_small_mix(job, store=store)
     other_home = tmp_path / "node-b"  # its own disk: only the store is shared
     first = _start(path, env_for(fm_home, **s3, **SLOW))
@@ -119,7 +120,7 @@ def test_a_killed_holder_elsewhere_is_taken_over_after_expiry_and_resumed(fm_hom
     s3 = {"FM_STORE_URI": store_uri, "FM_S3_ENDPOINT_URL": os.environ["FM_S3_ENDPOINT_URL"]}
     path, job = _job(tmp_path, "lease-takeover", **{
         "checkpoint.upload": True, "resilience.lease_ttl_s": 6.0})
-    store = open_store(store_uri)
+    store = local_site.site().open_store(store_uri)
     build_small_mix(job, store=store)
     first = _start(path, env_for(fm_home, **s3, **SLOW), host="node-a")
     ckpt4 = f"checkpoints/{job.name}/step-00000004/manifest.json"
@@ -153,7 +154,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused_before_training(fm_h
 
     store_uri = f"s3://{s3_bucket}/fm"
     path, job = _job(tmp_path, "lease-blind", **{"checkpoint.upload": True})
-    build_small_mix(job, store=open_store(store_uri))
+    build_small_mix(job, store=local_site.site().open_store(store_uri))
     with DroppingProxy(os.environ["FM_S3_ENDPOINT_URL"]) as proxy:
         out = _finish(_start(path, env_for(fm_home, FM_STORE_URI=store_uri,
                                            FM_S3_ENDPOINT_URL=proxy.url)))
@@ -163,4 +164,4 @@ def test_a_store_that_ignores_conditional_writes_is_refused_before_training(fm_h
     assert "ignores S3 conditional writes" in text and store_uri in text
     assert _steps(fm_home, job.name) == []  # not one step
     assert not (fm_home / "runs" / job.name / "checkpoints").exists()
-    assert [o.key for o in open_store(store_uri).list(f"checkpoints/{job.name}/")] == []
+    assert [o.key for o in local_site.site().open_store(store_uri).list(f"checkpoints/{job.name}/")] == []

@@ -20,7 +20,6 @@ from fm_pipeline.cli.ckpt import app as ckpt_app
 from fm_pipeline.config import load_job
 from fm_pipeline.data.testing import build_small_mix
 from fm_pipeline.rundir.records import read_records
-from fm_pipeline.storage import open_store
 from tests.train.launch import env_for, failure, train, write_job
 from tests import local_site
 
@@ -51,7 +50,7 @@ def test_rollback_continues_from_the_chosen_checkpoint_in_both_tiers(fm_home, s3
     path = write_job(tmp_path, JOB, nproc=1, **{
         "training.steps": 40, "training.segment_steps": 10, "checkpoint.every_steps": 10,
         "checkpoint.upload": True})
-    job, store = load_job(path), open_store(store_uri)
+    job, store = load_job(path), local_site.site().open_store(store_uri)
     build_small_mix(job, store=store)
     ckpts = fm_home / "runs" / JOB / "checkpoints"
 

@@ -9,9 +9,9 @@ peer node, and the restore an in-job restart uses (docs/checkpoints.md, "Fast ti
         fast.snapshot(step)                              # returns at once (overlapped copy)
     fast.close(discard=True)                             # at a clean end: frees the memory
 
-Where: the launcher's directory (`FM_FAST_TIER_DIR`, config.worker_env), else `/dev/shm/fm-fast` (tmpfs: memory that outlives the worker
-processes, which is what an in-job restart needs; torchrun restarts the workers, not the
-node). Layout, per job and per torchrun run (a segment; snapshots of other runs are deleted
+Where: the launcher's directory (`FM_FAST_TIER_DIR`, config.worker_env), else
+`/dev/shm/fm-fast` (tmpfs: memory that outlives the worker processes, which is what an
+in-job restart needs; torchrun restarts the workers, not the node). Layout, per job and per torchrun run (a segment; snapshots of other runs are deleted
 when a segment starts, and never restored):
 
     <root>/<job>/<run>/own/rank-00001/step-00000012.snap   this rank's local shards

@@ -308,9 +308,9 @@ class _Setup:
     attempt: int = 0  # the job's in-job restarts before this attempt (job_attempt)
 
 
-def _setup(job: JobSpec, *, site: Site, worker: WorkerEnv, device: torch.device, end_step: int | None,
-           resume_from: str | None, store, lease, restart_cause: str | None = None,
-           planned: bool = False) -> _Setup:
+def _setup(job: JobSpec, *, site: Site, worker: WorkerEnv, device: torch.device,
+           end_step: int | None, resume_from: str | None, store, lease,
+           restart_cause: str | None = None, planned: bool = False) -> _Setup:
     dims = ParallelDims.from_spec(job.parallelism, world_size=dist.get_world_size())
     # DataError if the mix was never prepared (checked first: cheap)
     mix = open_job_mix(job, store, cache_dir=site.data_cache(mix_key(job)))
@@ -366,7 +366,8 @@ def run_segment(job: JobSpec, *, site: Site, worker: WorkerEnv = WorkerEnv(),
     lease = take_lease(job, store, runs=site.runs_dir(job.name))
     try:
         return _run_leased(job, site=site, worker=worker, tracking=tracking, device=device,
-                           end_step=end_step, resume_from=resume_from, store=store, lease=lease, owns_process_group=owns_process_group,
+                           end_step=end_step, resume_from=resume_from, store=store,
+                           lease=lease, owns_process_group=owns_process_group,
                            restart_cause=restart_cause, planned=planned)
     finally:
         if lease is not None:
@@ -380,9 +381,9 @@ def _run_leased(job: JobSpec, *, site: Site, worker: WorkerEnv,
                 restart_cause: str | None = None, planned: bool = False) -> SegmentResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        setup = _setup(job, site=site, worker=worker, device=device, end_step=end_step, resume_from=resume_from,
-                       store=store, lease=lease, restart_cause=restart_cause,
-                       planned=planned)
+        setup = _setup(job, site=site, worker=worker, device=device, end_step=end_step,
+                       resume_from=resume_from, store=store, lease=lease,
+                       restart_cause=restart_cause, planned=planned)
     except ValueError as e:  # bad input of any kind, found before the first step
         raise SegmentSetupError(f"{type(e).__name__}: {e}") from e
     dims, mesh, trainer, manager, watcher = (setup.dims, setup.mesh, setup.trainer,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from fm_pipeline.config.site import Site
 from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 from fm_pipeline.resources.launcher_local import LocalLauncher
 
@@ -30,7 +31,8 @@ def launcher_from_env(env: dict[str, str] | None = None) -> LocalLauncher | Kube
         return LocalLauncher(echo_output=env.get("FM_LAUNCHER_ECHO", "1") != "0")
     if kind != "kubernetes":
         raise ValueError(f"FM_LAUNCHER={kind!r}: expected one of {', '.join(LAUNCHERS)}")
-    store_uri = env.get("FM_STORE_URI", "")
+    site = Site.from_environ(env)  # the Dagster entry point: the store and its S3 service
+    store_uri = site.store_uri
     if not store_uri.startswith("s3://"):
         raise ValueError("FM_LAUNCHER=kubernetes needs FM_STORE_URI=s3://bucket/prefix: pods "
                          f"share data and checkpoints through it (got {store_uri!r})")
@@ -44,6 +46,6 @@ def launcher_from_env(env: dict[str, str] | None = None) -> LocalLauncher | Kube
         shared_volume_claim=env.get("FM_K8S_SHARED_CLAIM") or None,
         credentials_secret=env.get("FM_K8S_CREDENTIALS_SECRET") or None,
         service_account=env.get("FM_K8S_SERVICE_ACCOUNT") or None,
-        s3_endpoint_url=env.get("FM_S3_ENDPOINT_URL") or None,
+        s3_endpoint_url=site.s3_endpoint,
         max_restarts=int(env.get("FM_K8S_MAX_RESTARTS", "3")),
     )

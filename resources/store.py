@@ -8,9 +8,6 @@ Assets call `store.open()` and hand the resulting ObjectStore to the domain core
 `store.site()` for the rest of where state lives (the Dagster entry point of config.site).
 """
 
-
-from dataclasses import replace
-
 from dagster import ConfigurableResource
 from pydantic import Field
 
@@ -24,8 +21,7 @@ class ObjectStoreResource(ConfigurableResource):
 
     def site(self) -> Site:
         """Built where the run executes (its FM_HOME), with this resource's store."""
-        site = Site.from_environ().with_store(self.uri or None)
-        return replace(site, s3_endpoint=self.endpoint_url) if self.endpoint_url else site
+        return Site.from_environ().with_store(self.uri or None, s3_endpoint=self.endpoint_url)
 
     def open(self) -> ObjectStore:
         return self.site().store()

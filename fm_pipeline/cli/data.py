@@ -30,7 +30,7 @@ from fm_pipeline.cli.options import JOB
 from fm_pipeline.config import load_job
 from fm_pipeline.config.site import Site
 from fm_pipeline.data.progress import ProgressSink
-from fm_pipeline.storage import ObjectStore, open_store
+from fm_pipeline.storage import ObjectStore
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
@@ -40,8 +40,7 @@ ENDPOINT = typer.Option(None, "--endpoint-url", help="S3 endpoint (default: FM_S
 
 
 def _store(store: str | None, endpoint_url: str | None) -> ObjectStore:
-    site = Site.from_environ()
-    return open_store(store or site.store_uri, endpoint_url=endpoint_url or site.s3_endpoint)
+    return Site.from_environ().with_store(store, s3_endpoint=endpoint_url).store()
 
 
 def _open_mix(spec, store: str | None, endpoint_url: str | None):

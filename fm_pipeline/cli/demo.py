@@ -112,18 +112,17 @@ def demo_job(spec: JobSpec, store) -> JobSpec:
                              if f"{spec.name}-{n}" not in taken))
 
 
-def submit_demo(instance, store, job: JobSpec, *, fail_at_step: int,
-                data_mix: bool = True) -> str | None:
+def submit_demo(instance, store, job: JobSpec, *, fail_at_step: int) -> str:
     """Register `job` and submit its runs for the daemon: the data mix (its run key is
-    returned; `data_mix=False`: a mix already published) and the training job from its first
-    segment, with the fault the demo plants at `fail_at_step` (0: none)."""
+    returned) and the training job from its first segment, with the fault the demo plants
+    at `fail_at_step` (0: none)."""
     from fm_pipeline.dagster_runs.names import TAG_API_RUN
     from fm_pipeline.dagster_runs.submit import register_training_job
     from fm_pipeline.orchestration.registry import plant_fault
     from fm_pipeline.orchestration.submissions import submit_run
 
     register_training_job(instance, job, store=store)
-    data_key = submit_run(store, job, kind="data_mix").run_key if data_mix else None
+    data_key = submit_run(store, job, kind="data_mix").run_key
     if fail_at_step:
         rank = 1 if job.parallelism.world_size > 1 else 0
         plant_fault(store, job.name, f"{rank}:{fail_at_step}")

@@ -84,11 +84,11 @@ class Site:
         """Another store (a `--store` option, a checkpoint's), on this site's S3 service."""
         return open_store(uri, endpoint_url=self.s3_endpoint)
 
-    def with_store(self, store_uri: str | None) -> Site:
-        """The same site with another object store (a `--store` option); None keeps it."""
-        if not store_uri:
-            return self
-        return replace(self, store_uri=store_uri)
+    def with_store(self, store_uri: str | None, *, s3_endpoint: str | None = None) -> Site:
+        """The same site with another object store (a `--store` option) or S3 service (an
+        `--endpoint-url`); None keeps the site's."""
+        return replace(self, store_uri=store_uri or self.store_uri,
+                       s3_endpoint=s3_endpoint or self.s3_endpoint)
 
     def env(self) -> dict[str, str]:
         """What a child process needs to build this same Site at its entry point. The

@@ -75,7 +75,8 @@ class Sensors:
         return self.instance.get_run_by_id(result.run_id).tags
 
     def until_idle(self) -> list[str]:
-        """Run what the intake sensor asks for, then each success's next segment and each
+        """Run the segment runs the intake sensor asks for (a data mix run is left: the tests'
+        mix is published), then each success's next segment and each
         failure's resume (the policy's), until nothing is asked; the run keys run, in order."""
         done: list[str] = []
         pending = [r for r in requests_of(self.intake()) if r.job_name == SEGMENT_JOB]

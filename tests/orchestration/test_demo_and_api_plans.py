@@ -73,7 +73,7 @@ def test_the_api_and_fm_demo_launch_the_same_plans_parsing_the_spec_once(instanc
         path = tmp_path / "same.yaml"
         path.write_text(dump_yaml({**dump_job(api_job), "name": "same"}))
         demo = demo_job(load_job(path), store)
-        submit_demo(instance, store, demo, fail_at_step=3, data_mix=False)
+        submit_demo(instance, store, demo, fail_at_step=3)  # the mix is published already
         demo_runs = sensors.until_idle()
         statuses = [plane.status(Principal(token_id="t", tenant="prod"), record.job_id)
                     for _ in range(3)]

@@ -100,7 +100,7 @@ FLOORS = [
     {"catalog", "rundir", "data", "parallel", "planner"},
     {"checkpoint", "stragglers", "launch", "report", "scheduling"},
     {"train", "eval", "orchestration", "sim"},
-    {"resilience", "api", "deploy"},
+    {"resilience", "api", "deploy", "devcluster"},
     {"dagster_runs"},  # a job's Dagster runs: names, requests, records, the API's orchestrator
     {"resources", "cli", "assets", "definitions"},  # the Dagster layer and the entry points
 ]

@@ -37,6 +37,7 @@ from fm_pipeline.launch.k8s_follow import (
 
 GROUP, VERSION = JOBSET_API.split("/")
 PLURAL = "jobsets"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
@@ -178,6 +179,26 @@ class JobSetClient:
     def status(self, name: str, namespace: str) -> JobSetStatus:
         return jobset_status(self.get(name, namespace), name)
 
+    def queue_reason(self, name: str, namespace: str) -> str | None:
+        """Why Kueue has not admitted the JobSet, as its Workload says (a LocalQueue that
+        does not exist, quota, topology); None without a Workload (yet) or without Kueue."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            workloads = self.custom.list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads")["items"]
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        for workload in workloads:
+            owners = workload["metadata"].get("ownerReferences") or []
+            if any(o.get("kind") == "JobSet" and o.get("name") == name for o in owners):
+                for condition in (workload.get("status") or {}).get("conditions") or []:
+                    if condition["type"] == "QuotaReserved" and condition["status"] == "False":
+                        return condition.get("message") or condition.get("reason")
+        return None
+
     def pods(self, name: str, namespace: str, *, node_rank: int | None = None) -> list:
         selector = f"{JOBSET_NAME_LABEL}={name}"
         if node_rank is not None:
@@ -249,14 +270,20 @@ class JobSetClient:
                 if status.phase == "Suspended" and admitted:
                     status = self._evicted(status, namespace)
                 admitted = admitted or status.phase in ("Pending", "Running")
-                if on_status and (status.phase, status.restarts) != last_phase:
+                if status.phase == "Suspended" and not admitted:
+                    reason = self.queue_reason(name, namespace)
+                    if reason:
+                        status = JobSetStatus(name, "Suspended", status.restarts,
+                                              f"queued, not admitted by Kueue: {reason}")
+                if on_status and (status.phase, status.restarts, status.message) != last_phase:
                     on_status(status)
-                    last_phase = (status.phase, status.restarts)
+                    last_phase = (status.phase, status.restarts, status.message)
                 if status.terminal:
                     break
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     raise SegmentTimeout(
-                        f"JobSet {name} still {status.phase} after {timeout_s:g} s")
+                        f"JobSet {name} still {status.phase} after {timeout_s:g} s"
+                        + (f": {status.message}" if status.message else ""))
                 leader = self.leader_pod(name, namespace) if on_leader_pod else None
                 phase = leader.status.phase if leader is not None and leader.status else None
                 if leader is not None and leader.metadata.name not in attached and phase in (
@@ -264,9 +291,9 @@ class JobSetClient:
                     # Reading the log blocks until it ends: say the status first, as it is
                     # now (the JobSet may have turned Running since the poll above).
                     status = self.status(name, namespace)
-                    if on_status and (status.phase, status.restarts) != last_phase:
+                    if on_status and (status.phase, status.restarts, status.message) != last_phase:
                         on_status(status)
-                        last_phase = (status.phase, status.restarts)
+                        last_phase = (status.phase, status.restarts, status.message)
                     attached.append(leader.metadata.name)
                     on_leader_pod(leader.metadata.name)  # returns when the pod's log ends
                     continue

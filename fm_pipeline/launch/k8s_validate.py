@@ -182,7 +182,7 @@ def validate_object(obj: dict) -> None:
             errors = [f"{path}: {e.message}"]
         except kubernetes_validate.utils.SchemaNotFoundError as e:
             errors = [f"no schema for {api_version} {kind}: {e}"]
-    errors = metadata_errors(obj) + quantity_errors(obj) + errors
+    errors = metadata_errors(obj) + quantity_errors(obj) + pod_spec_errors(obj) + errors
     if errors:
         raise ManifestInvalid(_ref(obj), errors)
 
@@ -206,6 +206,42 @@ def quantity_errors(node, path: str = "") -> list[str]:
     elif isinstance(node, list):
         for i, item in enumerate(node):
             out += quantity_errors(item, f"{path}.{i}")
+    return out
+
+
+_RESTART_POLICIES = ("Always", "OnFailure", "Never")
+
+
+def pod_spec_errors(node, path: str = "") -> list[str]:
+    """What the API server's core validation refuses when a pod is made from a template
+    (a JobSet's or a Job's: the CRD schema lets it through, the Job controller's pod
+    create then fails): a container without an image or a name, an env var without a
+    name, an unknown restartPolicy. Checked against the real apiserver in
+    tests/devcluster/test_refusals.py."""
+    out = []
+    if isinstance(node, dict):
+        if isinstance(node.get("containers"), list):
+            policy = node.get("restartPolicy")
+            if policy is not None and policy not in _RESTART_POLICIES:
+                out.append(f"{path}.restartPolicy: unsupported value {policy!r} (one of "
+                           f"{', '.join(_RESTART_POLICIES)})")
+            for kind in ("initContainers", "containers"):
+                for i, container in enumerate(node.get(kind) or []):
+                    here = f"{path}.{kind}.{i}"
+                    if not isinstance(container, dict):
+                        continue
+                    if not container.get("image"):
+                        out.append(f"{here}.image: required (a pod's container needs one)")
+                    if not container.get("name"):
+                        out.append(f"{here}.name: required")
+                    for j, var in enumerate(container.get("env") or []):
+                        if isinstance(var, dict) and not var.get("name"):
+                            out.append(f"{here}.env.{j}.name: required")
+        for key, value in node.items():
+            out += pod_spec_errors(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            out += pod_spec_errors(item, f"{path}.{i}")
     return out
 
 

@@ -40,8 +40,9 @@ def owner_id(pid: int) -> str:
     return f"{pid}:{_start_ticks(pid)}"
 
 
-def tagged(tag: str | None = None) -> dict[int, tuple[str, str]]:
-    """pid -> (tag, owner) of every live process carrying a segment tag (only `tag`'s)."""
+def tagged(tag: str | None = None, *, variable: str = TAG_ENV) -> dict[int, tuple[str, str]]:
+    """pid -> (tag, owner) of every live process carrying a segment tag (only `tag`'s); the
+    dev cluster tags its processes with a variable of its own."""
     found = {}
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -51,17 +52,18 @@ def tagged(tag: str | None = None) -> dict[int, tuple[str, str]]:
             environ = (entry / "environ").read_bytes()
         except OSError:  # gone, a kernel thread, or another user's
             continue
-        values = dict(_pairs(environ, (TAG_ENV, OWNER_ENV)))
-        if TAG_ENV in values and (tag is None or values[TAG_ENV] == tag):
+        values = dict(_pairs(environ, (variable, OWNER_ENV)))
+        if variable in values and (tag is None or values[variable] == tag):
             if _state(int(entry.name)) != "Z":  # a zombie is already dead
-                found[int(entry.name)] = (values[TAG_ENV], values.get(OWNER_ENV, ""))
+                found[int(entry.name)] = (values[variable], values.get(OWNER_ENV, ""))
     return found
 
 
-def end_tagged(tag: str, *, grace_s: float = 2.0) -> list[int]:
+def end_tagged(tag: str, *, grace_s: float = 2.0, variable: str = TAG_ENV) -> list[int]:
     """End every process still carrying `tag`: SIGTERM, then SIGKILL after `grace_s`.
     Returns the pids it found."""
-    return _end(list(tagged(tag)), grace_s=grace_s, why=f"segment {tag[:8]}")
+    return _end(list(tagged(tag, variable=variable)), grace_s=grace_s,
+                why=f"segment {tag[:8]}" if variable == TAG_ENV else f"{variable}={tag[:8]}")
 
 
 def reap_orphans(*, grace_s: float = 10.0) -> list[int]:
@@ -74,7 +76,7 @@ def reap_orphans(*, grace_s: float = 10.0) -> list[int]:
 def _end(pids: list[int], *, grace_s: float, why: str) -> list[int]:
     if not pids:
         return []
-    log.warning("ending %d process(es) left by a segment (%s): %s", len(pids), why,
+    log.warning("ending %d tagged process(es) (%s): %s", len(pids), why,
                 ", ".join(map(str, pids)))
     _signal(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace_s

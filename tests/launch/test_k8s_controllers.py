@@ -94,7 +94,9 @@ def test_a_segment_is_queued_admitted_run_and_completed_by_the_controllers(api, 
     assert phases == ["Suspended", "Running", "Completed"]
     assert followed.status.phase == "Completed" and leaders == [pods[0]]
     # No request was refused: the Service is the controller's, nothing is created twice.
-    assert not [r for r in api.replies if r[2] >= 400]
+    # (The double serves no Kueue Workloads: the follower's question why it is queued gets
+    # a 404, as from a cluster without Kueue; tests/devcluster asks the real Kueue.)
+    assert not [r for r in api.replies if r[2] >= 400 and not r[1].endswith("/workloads")]
     assert jobsets.delete(name, NS) and not api.jobsets and not api.jobs and not api.core
 
 

@@ -1,0 +1,134 @@
+"""What the real apiserver, JobSet and Kueue refuse, and `fm k8s render`'s own validation
+agreeing with them on a corpus of mutated manifests.
+
+The cluster's verdict on a JobSet is two questions, both asked of the real apiserver with
+`dryRun=All` (admission webhooks included) and strict field validation: is the JobSet
+accepted, and could the Job controller make a pod from its template (a CRD schema does not
+require a container's image; the pod create then fails and the segment never runs)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+
+from fm_pipeline.data.testing import small_job
+from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
+from fm_pipeline.launch.k8s_client import JobSetClient
+from fm_pipeline.launch.k8s_validate import ManifestInvalid, validate_all
+from fm_pipeline.launch.spec import SegmentLaunch
+from fm_pipeline.devcluster.rest import ApiError
+
+NS = "prod"
+
+
+def _rendered(name: str = "refuse", queue: str = "prod"):
+    job = small_job(**{"name": name, "parallelism.nnodes": 2,
+                       "parallelism.nproc_per_node": 2, "cluster.namespace": NS,
+                       "cluster.local_queue": queue})
+    return render_segment(SegmentLaunch(job, end_step=4), KubernetesTarget(store_uri="s3://b/fm"))
+
+
+def _pod_spec(obj: dict) -> dict:
+    return obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+def _container(obj: dict) -> dict:
+    return _pod_spec(obj)["containers"][0]
+
+
+def _set(path_fn, key, value):
+    return lambda o: path_fn(o).__setitem__(key, value)
+
+
+MUTATIONS = {
+    "as rendered": lambda o: None,
+    "unknown field in spec": _set(lambda o: o["spec"], "bogus", 1),
+    "unknown field in the pod template": _set(_pod_spec, "bogus", 1),
+    "unknown field in a container": _set(_container, "imagePullPolicyy", "Always"),
+    "container without an image": lambda o: _container(o).pop("image"),
+    "container with an empty image": _set(_container, "image", ""),
+    "env var without a name": lambda o: _container(o)["env"].append({"value": "x"}),
+    "unknown restartPolicy": _set(_pod_spec, "restartPolicy", "Sometimes"),
+    "cpu request that is no quantity": lambda o: _container(o)["resources"].__setitem__(
+        "requests", {"cpu": "lots"}),
+    "uppercase name": _set(lambda o: o["metadata"], "name", "Refuse"),
+    "label value too long": lambda o: o["metadata"]["labels"].__setitem__("team", "x" * 64),
+    "bad label key": lambda o: o["metadata"]["labels"].__setitem__("-bad", "x"),
+    "maxRestarts -5": lambda o: o["spec"].setdefault("failurePolicy", {}).__setitem__(
+        "maxRestarts", -5),
+    "replicas as a string": _set(lambda o: o["spec"]["replicatedJobs"][0], "replicas", "two"),
+    "negative grace period": _set(_pod_spec, "terminationGracePeriodSeconds", -1),
+}
+
+
+def _cluster_verdict(kube, obj: dict) -> tuple[bool, str]:
+    try:
+        kube.request("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets",
+                     body=obj, params={"dryRun": "All", "fieldValidation": "Strict"})
+        template = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body={
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "probe-", "namespace": NS,
+                         "labels": template["metadata"].get("labels", {})},
+            "spec": template["spec"]}, params={"dryRun": "All", "fieldValidation": "Strict"})
+        return True, ""
+    except ApiError as e:
+        assert 400 <= e.status < 500, e  # a refusal, not a broken cluster
+        return False, str(e)
+
+
+def _our_verdict(obj: dict) -> tuple[bool, str]:
+    try:
+        validate_all([obj])
+        return True, ""
+    except ManifestInvalid as e:
+        return False, str(e)
+
+
+def test_render_validation_agrees_with_the_real_cluster_on_every_mutation(kube):
+    base = _rendered().jobset
+    verdicts = {}
+    for name, mutate in MUTATIONS.items():
+        obj = copy.deepcopy(base)
+        mutate(obj)
+        verdicts[name] = (_cluster_verdict(kube, obj), _our_verdict(obj))
+    disagree = {name: (real, ours) for name, (real, ours) in verdicts.items()
+                if real[0] != ours[0]}
+    assert not disagree, disagree
+    # What the double accepted and the real cluster refuses ...
+    for refused in ("unknown field in spec", "container without an image",
+                    "unknown restartPolicy", "env var without a name"):
+        assert verdicts[refused][0][0] is False, refused
+    assert "strict decoding error" in verdicts["unknown field in spec"][0][1]
+    assert "image: Required value" in verdicts["container without an image"][0][1]
+    # ... and what the real JobSet v0.12 accepts although the double's schema check did
+    # not: its CRD sets no minimum on maxRestarts (the manifests never render one).
+    assert verdicts["maxRestarts -5"][0][0] is True
+    assert verdicts["as rendered"][0][0] is True
+
+
+def test_a_local_queue_that_does_not_exist_stays_unadmitted_and_is_reported(kube, cluster):
+    rendered = _rendered("noqueue", queue="no-such-queue")
+    client = JobSetClient.from_kubeconfig(cluster.kubeconfig)
+    client.submit(rendered)
+    try:
+        statuses = []
+        from fm_pipeline.launch.k8s_client import SegmentTimeout
+
+        with pytest.raises(SegmentTimeout, match="LocalQueue no-such-queue doesn't exist"):
+            client.follow(rendered.name, NS, poll_s=0.5, timeout_s=8,
+                          on_status=statuses.append)
+        assert statuses and statuses[-1].phase == "Suspended"
+        assert "not admitted by Kueue: LocalQueue no-such-queue doesn't exist" in \
+            statuses[-1].message
+        assert not client.pods(rendered.name, NS)  # nothing ran
+        jobset = client.get(rendered.name, NS)
+        assert jobset["spec"]["suspend"] is True
+    finally:
+        client.delete(rendered.name, NS)
+    deadline = time.monotonic() + 30
+    while client.get(rendered.name, NS) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.get(rendered.name, NS) is None

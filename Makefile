@@ -8,7 +8,8 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 export FM_HOME ?= $(CURDIR)/.fm
 export DAGSTER_HOME ?= $(FM_HOME)/dagster
 
-.PHONY: venv system-deps demo test bench readme-table ui mlflow-ui clean
+
+.PHONY: venv system-deps cluster-build demo test bench readme-table ui mlflow-ui clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> bootstrapping $(VENV) with $(PY)"
@@ -30,7 +31,12 @@ demo: venv
 system-deps:
 	@bash scripts/system_deps.sh
 
-test: venv system-deps
+# The dev cluster's components, built from Go modules once per set of versions and cached
+# (docs/kubernetes.md): the tests in tests/devcluster start them.
+cluster-build: venv
+	@$(BIN)/fm dev cluster build
+
+test: venv system-deps cluster-build
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=25
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).

@@ -126,6 +126,7 @@ class PodRunner:
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.restarts = 0
+        self.pumped = threading.Event()
         self.started_at = now()
 
     # -- preparing ----------------------------------------------------------------------------
@@ -328,14 +329,18 @@ class PodRunner:
     def _run_once(self, prepared: Prepared) -> tuple[int, str, str]:
         if prepared.termination_log is not None:
             prepared.termination_log.write_text("")
-        with open(prepared.log_file, "ab") as out:
-            self.proc = subprocess.Popen(prepared.argv, env=prepared.env, cwd=prepared.cwd,
-                                         stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.pumped = threading.Event()
+        self.proc = subprocess.Popen(prepared.argv, env=prepared.env, cwd=prepared.cwd,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        pump = threading.Thread(target=_pump, args=(self.proc.stdout, prepared.log_file,
+                                                    self.pumped), daemon=True)
+        pump.start()
         self.prepared = prepared
         self.started_at = now()
         self._report_running()
         code = self.proc.wait()
+        pump.join(timeout=5)
         end_tagged(self.uid, grace_s=1.0, variable=POD_TAG_ENV)  # what it left behind
         exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N
         message = ""
@@ -345,7 +350,7 @@ class PodRunner:
         if (not message and exit_code != 0 and container.get("terminationMessagePolicy")
                 == "FallbackToLogsOnError"):
             lines = prepared.log_file.read_text(errors="replace").splitlines()[-80:]
-            message = "\n".join(lines)[-2048:]
+            message = "\n".join(line.partition(" ")[2] for line in lines)[-2048:]
         return exit_code, message, "Completed" if exit_code == 0 else "Error"
 
     def stop(self, grace_s: float) -> None:
@@ -499,36 +504,68 @@ class _LogHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain")
         self.end_headers()
         path = runner.prepared.log_file
-        data = path.read_bytes() if path.exists() else b""
-        if "tailLines" in query:
-            lines = data.splitlines(keepends=True)
-            data = b"".join(lines[-int(query["tailLines"]):]) if int(query["tailLines"]) else b""
+        since = (time.time() - int(query["sinceSeconds"])) if "sinceSeconds" in query else None
+        stamped = query.get("timestamps") == "true"
         budget = int(query["limitBytes"]) if "limitBytes" in query else None
-        offset = path.stat().st_size if path.exists() else 0
-        try:
-            budget = self._write(data, budget)
-            while query.get("follow") == "true" and budget != 0:
-                finished = runner.done.is_set() or (runner.proc is not None
-                                                    and runner.proc.poll() is not None)
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    more = f.read()
-                offset += len(more)
-                budget = self._write(more, budget)
-                if finished and not more:
-                    break
-                time.sleep(0.1)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        with open(path, "rb") as f:
+            lines = _complete_lines(f)
+            if "tailLines" in query:
+                lines = lines[-int(query["tailLines"]):] if int(query["tailLines"]) else []
+            try:
+                budget = self._write(lines, budget, since, stamped)
+                while query.get("follow") == "true" and budget != 0:
+                    finished = runner.done.is_set() or runner.pumped.is_set()
+                    more = _complete_lines(f)
+                    budget = self._write(more, budget, since, stamped)
+                    if finished and not more:
+                        break
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
-    def _write(self, data: bytes, budget: int | None) -> int | None:
+    def _write(self, lines: list[bytes], budget: int | None, since: float | None,
+               stamped: bool) -> int | None:
+        out = b""
+        for line in lines:
+            stamp, _, text = line.partition(b" ")
+            if since is not None and _epoch(stamp) < since:
+                continue
+            out += line if stamped else text
         if budget is not None:
-            data = data[:budget]
-            budget -= len(data)
-        if data:
-            self.wfile.write(data)
+            out = out[:budget]
+            budget -= len(out)
+        if out:
+            self.wfile.write(out)
             self.wfile.flush()
         return budget
+
+
+def _complete_lines(f) -> list[bytes]:
+    """The whole lines from the file's position on; a partial last line is left for later."""
+    start = f.tell()
+    data = f.read()
+    end = data.rfind(b"\n") + 1
+    f.seek(start + end)
+    return data[:end].splitlines(keepends=True)
+
+
+def _epoch(stamp: bytes) -> float:
+    return datetime.datetime.strptime(stamp.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+def _pump(stream, log_file: Path, done: threading.Event) -> None:
+    """The container's output, line by line, into its log with the time each line came
+    (as the kubelet's CRI log format keeps it): `timestamps=true` and `sinceSeconds` are
+    what dagster-k8s's Pipes reader asks for."""
+    with open(log_file, "ab") as out:
+        for line in iter(stream.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            out.write(micro_now().encode() + b" " + line)
+            out.flush()
+    stream.close()
+    done.set()
 
 
 def serve_logs(kubelet: ProcessKubelet, *, cert: Path, key: Path, ca: Path) -> ThreadingHTTPServer:

@@ -7,12 +7,18 @@ checkpoint commits to the store."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 
 import pytest
 from dagster import asset, materialize
 from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 
 from fm_pipeline.data.testing import build_small_mix, small_job
+from fm_pipeline.devcluster.kubelet import POD_TAG_ENV
+from fm_pipeline.launch.reaper import tagged
 from tests import local_site
 
 NS = "prod"
@@ -43,30 +49,49 @@ def _credentials(kube) -> str:
     return "s3-credentials"
 
 
+def _launcher(cluster, kube, store_uri: str, s3_endpoint: str,
+              **settings) -> KubernetesLauncher:
+    return KubernetesLauncher(
+        store_uri=store_uri, s3_endpoint_url=s3_endpoint, kubeconfig_file=cluster.kubeconfig,
+        credentials_secret=_credentials(kube), shared_volume_claim=_shared_claim(kube),
+        poll_interval_s=0.5, **settings)
+
+
+def _segment(job, end_step: int):
+    @asset(required_resource_keys={"launcher"})
+    def segment(context):
+        return context.resources.launcher.launch_segment(
+            context, job=job, end_step=end_step).materialize_result()
+
+    return segment
+
+
+def _job_with_mix(s3_bucket: str, name: str, *, nproc: int, steps: int, every: int):
+    """A 2-node job of the tiny model in the tenant `prod`, its data mix in the store."""
+    store_uri = f"s3://{s3_bucket}/fm"
+    job = small_job(**{"name": name, "parallelism.nnodes": 2,
+                       "parallelism.nproc_per_node": nproc, "training.steps": steps,
+                       "checkpoint.every_steps": every, "cluster.namespace": NS,
+                       "cluster.local_queue": "prod"})
+    store = local_site.site().open_store(store_uri)
+    build_small_mix(job, store=store)
+    return job, store, store_uri
+
+
 @pytest.mark.slow
 def test_a_two_node_segment_runs_to_completion_on_the_real_controllers(
         cluster, kube, s3_bucket, s3_endpoint):
-    store_uri = f"s3://{s3_bucket}/fm"
-    job = small_job(**{"name": "kube2", "parallelism.nnodes": 2,
-                       "parallelism.nproc_per_node": 2, "training.steps": 4,
-                       "checkpoint.every_steps": 100, "cluster.namespace": NS,
-                       "cluster.local_queue": "prod"})
-    build_small_mix(job, store=local_site.site().open_store(store_uri))
-    launcher = KubernetesLauncher(
-        store_uri=store_uri, s3_endpoint_url=s3_endpoint, kubeconfig_file=cluster.kubeconfig,
-        credentials_secret=_credentials(kube), shared_volume_claim=_shared_claim(kube),
-        poll_interval_s=0.5, timeout_s=300, delete_on_completion=False)
-
-    @asset(required_resource_keys={"launcher"})
-    def segment(context):
-        return context.resources.launcher.launch_segment(context, job=job,
-                                                         end_step=4).materialize_result()
-
-    result = materialize([segment], resources={"launcher": launcher})
+    job, store, store_uri = _job_with_mix(s3_bucket, "kube2", nproc=2, steps=4, every=100)
+    launcher = _launcher(cluster, kube, store_uri, s3_endpoint, timeout_s=300,
+                         delete_on_completion=False)
+    result = materialize([_segment(job, 4)], resources={"launcher": launcher})
     assert result.success
     (mat,) = result.asset_materializations_for_node("segment")
-    assert mat.metadata["end_step"].value == 4  # rank 0's Pipes message, via pods/log
     assert mat.metadata["outcome"].value == "succeeded"
+    # Rank 0's own materialization, through Dagster Pipes in its pod's log (the apiserver
+    # proxies pods/log to the process kubelet): only the trainer knows these.
+    assert mat.metadata["world_size"].value == 4, sorted(mat.metadata)
+    assert mat.metadata["start_step"].value == 0 and mat.metadata["end_step"].value == 4
 
     name = "kube2-4"
     # Kueue admitted it into the tenant's ClusterQueue; the JobSet controller made the
@@ -84,10 +109,48 @@ def test_a_two_node_segment_runs_to_completion_on_the_real_controllers(
     assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
     assert all(p["spec"]["nodeName"] in cluster.nodes for p in pods)
     # The checkpoint the four ranks on two nodes committed, in the store.
-    manifest = json.loads(local_site.site().open_store(store_uri).get_bytes(
-        "checkpoints/kube2/step-00000004/manifest.json"))
+    manifest = json.loads(store.get_bytes("checkpoints/kube2/step-00000004/manifest.json"))
     assert manifest["step"] == 4
     assert manifest["parallelism"]["world_size"] == 4
     assert manifest["parallelism"]["nnodes"] == 2
     kube.delete(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/{name}",
                 propagation="Foreground")
+
+
+def _kill_node_after(kube, store, *, name: str, checkpoint_key: str, node_rank: int,
+                     killed: list) -> None:
+    """Once `checkpoint_key` is in the store, SIGKILL every process of the pod at
+    `node_rank` (its torchrun and workers), as a node's container dying would."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not store.exists(checkpoint_key):
+        time.sleep(0.2)
+    (pod,) = [p for p in kube.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=(
+        f"jobset.sigs.k8s.io/jobset-name={name},"
+        f"batch.kubernetes.io/job-completion-index={node_rank}"))["items"]
+        if p["status"].get("phase") == "Running"]
+    for pid in tagged(pod["metadata"]["uid"], variable=POD_TAG_ENV):
+        os.kill(pid, signal.SIGKILL)
+    killed.append(pod["metadata"]["name"])
+
+
+@pytest.mark.slow
+def test_a_killed_node_is_restarted_by_the_jobset_and_resumes_from_its_checkpoint(
+        cluster, kube, s3_bucket, s3_endpoint):
+    job, store, store_uri = _job_with_mix(s3_bucket, "kill2", nproc=1, steps=40, every=4)
+    launcher = _launcher(cluster, kube, store_uri, s3_endpoint, timeout_s=400,
+                         max_restarts=2)
+    killed: list[str] = []
+    killer = threading.Thread(target=_kill_node_after, daemon=True, kwargs=dict(
+        kube=kube, store=store, name="kill2-40", node_rank=1, killed=killed,
+        checkpoint_key="checkpoints/kill2/step-00000004/manifest.json"))
+    killer.start()
+    result = materialize([_segment(job, 40)], resources={"launcher": launcher})
+    killer.join(timeout=10)
+    assert killed, "the node was never killed"
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("segment")
+    assert mat.metadata["end_step"].value == 40
+    assert "after 1 JobSet restart" in mat.metadata["reason"].value
+    # The restarted attempt resumed from a checkpoint committed before the kill, not from
+    # scratch: its trainer reported where it started in the leader's Pipes messages.
+    assert mat.metadata["start_step"].value >= 4, mat.metadata

@@ -30,6 +30,10 @@ What it does, each as the kubelet documents it (kubernetes.io/docs/...):
   pod), configMap, secret, downwardAPI and projected (the service-account token from the
   TokenRequest API, ca.crt, namespace), a PersistentVolumeClaim as one folder per claim.
 
+Each container runs in UTS and mount namespaces of its own with the pod's host name and an
+/etc/hosts naming its peers (as a pod has them; torchrun orders ranks by host name and
+hands rank 0's to the workers), so the kubelet needs root, as the multi-node tests do.
+
 Emulated, and said so: there is no image (the command runs in this machine's Python
 environment; `torchrun`, `python` and `fm` name its executables, the working directory is
 the kubelet's); a mount path is a folder of the node's, and a path under a mountPath in the
@@ -153,17 +157,35 @@ class PodRunner:
         argv = [expand_k8s_vars(a, env) for a in argv]
         env = {k: _remap(_resolve(v, hosts), mounts) for k, v in env.items()}
         argv = [_remap(_resolve(a, hosts), mounts) for a in argv]
-        argv = _executables(argv)
+        hostname = spec.get("hostname") or self.pod["metadata"]["name"][:63]
+        hosts_file = self._hosts_file(hostname, hosts)
+        # The pod's own host name and /etc/hosts, in UTS and mount namespaces of its own
+        # (root), as a pod has them: torchrun's c10d rendezvous orders ranks by the agents'
+        # host names (so global rank 0 is on completion index 0, as on a real cluster) and
+        # publishes rank 0's as the workers' store address, which the peers then resolve.
+        argv = ["unshare", "--uts", "--mount", "--", "sh", "-c",
+                'h=$0; f=$1; shift; mount --bind "$f" /etc/hosts && hostname "$h" && '
+                'exec "$@"', hostname, str(hosts_file), *_executables(argv)]
         cwd = container.get("workingDir")
         cwd = _remap(cwd, mounts) if cwd else os.getcwd()
         base = {k: os.environ[k] for k in _INHERITED if k in os.environ}
-        full_env = {**base, **self.kubelet.image_env, "HOSTNAME": spec.get("hostname", self.pod["metadata"]["name"]),
+        full_env = {**base, **self.kubelet.image_env, "HOSTNAME": hostname,
                     "KUBERNETES_SERVICE_HOST": NODE_ADDRESS,
                     "KUBERNETES_SERVICE_PORT": str(self.kubelet.apiserver_port),
                     **env, POD_TAG_ENV: self.uid}
         return Prepared(argv=argv, env=full_env, cwd=cwd, mounts=mounts,
                         termination_log=termination_log,
                         log_file=self.dir / f"{container['name']}.log")
+
+    def _hosts_file(self, hostname: str, peers: dict[str, str]) -> Path:
+        """The pod's /etc/hosts: the machine's, its own name and its peers' (the names the
+        cluster DNS would answer for the pods under the same Service)."""
+        lines = [Path("/etc/hosts").read_text(errors="replace").rstrip("\n"),
+                 f"{NODE_ADDRESS} {hostname}"]
+        lines += [f"{address} {name}" for name, address in sorted(peers.items())]
+        path = self.dir / "hosts"
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def _env(self, container: dict) -> dict[str, str]:
         env: dict[str, str] = {}

@@ -39,7 +39,8 @@ environment; `torchrun`, `python` and `fm` name its executables, the working dir
 the kubelet's); a mount path is a folder of the node's, and a path under a mountPath in the
 command, args or env is rewritten to it; every node's address is 127.0.0.1, and a pod's
 name under its Service (`<hostname>.<subdomain>`) resolves to its node's address by
-rewriting it where the command or env names it; KUBERNETES_SERVICE_HOST is 127.0.0.1 (the
+rewriting it where the command or env names it and through the pod's /etc/hosts (each pod
+has its own loopback address, 127.0.x.y); KUBERNETES_SERVICE_HOST is 127.0.0.1 (the
 Service's cluster IP is not routed here). Resource limits are not enforced.
 """
 
@@ -126,6 +127,7 @@ class PodRunner:
         self.node = pod["spec"]["nodeName"]
         self.dir = kubelet.state / "nodes" / self.node / "pods" / (
             f"{pod['metadata']['namespace']}_{pod['metadata']['name']}_{self.uid[:8]}")
+        self.ip = kubelet.pod_ip(self.uid)
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.done = threading.Event()
@@ -180,9 +182,17 @@ class PodRunner:
     def _hosts_file(self, hostname: str, peers: dict[str, str]) -> Path:
         """The pod's /etc/hosts: the machine's, its own name and its peers' (the names the
         cluster DNS would answer for the pods under the same Service)."""
-        lines = [Path("/etc/hosts").read_text(errors="replace").rstrip("\n"),
-                 f"{NODE_ADDRESS} {hostname}"]
-        lines += [f"{address} {name}" for name, address in sorted(peers.items())]
+        names: dict[str, list[str]] = {}
+        for name, address in peers.items():  # longest (the FQDN) first: the canonical name
+            names.setdefault(address, []).append(name)
+        subdomain = self.pod["spec"].get("subdomain")
+        own = [f"{hostname}.{subdomain}.{self.pod['metadata']['namespace']}.svc.cluster.local"
+               ] if subdomain else []
+        names[self.ip] = sorted(set(names.get(self.ip, []) + own), key=len, reverse=True) + [
+            hostname]
+        lines = [Path("/etc/hosts").read_text(errors="replace").rstrip("\n")]
+        lines += [f"{address} {' '.join(sorted(set(n), key=lambda x: (-len(x), x)))}"
+                  for address, n in sorted(names.items())]
         path = self.dir / "hosts"
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -220,8 +230,8 @@ class PodRunner:
         simple = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
                   "metadata.uid": meta["uid"], "spec.nodeName": spec["nodeName"],
                   "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
-                  "status.podIP": NODE_ADDRESS, "status.hostIP": NODE_ADDRESS,
-                  "status.podIPs": NODE_ADDRESS, "status.hostIPs": NODE_ADDRESS}
+                  "status.podIP": self.ip, "status.hostIP": NODE_ADDRESS,
+                  "status.podIPs": self.ip, "status.hostIPs": NODE_ADDRESS}
         if path in simple:
             return simple[path]
         match = _FIELD_INDEX.match(path)
@@ -438,8 +448,8 @@ class PodRunner:
                 raise
 
     def _report_running(self) -> None:
-        self._patch({"phase": "Running", "podIP": NODE_ADDRESS,
-                     "podIPs": [{"ip": NODE_ADDRESS}], "hostIP": NODE_ADDRESS,
+        self._patch({"phase": "Running", "podIP": self.ip,
+                     "podIPs": [{"ip": self.ip}], "hostIP": NODE_ADDRESS,
                      "hostIPs": [{"ip": NODE_ADDRESS}], "startTime": self.started_at,
                      "conditions": self._conditions(True),
                      "containerStatuses": [self._container_status(
@@ -617,12 +627,23 @@ class ProcessKubelet:
         self.state = state
         self.nodes = {n.name: n for n in nodes}
         self.pods: dict[str, PodRunner] = {}
+        self._ips: dict[str, str] = {}
         self.lock = threading.Lock()
         self._leases_at = 0.0
         self._status_at = 0.0
 
     def new_api(self) -> Rest:
         return Rest.from_kubeconfig(self.kubeconfig)
+
+    def pod_ip(self, uid: str) -> str:
+        """The pod's own address: one of 127.0.0.0/8 (all loopback on Linux), given on first
+        use and kept while this kubelet runs, so that every pod's name resolves to it and
+        its address resolves back to its name (torchrun identifies an agent that way)."""
+        with self.lock:
+            if uid not in self._ips:
+                n = len(self._ips)
+                self._ips[uid] = f"127.{1 + n // 62500}.{1 + n // 250 % 250}.{1 + n % 250}"
+            return self._ips[uid]
 
     def runner_named(self, ns: str, name: str) -> PodRunner | None:
         with self.lock:
@@ -688,7 +709,7 @@ class ProcessKubelet:
 
     def peer_addresses(self, pod: dict) -> dict[str, str]:
         """DNS names of the pods under the pod's Service (`<hostname>.<subdomain>`, with the
-        namespace and cluster suffixes) -> their node's address. Raises Unresolved when the
+        namespace and cluster suffixes) -> their pod addresses. Raises Unresolved when the
         pod's command or env names a peer that is not bound to a node yet."""
         ns = pod["metadata"]["namespace"]
         subdomain = pod["spec"].get("subdomain")
@@ -702,9 +723,9 @@ class ProcessKubelet:
             if not spec.get("nodeName") or peer["metadata"].get("deletionTimestamp"):
                 continue
             base = f"{spec['hostname']}.{subdomain}"
-            for name in (base, f"{base}.{ns}", f"{base}.{ns}.svc",
-                         f"{base}.{ns}.svc.cluster.local"):
-                hosts[name] = NODE_ADDRESS
+            for name in (f"{base}.{ns}.svc.cluster.local", f"{base}.{ns}.svc", f"{base}.{ns}",
+                         base):
+                hosts[name] = self.pod_ip(peer["metadata"]["uid"])
         text = json.dumps(pod["spec"]["containers"])
         for named in re.findall(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.{re.escape(subdomain)}\b",
                                 text):

@@ -9,7 +9,7 @@ export FM_HOME ?= $(CURDIR)/.fm
 export DAGSTER_HOME ?= $(FM_HOME)/dagster
 
 
-.PHONY: venv system-deps cluster-build demo test bench readme-table ui mlflow-ui clean
+.PHONY: venv system-deps cluster-build demo test image bench readme-table ui mlflow-ui clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> bootstrapping $(VENV) with $(PY)"
@@ -50,6 +50,12 @@ bench: venv
 	  test "$$(cat $(BENCH_DIR)/$$b.rc)" = 0 || exit 1; \
 	  tail -n 1 $(BENCH_DIR)/$$b.out | $(BIN)/python -m benchmarks.stamp > $(BENCH_DIR)/$$b.json; done
 	@$(BIN)/python -m benchmarks.table $(BENCH_DIR) | tee $(BENCH_DIR)/table.md
+
+# The image the rendered manifests run (Dockerfile; needs a container engine, which this
+# project's machines lack: docs/kubernetes.md, "The image").
+IMAGE ?= fm-pipeline:latest
+image:
+	docker build -t $(IMAGE) .
 
 # The README's table is rendered from the committed fixtures (copy a run's JSON there first);
 # tests/test_readme_tables.py fails when the two differ.

@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +106,44 @@ def test_a_wheel_installed_elsewhere_carries_what_it_reads(tmp_path):
                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert '"memory_gib_per_gpu"' in plan.stdout
+
+    # What the image's manifests run is in the wheel: the rendered JobSet's and the fast
+    # tier keeper's modules import from the installed package, `fm` is its script, and
+    # the dev cluster's Go module (what `fm dev cluster build` compiles) is package data.
+    import yaml
+
+    jobset = yaml.safe_load((elsewhere / "k8s" / "jobset-demo-20.yaml").read_text())
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    commands = [c["command"] for c in pod["containers"]]
+    commands += [c["lifecycle"]["preStop"]["exec"]["command"] for c in pod["containers"]]
+    keeper = subprocess.run([venv / "bin/python", "-c", textwrap.dedent("""
+        import json
+        from fm_pipeline.launch.keeper import keeper_daemonset
+        from fm_pipeline.launch.pod import Placement
+        ds = keeper_daemonset(namespace="ns", image="fm-pipeline:latest",
+                              host_path="/dev/shm/fm", placement=Placement())
+        print(json.dumps([c["command"] for c in ds["spec"]["template"]["spec"]["containers"]]))
+    """)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert keeper.returncode == 0, keeper.stderr[-2000:]
+    commands += json.loads(keeper.stdout)
+    modules = {argv[argv.index("-m") + 1] for argv in commands if "-m" in argv}
+    assert modules == {"fm_pipeline.train", "fm_pipeline.checkpoint.fast_keeper"}, commands
+    assert {argv[0] for argv in commands} == {"torchrun", "python", "/bin/sh"}, commands
+    for module in sorted(modules):
+        origin = subprocess.run([venv / "bin/python", "-c", "import importlib.util, sys; "
+                                 f"print(importlib.util.find_spec({module!r}).origin)"],
+                                cwd=elsewhere, env=env, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        assert origin.startswith(str(venv)), (module, origin)
+    assert (venv / "bin" / "fm").is_file()
+    gomod = subprocess.run([venv / "bin/python", "-c", "from fm_pipeline.devcluster.build "
+                            "import gomod_dir; print(gomod_dir())"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert gomod.startswith(str(venv)) and "k8s.io/kubernetes v1.36.3" in (
+        Path(gomod) / "go.mod").read_text()
+    # The Dockerfile builds its wheel from what this test built it from.
+    dockerfile = (REPO / "Dockerfile").read_text()
+    copied = {word for line in dockerfile.splitlines() if line.startswith("COPY ")
+              and "--from" not in line for word in line.split()[1:-1]}
+    assert {"pyproject.toml", "setup.py", "fm_pipeline", "assets", "resources"} <= copied
+    assert "torch==2.13.0" in dockerfile and "-c /dist/constraints.txt" in dockerfile

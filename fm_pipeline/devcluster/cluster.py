@@ -32,6 +32,7 @@ from fm_pipeline.devcluster import manifests, pki, processes
 from fm_pipeline.devcluster.build import Components
 from fm_pipeline.devcluster.manifests import NodeSpec
 from fm_pipeline.devcluster.rest import ApiError, Rest
+from fm_pipeline.resilience.ports import free_port
 from fm_pipeline.scheduling.kueue import render_kueue
 from fm_pipeline.scheduling.tenants import TenantsConfig
 
@@ -83,7 +84,6 @@ class DevCluster:
         self.tenants = tenants
         self.attached = attached
         self.image_env = dict(image_env or {})
-        self.procs: dict = {}
 
     # -- paths --------------------------------------------------------------------------------
 
@@ -109,7 +109,7 @@ class DevCluster:
         self.tag = tag
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "cluster.json").unlink(missing_ok=True)
-        ports = {name: processes.free_port() for name in (
+        ports = {name: free_port() for name in (
             "etcd", "etcd_peer", "apiserver", "jobset_webhook", "jobset_health",
             "kueue_webhook", "kueue_health")}
         try:
@@ -143,10 +143,8 @@ class DevCluster:
         return info
 
     def _start(self, name: str, argv: list[str], env: dict | None = None):
-        proc = processes.start(name, argv, tag=self.tag, logs=self.logs,
+        return processes.start(name, argv, tag=self.tag, logs=self.logs,
                                attached=self.attached, env=env)
-        self.procs[name] = proc
-        return proc
 
     def _certificates(self) -> None:
         ca = pki.Authority(self._pki())

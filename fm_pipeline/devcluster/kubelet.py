@@ -68,7 +68,7 @@ from urllib.parse import parse_qs, urlparse
 from fm_pipeline.devcluster.manifests import NodeSpec, node_object
 from fm_pipeline.devcluster.rest import ApiError, Rest
 from fm_pipeline.launch.local import torchrun_executable
-from fm_pipeline.launch.pod_local import expand_k8s_vars
+from fm_pipeline.launch.pod_local import expand_k8s_vars, link_nested_mounts
 from fm_pipeline.launch.reaper import end_tagged
 
 log = logging.getLogger("fm.kubelet")
@@ -283,16 +283,7 @@ class PodRunner:
                 local = local / mount["subPath"]
                 local.mkdir(parents=True, exist_ok=True)
             mounts[mount["mountPath"]] = local
-        # A volume mounted inside another must be what a process finds under the outer's
-        # path too (pod_local does the same for its single-node run).
-        for inner, local in mounts.items():
-            outer = max((m for m in mounts if inner.startswith(m + "/")), key=len,
-                        default=None)
-            if outer is not None:
-                link = mounts[outer] / inner[len(outer) + 1:]
-                link.parent.mkdir(parents=True, exist_ok=True)
-                if not link.is_symlink() and not link.exists():
-                    link.symlink_to(local, target_is_directory=True)
+        link_nested_mounts(mounts)
         return mounts
 
     @staticmethod

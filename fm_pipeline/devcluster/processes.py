@@ -4,30 +4,17 @@ kubelet started included, whoever their parent is by then."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
+from fm_pipeline.launch.local import stop_with_parent
 from fm_pipeline.launch.reaper import end_tagged, tagged
 
 TAG_ENV = "FM_DEV_CLUSTER"
-_PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def start(name: str, argv: list[str], *, tag: str, logs: Path, attached: bool,
@@ -40,7 +27,7 @@ def start(name: str, argv: list[str], *, tag: str, logs: Path, attached: bool,
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {}), TAG_ENV: tag},
             start_new_session=not attached,
-            preexec_fn=_die_with_parent if attached else None)
+            preexec_fn=stop_with_parent if attached else None)
 
 
 def running(tag: str) -> list[int]:

@@ -113,7 +113,7 @@ def run_segment_locally(
         # Own session: a Ctrl-C in the terminal reaches us, and we decide what torchrun gets.
         proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_stop_with_parent)
+                                preexec_fn=stop_with_parent)
         pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo), daemon=True)
         pump.start()
         try:
@@ -163,7 +163,7 @@ def _refused(launch: SegmentLaunch, problems: list[tuple[str, str]],
 _PR_SET_PDEATHSIG = 1
 
 
-def _stop_with_parent() -> None:  # in the child, between fork and exec
+def stop_with_parent() -> None:  # in the child, between fork and exec
     """SIGTERM torchrun when the process that launched it dies (Linux)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))

@@ -117,16 +117,20 @@ def _materialize_volumes(pod: dict, container: dict, rendered: RenderedSegment,
             raise ValueError(f"volume {mount['name']}: only configMap, emptyDir, hostPath "
                              "and persistentVolumeClaim are emulated")
         mounts[mount["mountPath"]] = local
-    # A volume mounted inside another (/var/lib/fm/runs in /var/lib/fm) must be what a
-    # process finds under the outer one's path too: link it there.
+    link_nested_mounts(mounts)
+    return mounts
+
+
+def link_nested_mounts(mounts: dict[str, Path]) -> None:
+    """A volume mounted inside another (/var/lib/fm/runs in /var/lib/fm) must be what a
+    process finds under the outer one's path too: link it there."""
     for inner, local in mounts.items():
         outer = max((m for m in mounts if inner.startswith(m + "/")), key=len, default=None)
         if outer is not None:
             link = mounts[outer] / inner[len(outer) + 1:]
             link.parent.mkdir(parents=True, exist_ok=True)
-            if not link.is_symlink():
+            if not link.is_symlink() and not link.exists():
                 link.symlink_to(local, target_is_directory=True)
-    return mounts
 
 
 def host_path_dir(node_root: Path, path: str) -> Path:

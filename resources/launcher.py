@@ -7,7 +7,8 @@
 
 Environment (Kubernetes only): FM_K8S_KUBECONFIG, FM_K8S_CONTEXT, FM_K8S_IN_CLUSTER=1,
 FM_K8S_NAMESPACE, FM_K8S_IMAGE, FM_K8S_SHARED_CLAIM, FM_K8S_CREDENTIALS_SECRET,
-FM_K8S_SERVICE_ACCOUNT, FM_K8S_MAX_RESTARTS, FM_S3_ENDPOINT_URL.
+FM_K8S_SERVICE_ACCOUNT, FM_K8S_MAX_RESTARTS, FM_K8S_POLL_S (seconds between
+looks at the JobSet, default 5), FM_S3_ENDPOINT_URL.
 Both are SegmentLauncher (segment_launcher.py: the contract, documented once):
 `launch_segment(...) -> SegmentRun` and `stop_segments(job_name, *, reason)` (checkpoint and
 exit 75: the flag locally, a graceful JobSet delete).
@@ -48,4 +49,5 @@ def launcher_from_env(env: dict[str, str] | None = None) -> LocalLauncher | Kube
         service_account=env.get("FM_K8S_SERVICE_ACCOUNT") or None,
         s3_endpoint_url=site.s3_endpoint,
         max_restarts=int(env.get("FM_K8S_MAX_RESTARTS", "3")),
+        poll_interval_s=float(env.get("FM_K8S_POLL_S", "5")),
     )

@@ -32,6 +32,7 @@ from pydantic import Field
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.k8s_client import JobSetClient
 from fm_pipeline.launch.k8s_follow import segment_result
+from fm_pipeline.launch.k8s_kueue_events import KueueEventLog
 from fm_pipeline.launch.k8s_stop import followed_jobset, followed_jobsets, stop_jobsets
 from fm_pipeline.launch.pod import Placement
 from fm_pipeline.launch.spec import SegmentLaunch
@@ -89,8 +90,10 @@ class KubernetesLauncher(SegmentLauncher):
                                         namespace=ns)
 
             try:
-                with followed_jobset(self.site().runs_dir(job.name), rendered) as record:
-                    followed = self._follow(context, client, name, ns, read_leader)
+                runs = self.site().runs_dir(job.name)
+                with followed_jobset(runs, rendered) as record:
+                    kueue = KueueEventLog(runs, name, eviction=lambda: client.eviction(name, ns))
+                    followed = self._follow(context, client, name, ns, read_leader, kueue)
                     stopped = record.stop_reason()
             except BaseException:
                 # Cancelled run, timeout, lost API server: nothing may keep running unowned.
@@ -112,10 +115,12 @@ class KubernetesLauncher(SegmentLauncher):
             return []  # nothing launched from this machine: no API server to reach
         return stop_jobsets(self.jobset_client(), runs, reason=reason)
 
-    def _follow(self, context, client: JobSetClient, name: str, ns: str, read_leader):
-        return client.follow(
-            name, ns, on_leader_pod=read_leader, poll_s=self.poll_interval_s,
-            timeout_s=self.timeout_s,
-            on_status=lambda s: context.log.info(
-                f"JobSet {name}: {s.phase}, {s.restarts} restart(s) {s.message}"),
-        )
+    def _follow(self, context, client: JobSetClient, name: str, ns: str, read_leader,
+                kueue: KueueEventLog):
+        def on_status(status):
+            context.log.info(f"JobSet {name}: {status.phase}, {status.restarts} restart(s) "
+                             f"{status.message}")
+            kueue(status)
+
+        return client.follow(name, ns, on_leader_pod=read_leader, poll_s=self.poll_interval_s,
+                             timeout_s=self.timeout_s, on_status=on_status)

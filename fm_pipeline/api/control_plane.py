@@ -453,6 +453,10 @@ class ControlPlane:
                                     root=self.site.checkpoints_dir(record.job_id))
         last = progress.last_committed(seen)
         step = metrics.get("step", last.step if last else None)
+        events = progress.job_events(self.site.runs_dir(record.job_id))
+        held_by_kueue = progress.kueue_hold(events)
+        if status == "running" and held_by_kueue:
+            status = "queued"  # its segment waits in Kueue: admitted by the API only
         return {
             "job_id": record.job_id, "tenant": record.tenant, "status": status,
             "priority": record.priority, "model": record.request["model"], "gpus": record.gpus,
@@ -468,9 +472,10 @@ class ControlPlane:
             "failure_reason": self._failure_reason(record, runs, status),
             "gpu_hours": round(gpu_hours, 6),
             "cost_usd": round(gpu_hours * job.cluster.price_per_gpu_hour, 4),
-            "preemptions": sum(e["kind"] == "preempted" for e in self.store.events(record.job_id)),
-            "inplace_restarts": sum(e["kind"] == "inplace_restart"
-                                    for e in progress.job_events(self.site.runs_dir(record.job_id))),
+            "queued_by": held_by_kueue if status == "queued" else None,
+            "preemptions": sum(e["kind"] == "preempted" for e in self.store.events(record.job_id))
+            + sum(e["kind"] == "kueue_evicted" for e in events),
+            "inplace_restarts": sum(e["kind"] == "inplace_restart" for e in events),
             "runs": len(runs),
             "router": _router(metrics),
         }

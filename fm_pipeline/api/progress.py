@@ -127,6 +127,21 @@ def job_events(runs: Path) -> list[dict]:
     return events
 
 
+def kueue_hold(events: list[dict]) -> str | None:
+    """Why Kueue holds the job's segment now (its last Kueue event queued or evicted it),
+    from the events the Kubernetes launcher logs (launch/k8s_kueue_events.py); None if it
+    does not."""
+    from fm_pipeline.launch.k8s_kueue_events import HOLDING, KUEUE_EVENTS
+
+    said = [e for e in sorted(events, key=lambda e: e["at"]) if e["kind"] in KUEUE_EVENTS]
+    if not said or said[-1]["kind"] not in HOLDING:
+        return None
+    detail = said[-1]["detail"]
+    what = "evicted by Kueue" if said[-1]["kind"] == "kueue_evicted" else "queued in Kueue"
+    why = detail.get("message") or detail.get("reason")
+    return f"{what} (JobSet {detail.get('jobset')})" + (f": {why}" if why else "")
+
+
 def _json(line: str) -> dict:
     try:
         record = json.loads(line)

@@ -114,6 +114,9 @@ class JobStatus(BaseModel):
     goodput: float | None
     last_ckpt: str | None = Field(description="location of the newest committed checkpoint")
     last_ckpt_step: int | None
+    queued_by: str | None = Field(default=None, description=(
+        "Kubernetes pools: why Kueue holds the job's segment (queued for quota, or evicted "
+        "and waiting to be readmitted), while status is queued because of it"))
     failure_reason: str | None
     gpu_hours: float = Field(description="GPU-hours held by this job's runs so far")
     cost_usd: float

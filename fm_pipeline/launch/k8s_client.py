@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from fm_pipeline.launch.jobset import JOBSET_API, JOBSET_NAME_LABEL, RenderedSegment
 from fm_pipeline.launch.k8s_follow import (
@@ -182,6 +181,14 @@ class JobSetClient:
     def queue_reason(self, name: str, namespace: str) -> str | None:
         """Why Kueue has not admitted the JobSet, as its Workload says (a LocalQueue that
         does not exist, quota, topology); None without a Workload (yet) or without Kueue."""
+        workload = self.workload(name, namespace) or {}
+        for condition in (workload.get("status") or {}).get("conditions") or []:
+            if condition["type"] == "QuotaReserved" and condition["status"] == "False":
+                return condition.get("message") or condition.get("reason")
+        return None
+
+    def workload(self, name: str, namespace: str) -> dict | None:
+        """The Kueue Workload of the JobSet (None without one, or without Kueue)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -194,9 +201,19 @@ class JobSetClient:
         for workload in workloads:
             owners = workload["metadata"].get("ownerReferences") or []
             if any(o.get("kind") == "JobSet" and o.get("name") == name for o in owners):
-                for condition in (workload.get("status") or {}).get("conditions") or []:
-                    if condition["type"] == "QuotaReserved" and condition["status"] == "False":
-                        return condition.get("message") or condition.get("reason")
+                return workload
+        return None
+
+    def eviction(self, name: str, namespace: str) -> dict | None:
+        """Why and when Kueue evicted the JobSet's Workload (its Evicted condition), as
+        {reason, message, evicted_at}; None if it was not evicted."""
+        from fm_pipeline.launch.k8s_kueue_events import condition_time
+
+        workload = self.workload(name, namespace) or {}
+        for condition in (workload.get("status") or {}).get("conditions") or []:
+            if condition["type"] == "Evicted" and condition["status"] == "True":
+                return {"reason": condition.get("reason"), "message": condition.get("message"),
+                        "evicted_at": condition_time(condition.get("lastTransitionTime"))}
         return None
 
     def pods(self, name: str, namespace: str, *, node_rank: int | None = None) -> list:

@@ -43,6 +43,9 @@ kind "exclusion_applied" (the segment asset, before a launch): excluded (host,
     local_rank, rank, reason per slot), avoid_hosts, world_size (planned) and
     world_size_before, note
 kind "fault_injected" (fm chaos): fault, target, step
+kind "kueue_queued" | "kueue_admitted" | "kueue_evicted" (the Kubernetes launcher, as it
+    follows a JobSet): jobset, reason, and for an eviction message and evicted_at
+    (fm_pipeline.launch.k8s_kueue_events)
 """
 
 from __future__ import annotations

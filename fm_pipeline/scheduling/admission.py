@@ -106,9 +106,18 @@ class FairSharePolicy:
         self._enqueue(run.job)
 
     def schedule(self) -> Decision:
-        """Admit every head that fits, in fair-share order; plan preemptions for the rest."""
+        """Admit every head that fits, in fair-share order; plan preemptions for the rest.
+        With `admission: kueue` every pending job is handed over at once, in that order:
+        Kueue's ClusterQueues decide the rest, so planning preemptions here would make two
+        schedulers race for the same victims."""
         now = self._clock()
         admitted: list[str] = []
+        if self.config.admission == "kueue":
+            while heads := self._heads():
+                job = min(heads, key=self._admission_key)
+                self._admit(job, now)
+                admitted.append(job.job_id)
+            return Decision(admitted=tuple(admitted))
         preempted: list[Preemption] = []
         blocked: set[str] = set()
         self._drop_stale_nominations()

@@ -134,6 +134,13 @@ class TenantsConfig(_Strict):
         description="what runs the pool's jobs: local (torchrun on this machine: each job "
                     "is also checked against its cores, memory and GPUs before it is "
                     "queued) or kubernetes (JobSets queued by Kueue)")
+    admission: Literal["api", "kueue"] = Field(
+        default="api",
+        description="who decides which job runs: api (the control plane's fair-share "
+                    "policy admits and preempts; on Kubernetes, Kueue then only confirms) "
+                    "or kueue (kubernetes only: every job is handed to Kueue at once and "
+                    "the ClusterQueues rendered from this file queue, admit and preempt; "
+                    "the API's per-job preemption bound does not apply, Kueue has none)")
     tenants: list[TenantSpec] = Field(min_length=1)
     preemption: PreemptionSpec = PreemptionSpec()
     kueue: KueueSpec = KueueSpec()
@@ -167,6 +174,9 @@ class TenantsConfig(_Strict):
 
     @model_validator(mode="after")
     def _quotas_fit(self) -> "TenantsConfig":
+        if self.admission == "kueue" and self.launcher != "kubernetes":
+            raise ValueError(f"admission: kueue needs launcher: kubernetes (got launcher: "
+                             f"{self.launcher}): Kueue admits only JobSets")
         names = [t.name for t in self.tenants]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

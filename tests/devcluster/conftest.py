@@ -5,6 +5,7 @@ first build on a machine takes minutes and is cached), started once per test mod
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -23,20 +24,27 @@ def components():
     return build_components(default_cache(), log=lambda line: print(line, flush=True))
 
 
-@pytest.fixture(scope="module")
-def cluster(components, tmp_path_factory, cpu_peaks_file) -> ClusterInfo:
-    state = tmp_path_factory.mktemp("dev-cluster")
-    dev = DevCluster(components, state, nodes=default_nodes(2),
-                     tenants=load_tenants(DEV_CLUSTER_TENANTS),
+@contextlib.contextmanager
+def started(components, state: Path, *, tenants, image_env: dict | None = None):
+    """A dev cluster of two nodes up for the block; nothing of it left running after."""
+    dev = DevCluster(components, state, nodes=default_nodes(2), tenants=tenants,
                      # The host's one CPU-peak measurement, as tests/conftest.py gives
                      # every process; a pod would otherwise measure it again.
-                     image_env={"FM_CPU_PEAKS_FILE": os.environ["FM_CPU_PEAKS_FILE"]})
+                     image_env={"FM_CPU_PEAKS_FILE": os.environ["FM_CPU_PEAKS_FILE"],
+                                **(image_env or {})})
     info = dev.up()
     try:
         yield info
     finally:
         dev.down()
         assert not processes.running(info.tag), "a dev cluster process outlived down()"
+
+
+@pytest.fixture(scope="module")
+def cluster(components, tmp_path_factory, cpu_peaks_file) -> ClusterInfo:
+    with started(components, tmp_path_factory.mktemp("dev-cluster"),
+                 tenants=load_tenants(DEV_CLUSTER_TENANTS)) as info:
+        yield info
 
 
 @pytest.fixture(scope="module")

@@ -20,40 +20,16 @@ from fm_pipeline.data.testing import build_small_mix, small_job
 from fm_pipeline.devcluster.kubelet import POD_TAG_ENV
 from fm_pipeline.launch.reaper import tagged
 from tests import local_site
+from tests.devcluster.objects import credentials, shared_claim
 
 NS = "prod"
-
-
-def _shared_claim(kube) -> str:
-    """A ReadWriteMany claim bound by the real PV controller (the process kubelet mounts
-    it as one folder every node sees)."""
-    kube.apply({"apiVersion": "v1", "kind": "PersistentVolume",
-                "metadata": {"name": "fm-runs-prod"},
-                "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"],
-                         "hostPath": {"path": "/fm-runs"}, "storageClassName": "",
-                         "claimRef": {"namespace": NS, "name": "fm-runs"}}})
-    kube.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "fm-runs", "namespace": NS},
-                "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
-                         "volumeName": "fm-runs-prod",
-                         "resources": {"requests": {"storage": "1Gi"}}}})
-    return "fm-runs"
-
-
-def _credentials(kube) -> str:
-    kube.apply({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "s3-credentials", "namespace": NS},
-                "stringData": {"AWS_ACCESS_KEY_ID": "testing",
-                               "AWS_SECRET_ACCESS_KEY": "testing",
-                               "AWS_DEFAULT_REGION": "us-east-1"}})
-    return "s3-credentials"
 
 
 def _launcher(cluster, kube, store_uri: str, s3_endpoint: str,
               **settings) -> KubernetesLauncher:
     return KubernetesLauncher(
         store_uri=store_uri, s3_endpoint_url=s3_endpoint, kubeconfig_file=cluster.kubeconfig,
-        credentials_secret=_credentials(kube), shared_volume_claim=_shared_claim(kube),
+        credentials_secret=credentials(kube, NS), shared_volume_claim=shared_claim(kube, NS),
         poll_interval_s=0.5, **settings)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fm_pipeline.scheduling import AdmissionError, Decision, JobRequest
+from fm_pipeline.scheduling import AdmissionError, Decision, JobRequest, TenantsConfigError
 from tests.scheduling.conftest import HIGH, LOW, NORMAL, make_policy
 from tests.scheduling.trace import SimJob, TraceRunner
 
@@ -149,3 +149,27 @@ def test_requests_that_could_never_start_are_refused(two_tenants, request_, mess
     with pytest.raises(AdmissionError, match=message):
         policy.submit(request_)
     assert policy.pending() == []
+
+
+def test_with_kueue_admitting_every_job_is_handed_over_and_nothing_is_preempted_here():
+    # The same situation as above, with Kueue as the one that admits: all four go to it
+    # at once, in fair-share order (prod's in-quota job before research's borrowers), and
+    # no preemption is planned here: Kueue's ClusterQueues evict, or two schedulers race.
+    tenants = [{"name": "research", "quota": {"gpu": 4}, "priorities": ["low", "high"]},
+               {"name": "prod", "quota": {"gpu": 4}, "priorities": ["low", "high"]}]
+    policy, _ = make_policy(8, tenants, launcher="kubernetes", admission="kueue")
+    for seq, (name, tenant, prio) in enumerate([("low-a", "research", LOW),
+                                                ("low-b", "research", LOW),
+                                                ("low-c", "research", LOW)]):
+        policy.submit(JobRequest.gpus(name, tenant, 4, priority=prio, seq=seq))
+    assert policy.schedule().admitted == ("low-a", "low-b", "low-c")
+    policy.submit(JobRequest.gpus("high", "prod", 8, priority=HIGH, seq=9))
+    assert policy.schedule() == Decision(admitted=("high",))
+    # Still a pool this job could never fit is refused at submission, as with the API's own.
+    with pytest.raises(AdmissionError, match="gpu"):
+        policy.submit(JobRequest.gpus("huge", "prod", 16, priority=HIGH, seq=10))
+
+
+def test_kueue_admission_needs_the_kubernetes_launcher():
+    with pytest.raises(TenantsConfigError, match="admission: kueue needs launcher: kubernetes"):
+        make_policy(8, [{"name": "t", "quota": {"gpu": 8}}], admission="kueue")

@@ -1,0 +1,178 @@
+"""Checkpoint-aware preemption by the real Kueue, through the REST API, on a Kubernetes pool
+(admission: kueue). A low-priority research job borrows prod's unused quota and trains; a
+high-priority prod job arrives; Kueue reclaims the quota by evicting the low one's
+Workload; the JobSet controller suspends its Job, the pods are deleted with their grace
+period, the preStop hook touches the trainer's flag, the trainer checkpoints at its next
+step and exits 75; the Dagster failure sensor resumes the job, whose new JobSet waits in
+Kueue (the API says queued, and why) until the high one finishes, then resumes at the step
+it checkpointed. The whole deployment is real: the Dagster daemon starts every run, the
+KubernetesLauncher submits JobSets to the real apiserver, JobSet and Kueue controllers."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import DagsterRunStatus
+
+from fm_pipeline.defaults import DEV_CLUSTER_TENANTS
+from fm_pipeline.scheduling import parse_tenants
+from tests import local_site
+from tests.api.conftest import auth
+from tests.deploy.stack import deployment, wait_for
+from tests.devcluster.conftest import started
+from tests.devcluster.objects import credentials, shared_claim
+
+pytestmark = [pytest.mark.slow, pytest.mark.server]
+
+# Four CPUs in the cohort, two guaranteed to each tenant: a 2x2 research job borrows
+# prod's two, and a 1x2 prod job within its quota takes them back.
+TENANTS = {**yaml.safe_load(DEV_CLUSTER_TENANTS.read_text()),
+           "pool": {"gpu": 4, "cpu": 4},
+           "tenants": [
+               {"name": "research", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["low"]},
+               {"name": "prod", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["high"]}],
+           "preemption": {"max_per_job_per_hour": 2, "grace_s": 20}}
+SLOW_STEP = "0:0.5"  # rank 0 sleeps 0.5 s per step in every pod: time to act while it trains
+
+
+@pytest.fixture(scope="module")
+def cluster(components, tmp_path_factory, cpu_peaks_file):
+    with started(components, tmp_path_factory.mktemp("dev-cluster"),
+                 tenants=parse_tenants(TENANTS),
+                 image_env={"FM_FAULT_SLOW_RANKS": SLOW_STEP}) as info:
+        yield info
+
+
+@pytest.fixture
+def api(cluster, kube, fm_home, s3_bucket, s3_endpoint, tokens):
+    from fastapi.testclient import TestClient
+
+    from fm_pipeline.api.app import create_app
+    from fm_pipeline.api.control_plane import ControlPlane
+    from fm_pipeline.dagster_runs.orchestrator import DagsterOrchestrator
+    from fm_pipeline.data.testing import build_small_mix, small_job
+
+    store_uri = f"s3://{s3_bucket}/fm"
+    site = local_site.site().with_store(store_uri, s3_endpoint=s3_endpoint)
+    mix = build_small_mix(small_job(), store=site.store())
+    for ns in ("research", "prod"):
+        credentials(kube, ns), shared_claim(kube, ns)
+    env = {"FM_LAUNCHER": "kubernetes", "FM_STORE_URI": store_uri,
+           "FM_S3_ENDPOINT_URL": s3_endpoint, "FM_K8S_KUBECONFIG": cluster.kubeconfig,
+           "FM_K8S_SHARED_CLAIM": "fm-runs", "FM_K8S_CREDENTIALS_SECRET": "s3-credentials",
+           "FM_K8S_POLL_S": "0.5"}
+    with deployment(fm_home, env=env) as stack:
+        plane = ControlPlane(tenants=parse_tenants(TENANTS), store=local_site.job_store(),
+                             orchestrator=DagsterOrchestrator(stack.instance, site=site),
+                             site=site)
+        with TestClient(create_app(plane, local_site.token_store(), tick_s=0.2)) as client:
+            yield client, stack, site, mix.key
+        for record in stack.instance.get_run_records():  # nothing keeps running after
+            if record.dagster_run.status in (DagsterRunStatus.STARTED, DagsterRunStatus.QUEUED):
+                stack.instance.run_coordinator.cancel_run(record.dagster_run.run_id)
+        plane.store.close()
+
+
+@pytest.fixture
+def tokens(fm_home) -> dict[str, str]:
+    store = local_site.token_store()
+    return {name: store.issue(tenant=name)[1] for name in ("research", "prod")}
+
+
+def _body(mix_key: str, *, gpus: int, priority: str, steps: int) -> dict:
+    return {"model": "debug", "gpus": gpus, "gpus_per_node": 2,
+            "parallelism": {"tp": 1, "pp": 1, "dp": gpus}, "priority": priority,
+            "checkpoint_every_steps": 1000, "steps": steps, "data_manifest": mix_key}
+
+
+def _steps(cluster, ns: str, job_id: str) -> dict[str, list[int]]:
+    """The steps rank 0 logged per segment launch, from the namespace's shared claim (the
+    pods' run directory)."""
+    path = Path(cluster.state) / "claims" / ns / "fm-runs" / job_id / "metrics.jsonl"
+    launches: dict[str, list[int]] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        record = json.loads(line)
+        if record.get("kind") == "step":
+            launches.setdefault(record["segment"], []).append(record["step"])
+    return launches
+
+
+def test_kueue_evicts_the_low_priority_job_which_checkpoints_waits_and_resumes_at_that_step(
+        api, cluster, kube, tokens):
+    client, stack, site, mix_key = api
+    research, prod = auth(tokens["research"]), auth(tokens["prod"])
+
+    def status(job_id: str, who: dict) -> dict:
+        return client.get(f"/v1/training/jobs/{job_id}", headers=who).json()
+
+    def kinds(job_id: str, who: dict) -> list[str]:
+        return [e["kind"] for e in client.get(f"/v1/training/jobs/{job_id}/events",
+                                              headers=who).json()["events"]]
+
+    r = client.post("/v1/training/jobs", headers=research,
+                    json=_body(mix_key, gpus=4, priority="low", steps=40))
+    assert r.status_code == 201, r.text
+    low = r.json()["job_id"]
+    wait_for("the low job to train", lambda: sum(map(len, _steps(cluster, "research", low)
+                                                      .values())) >= 3, timeout_s=300)
+    assert status(low, research)["status"] == "running"
+
+    r = client.post("/v1/training/jobs", headers=prod,
+                    json=_body(mix_key, gpus=2, priority="high", steps=4))
+    assert r.status_code == 201, r.text
+    high = r.json()["job_id"]
+
+    # Kueue, not the API, preempts: the low job's Workload is evicted to reclaim prod's
+    # quota, its trainer checkpoints inside the grace period and exits 75, and the job
+    # waits in Kueue for the quota to come back.
+    wait_for("the low job to wait in Kueue after its eviction",
+             lambda: "kueue_evicted" in kinds(low, research)
+             and status(low, research)["status"] == "queued", timeout_s=300)
+    queued = status(low, research)
+    assert queued["preemptions"] == 1
+    assert queued["queued_by"].startswith(("evicted by Kueue", "queued in Kueue")), queued
+    (evicted,) = [e for e in client.get(f"/v1/training/jobs/{low}/events",
+                                        headers=research).json()["events"]
+                  if e["kind"] == "kueue_evicted"]
+    assert evicted["detail"]["reason"] == "Preempted"
+    assert "reclamation within the cohort" in evicted["detail"]["message"], evicted
+    before = _steps(cluster, "research", low)
+    (first,) = before.values()
+    stopped_at = first[-1]
+    assert stopped_at < 40
+    store = site.store()
+    manifest_key = f"checkpoints/{low}/step-{stopped_at:08d}/manifest.json"
+    assert store.exists(manifest_key), "the evicted trainer did not checkpoint its last step"
+
+    wait_for("the high job to finish", lambda: status(high, prod)["status"] == "succeeded",
+             timeout_s=300)
+    wait_for("the low job to finish", lambda: status(low, research)["status"] == "succeeded",
+             timeout_s=400)
+    final = status(low, research)
+    assert final["step"] == 40 and final["last_ckpt_step"] == 40
+    # Readmitted after the high job: it resumed at the step it checkpointed when evicted,
+    # none lost and none repeated.
+    launches = list(_steps(cluster, "research", low).values())
+    assert len(launches) == 2 and launches[1][0] == stopped_at + 1, launches
+    # Kueue's decisions as the API lists them (a JobSet may be seen queued before each
+    # admission, or not, by the launcher's polls).
+    assert [k for k in kinds(low, research) if k.startswith("kueue_") and k != "kueue_queued"
+            ] == ["kueue_admitted", "kueue_evicted", "kueue_admitted"]
+    from fm_pipeline.dagster_runs.api_jobs import api_run_records
+
+    runs = [r.dagster_run for records in api_run_records(stack.instance, low).values()
+            for r in records]
+    assert [r.status for r in runs] == [DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS]
+    assert runs[0].tags["fm/outcome"] == "preempted" and runs[0].tags["fm/exit_code"] == "75"
+    assert runs[1].tags["fm/resume_from"].endswith(f"step-{stopped_at:08d}")
+    # Eviction (Kueue's clock, whole seconds) to the committed checkpoint: inside the
+    # grace period the tenants file gives.
+    written = datetime.fromisoformat(json.loads(store.get_bytes(manifest_key))["created_at"]
+                                     .replace("Z", "+00:00")).timestamp()
+    evict_to_checkpoint_s = written - evicted["detail"]["evicted_at"]
+    print(f"eviction to committed checkpoint: {evict_to_checkpoint_s:.2f} s")
+    assert -1.0 <= evict_to_checkpoint_s < 20, evict_to_checkpoint_s

@@ -176,13 +176,35 @@ def _fast_tier(r: dict) -> Row | None:
                       r["durable_over_inplace"] >= r["target_durable_over_inplace"]}))
 
 
+def _k8s(r: dict) -> Row:
+    k, local, spread = r["kubernetes"], r["local"], r["spread"]
+
+    def four(m: dict, s: dict | None = None) -> str:
+        def one(key: str) -> str:
+            return f"{m[key]:.1f}" + (f" (spread {s[key]:.1f})" if s else "")
+
+        return (f"submit -> first step {one('submit_to_first_step_s')} s, kill -> resumed "
+                f"step {one('kill_to_resumed_step_s')} s, evict -> checkpoint "
+                f"{one('evict_to_checkpoint_s')} s, readmit -> resumed step "
+                f"{one('readmit_to_resumed_step_s')} s")
+
+    versions = r["versions"]
+    return (f"{four(k, spread['kubernetes'])} ({r['repeats']} runs each), on the real "
+            "controllers",
+            f"the local launcher, same job and run: {four(local, spread['local'])}",
+            f"{r['world']}; Kubernetes {versions['k8s.io/kubernetes']}, JobSet "
+            f"{versions['sigs.k8s.io/jobset']}, Kueue {versions['sigs.k8s.io/kueue']}; pods are "
+            "local processes (the process kubelet): no image pull, no network between nodes",
+            "none set", "no target")
+
+
 # benchmark -> its rows: (label, renderer); a renderer returning None: not in this run.
 ROWS: dict[str, list[tuple[str, Callable[[dict], Row | None]]]] = {
     "data": [("", _data)], "data_stages": [("", _data_stages)],
     "remote_data": [("", _remote_data)], "trainer": [("", _trainer)],
     "checkpoint": [("", _checkpoint)], "planner": [("", _planner)],
     "simulation": [("", _simulation)],
-    "recovery": [("", _recovery), (" (fast tier)", _fast_tier)]}
+    "recovery": [("", _recovery), (" (fast tier)", _fast_tier)], "k8s": [("", _k8s)]}
 README_START = "<!-- benchmark table: python -m benchmarks.table tests/bench_fixtures --readme README.md -->"
 README_END = "<!-- end of benchmark table -->"
 

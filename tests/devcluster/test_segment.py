@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from dagster import asset, materialize
@@ -130,3 +131,53 @@ def test_a_killed_node_is_restarted_by_the_jobset_and_resumes_from_its_checkpoin
     # The restarted attempt resumed from a checkpoint committed before the kill, not from
     # scratch: its trainer reported where it started in the leader's Pipes messages.
     assert mat.metadata["start_step"].value >= 4, mat.metadata
+
+
+@pytest.mark.slow
+def test_the_fast_tier_keeper_runs_on_every_node_and_sweeps_what_gone_runs_left(cluster, kube):
+    """A job with the fast tier brings the node keeper: the real DaemonSet controller makes
+    one pod per node, the scheduler binds them, the process kubelet runs
+    `python -m fm_pipeline.checkpoint.fast_keeper` on the node's hostPath, and it deletes
+    the snapshots a long-gone run left there. The JobSet itself names a LocalQueue that
+    does not exist: it stays queued and runs nothing, the keeper runs anyway."""
+    from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
+    from fm_pipeline.launch.k8s_client import JobSetClient
+    from fm_pipeline.launch.keeper import KEEPER_NAME
+    from fm_pipeline.launch.pod import FAST_HOST_PATH
+    from fm_pipeline.launch.spec import SegmentLaunch
+
+    month_ago = time.time() - 30 * 86400
+    stale = {node: Path(cluster.state) / "nodes" / node / "host" / FAST_HOST_PATH.lstrip("/")
+             / "gone-job" / "run-1" for node in cluster.nodes}
+    for run in stale.values():
+        run.mkdir(parents=True)
+        (run / "snapshot.bin").write_bytes(b"\0" * 1024)
+        for path in (run / "snapshot.bin", run):  # what the run last wrote, a month ago
+            os.utime(path, (month_ago, month_ago))
+    job = small_job(**{"name": "keep2", "parallelism.nnodes": 2, "training.steps": 4,
+                       "checkpoint.memory_every_steps": 2, "cluster.namespace": NS,
+                       "cluster.local_queue": "no-such-queue"})
+    rendered = render_segment(SegmentLaunch(job, end_step=4), KubernetesTarget(
+        store_uri="s3://unused/fm", shared_volume_claim=shared_claim(kube, NS)))
+    client = JobSetClient.from_kubeconfig(cluster.kubeconfig)
+    client.submit(rendered)
+    path = f"/apis/apps/v1/namespaces/{NS}/daemonsets/{KEEPER_NAME}"
+    try:
+        deadline = time.monotonic() + 120
+        while (kube.get(path).get("status") or {}).get("numberReady") != len(cluster.nodes):
+            assert time.monotonic() < deadline, kube.get(path).get("status")
+            time.sleep(0.5)
+        pods = kube.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=(
+            "app.kubernetes.io/component=fast-tier-keeper"))["items"]
+        assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(cluster.nodes)
+        assert {p["status"]["phase"] for p in pods} == {"Running"}
+        while any(run.exists() for run in stale.values()):  # its first sweep, at its start
+            assert time.monotonic() < deadline, "the keeper left a month-old snapshot"
+            time.sleep(0.5)
+        assert not kube.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=(
+            f"jobset.sigs.k8s.io/jobset-name={rendered.name}"))["items"]  # still queued
+        client.delete(rendered.name, NS)
+        assert kube.get_or_none(path) is not None  # shared by the namespace's jobs: it stays
+    finally:
+        client.delete(rendered.name, NS)
+        kube.delete(path)

@@ -1,11 +1,13 @@
-"""A segment through the emulated Kueue, JobSet and Job controllers (kube_controllers.py):
-queued suspended, admitted with the flavour's node selector, pods made from the template,
-a lost node restarting the JobSet without using its restart budget, a Kueue preemption
-ending the follow as evicted. The test plays only the kubelet."""
+"""What the emulated Kueue, JobSet and Job controllers (kube_controllers.py) still cover
+until it moves to the real cluster (tests/devcluster, docs/kubernetes.md "How this is
+tested"): a lost node restarting the JobSet without using its restart budget, an ordinary
+failure past the budget, topology-aware admission leaving an excluded host out. A segment
+queued, admitted, run and completed, and a Kueue preemption ending the follow evicted, are
+tested on the real controllers (tests/devcluster/test_segment.py, test_preemption.py) and
+no longer here. The test plays only the kubelet."""
 
 from __future__ import annotations
 
-import re
 import threading
 
 import pytest
@@ -13,13 +15,10 @@ from kubernetes import client as k8s
 
 from fm_pipeline.launch.jobset import KubernetesTarget, render_segment
 from fm_pipeline.launch.k8s_client import JobSetClient
-from fm_pipeline.launch.k8s_follow import segment_result
-from fm_pipeline.launch.outcome import Outcome
 from fm_pipeline.launch.spec import SegmentLaunch
 from tests.launch.conftest import tiny_job
 
 NS = "training"
-FLAVOUR = {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
 
 
 @pytest.fixture
@@ -49,55 +48,6 @@ def _follow_in_background(jobsets, name, phases, leaders):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, out
-
-
-def test_a_segment_is_queued_admitted_run_and_completed_by_the_controllers(api, jobsets):
-    api.admission = None  # Kueue holds it until the test admits it
-    rendered = _rendered()
-    name = rendered.name
-    jobsets.submit(rendered)
-    assert api.jobsets[(NS, name)]["spec"]["suspend"] is True  # Kueue's webhook
-    phases: list[str] = []
-    leaders: list[str] = []
-    thread, out = _follow_in_background(jobsets, name, phases, leaders)
-    api.wait_until(lambda: phases, "the first status")
-    (job,) = api.jobs.values()  # the JobSet controller made its Job, suspended like it
-    assert job["metadata"]["name"] == f"{name}-node-0" and job["spec"]["suspend"] is True
-    assert not api.pods  # a suspended Job has no pods
-
-    api.admit(NS, name, FLAVOUR)
-    pods = api.wait_for_pods(NS, name, 2)
-    for index, pod_name in enumerate(pods):
-        pod = api.pod(NS, pod_name)
-        assert re.fullmatch(rf"{name}-node-0-{index}-[a-z0-9]{{5}}", pod_name)
-        assert pod["spec"]["hostname"] == f"{name}-node-0-{index}"
-        assert pod["spec"]["subdomain"] == name  # resolves as the rendered leader host
-        assert f"{pod['spec']['hostname']}.{name}" == (rendered.leader_host if index == 0
-                                                        else f"{name}-node-0-1.{name}")
-        assert pod["spec"]["nodeSelector"] == FLAVOUR  # admission's flavour, via the template
-        labels = pod["metadata"]["labels"]
-        assert labels["jobset.sigs.k8s.io/jobset-name"] == name
-        assert labels["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
-        assert labels["jobset.sigs.k8s.io/restart-attempt"] == "0"
-        assert labels["batch.kubernetes.io/job-completion-index"] == str(index)
-        # The pod's NODE_RANK comes from this annotation (downward API in the template).
-        assert pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == \
-            str(index)
-    # Both at once: the follower reports the JobSet Running before it attaches to the
-    # leader's log (reading it blocks the follow until the log ends).
-    api.start_pods(NS, pods)
-    api.wait_until(lambda: "Running" in phases, "Running")
-    for pod_name in pods:
-        api.terminate_pod(NS, pod_name, exit_code=0)
-    thread.join(timeout=30)
-    followed = out["followed"]
-    assert phases == ["Suspended", "Running", "Completed"]
-    assert followed.status.phase == "Completed" and leaders == [pods[0]]
-    # No request was refused: the Service is the controller's, nothing is created twice.
-    # (The double serves no Kueue Workloads: the follower's question why it is queued gets
-    # a 404, as from a cluster without Kueue; tests/devcluster asks the real Kueue.)
-    assert not [r for r in api.replies if r[2] >= 400 and not r[1].endswith("/workloads")]
-    assert jobsets.delete(name, NS) and not api.jobsets and not api.jobs and not api.core
 
 
 def test_a_lost_node_restarts_the_jobset_without_using_its_restart_budget(api, jobsets):
@@ -151,32 +101,6 @@ def test_an_ordinary_failure_past_the_budget_fails_the_jobset(api, jobsets):
     # The failed Job's other pod was deleted; the failed one stays (with its Job) for its logs.
     assert api.pods_of(NS, name) == [pods[0]]
     assert api.pod(NS, pods[0])["status"]["phase"] == "Failed"
-
-
-def test_a_kueue_preemption_ends_the_follow_evicted_and_the_segment_preempted(api, jobsets):
-    rendered = _rendered()
-    name = rendered.name
-    api.admission = FLAVOUR
-    jobsets.submit(rendered)
-    template = api.jobsets[(NS, name)]["spec"]["replicatedJobs"][0]["template"]["spec"][
-        "template"]["spec"]
-    assert template["nodeSelector"] == FLAVOUR
-    phases: list[str] = []
-    leaders: list[str] = []
-    thread, out = _follow_in_background(jobsets, name, phases, leaders)
-    pods = api.wait_for_pods(NS, name, 2)
-    for pod in pods:
-        api.start_pod(NS, pod)
-    api.wait_for_log_reader(NS, pods[0])
-    api.preempt(NS, name)  # the pods end with SIGTERM (instant kubelet: 143)
-    thread.join(timeout=30)
-    followed = out["followed"]
-    assert followed.status.phase == "Evicted" and phases[-1] == "Evicted"
-    assert "nodeSelector" not in template  # RestorePodSetsInfo: the template as submitted
-    assert api.workloads[(NS, name)]["evictions"] == ["Preempted"]
-    result = segment_result(followed, SegmentLaunch(tiny_job(nnodes=2, nproc=1), end_step=20))
-    assert result.outcome is Outcome.PREEMPTED and result.exit_code == 75
-    assert "preempted by Kueue" in result.reason
 
 
 def test_topology_aware_admission_leaves_an_excluded_host_out(api, jobsets):

@@ -5,7 +5,9 @@ Workload; the JobSet controller suspends its Job, the pods are deleted with thei
 period, the preStop hook touches the trainer's flag, the trainer checkpoints at its next
 step and exits 75; the Dagster failure sensor resumes the job, whose new JobSet waits in
 Kueue (the API says queued, and why) until the high one finishes, then resumes at the step
-it checkpointed. The whole deployment is real: the Dagster daemon starts every run, the
+it checkpointed. Then an admin preempts it through the API (the control plane's own stop:
+the run terminated, the JobSet deleted gracefully, the same flag) and it resumes again;
+every step is trained once. The whole deployment is real: the Dagster daemon starts every run, the
 KubernetesLauncher submits JobSets to the real apiserver, JobSet and Kueue controllers."""
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ TENANTS = {**yaml.safe_load(DEV_CLUSTER_TENANTS.read_text()),
                {"name": "research", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["low"]},
                {"name": "prod", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["high"]}],
            "preemption": {"max_per_job_per_hour": 2, "grace_s": 20}}
-SLOW_STEP = "0:0.5"  # rank 0 sleeps 0.5 s per step in every pod: time to act while it trains
+SLOW_STEP = "0:0.5"
+STEPS = 60  # rank 0 sleeps 0.5 s per step in every pod: time to act while it trains
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +83,8 @@ def api(cluster, kube, fm_home, s3_bucket, s3_endpoint, tokens):
 @pytest.fixture
 def tokens(fm_home) -> dict[str, str]:
     store = local_site.token_store()
-    return {name: store.issue(tenant=name)[1] for name in ("research", "prod")}
+    return {name: store.issue(tenant=None if name == "admin" else name)[1]
+            for name in ("research", "prod", "admin")}
 
 
 def _body(mix_key: str, *, gpus: int, priority: str, steps: int) -> dict:
@@ -104,7 +108,7 @@ def _steps(cluster, ns: str, job_id: str) -> dict[str, list[int]]:
 def test_kueue_evicts_the_low_priority_job_which_checkpoints_waits_and_resumes_at_that_step(
         api, cluster, kube, tokens):
     client, stack, site, mix_key = api
-    research, prod = auth(tokens["research"]), auth(tokens["prod"])
+    research, prod, admin = (auth(tokens[t]) for t in ("research", "prod", "admin"))
 
     def status(job_id: str, who: dict) -> dict:
         return client.get(f"/v1/training/jobs/{job_id}", headers=who).json()
@@ -114,7 +118,7 @@ def test_kueue_evicts_the_low_priority_job_which_checkpoints_waits_and_resumes_a
                                               headers=who).json()["events"]]
 
     r = client.post("/v1/training/jobs", headers=research,
-                    json=_body(mix_key, gpus=4, priority="low", steps=40))
+                    json=_body(mix_key, gpus=4, priority="low", steps=STEPS))
     assert r.status_code == 201, r.text
     low = r.json()["job_id"]
     wait_for("the low job to train", lambda: sum(map(len, _steps(cluster, "research", low)
@@ -143,32 +147,50 @@ def test_kueue_evicts_the_low_priority_job_which_checkpoints_waits_and_resumes_a
     before = _steps(cluster, "research", low)
     (first,) = before.values()
     stopped_at = first[-1]
-    assert stopped_at < 40
+    assert stopped_at < STEPS
     store = site.store()
     manifest_key = f"checkpoints/{low}/step-{stopped_at:08d}/manifest.json"
     assert store.exists(manifest_key), "the evicted trainer did not checkpoint its last step"
 
     wait_for("the high job to finish", lambda: status(high, prod)["status"] == "succeeded",
              timeout_s=300)
+    # Readmitted once the high job is done, it resumes; then an admin preempts it through
+    # the API (the control plane's own preemption: the run is terminated, its JobSet
+    # deleted gracefully, the same preStop flag), and it resumes again.
+    wait_for("the readmitted job to train", lambda: sum(
+        1 for steps in _steps(cluster, "research", low).values() for step in steps
+        if step > stopped_at) >= 2, timeout_s=300)
+    r = client.post(f"/v1/training/jobs/{low}/preempt", headers=admin)
+    assert r.status_code == 202 and r.json()["status"] == "preempting", r.text
     wait_for("the low job to finish", lambda: status(low, research)["status"] == "succeeded",
              timeout_s=400)
     final = status(low, research)
-    assert final["step"] == 40 and final["last_ckpt_step"] == 40
-    # Readmitted after the high job: it resumed at the step it checkpointed when evicted,
-    # none lost and none repeated.
+    assert final["step"] == STEPS and final["last_ckpt_step"] == STEPS
+    assert final["preemptions"] == 2  # Kueue's eviction and the admin's
+    # Every step trained once: none lost, none repeated, across both stops.
     launches = list(_steps(cluster, "research", low).values())
-    assert len(launches) == 2 and launches[1][0] == stopped_at + 1, launches
+    assert sorted(s for steps in launches for s in steps) == list(range(1, STEPS + 1)), launches
+    assert launches[0][-1] == stopped_at and launches[1][0] == stopped_at + 1, launches
     # Kueue's decisions as the API lists them (a JobSet may be seen queued before each
     # admission, or not, by the launcher's polls).
-    assert [k for k in kinds(low, research) if k.startswith("kueue_") and k != "kueue_queued"
-            ] == ["kueue_admitted", "kueue_evicted", "kueue_admitted"]
+    kueue = [k for k in kinds(low, research) if k.startswith("kueue_") and k != "kueue_queued"]
+    assert kueue[:3] == ["kueue_admitted", "kueue_evicted", "kueue_admitted"], kueue
+    assert kueue.count("kueue_evicted") == 1  # the admin's stop is not Kueue's
     from fm_pipeline.dagster_runs.api_jobs import api_run_records
 
     runs = [r.dagster_run for records in api_run_records(stack.instance, low).values()
             for r in records]
-    assert [r.status for r in runs] == [DagsterRunStatus.FAILURE, DagsterRunStatus.SUCCESS]
+    # The evicted segment failed preempted (the failure sensor resumed it); the one the
+    # admin stopped was cancelled after its checkpoint (the control plane requeued it).
+    assert runs[0].status == DagsterRunStatus.FAILURE
     assert runs[0].tags["fm/outcome"] == "preempted" and runs[0].tags["fm/exit_code"] == "75"
     assert runs[1].tags["fm/resume_from"].endswith(f"step-{stopped_at:08d}")
+    (cancelled,) = [i for i, r in enumerate(runs) if r.status == DagsterRunStatus.CANCELED]
+    assert runs[cancelled].tags["fm/stop"] == "preempt"
+    admin_stop = runs[cancelled + 1].tags["fm/resume_from"]
+    at = int(admin_stop.rsplit("step-", 1)[1])
+    assert stopped_at < at < STEPS and any(steps[-1] == at for steps in launches), launches
+    assert runs[-1].status == DagsterRunStatus.SUCCESS
     # Eviction (Kueue's clock, whole seconds) to the committed checkpoint: inside the
     # grace period the tenants file gives.
     written = datetime.fromisoformat(json.loads(store.get_bytes(manifest_key))["created_at"]
@@ -176,3 +198,4 @@ def test_kueue_evicts_the_low_priority_job_which_checkpoints_waits_and_resumes_a
     evict_to_checkpoint_s = written - evicted["detail"]["evicted_at"]
     print(f"eviction to committed checkpoint: {evict_to_checkpoint_s:.2f} s")
     assert -1.0 <= evict_to_checkpoint_s < 20, evict_to_checkpoint_s
+

@@ -27,7 +27,7 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     rows = _rows(render(FIXTURES))
     assert set(rows) == {f"`benchmarks.{b}`" for b in
                          ("data", "data_stages", "remote_data", "trainer", "checkpoint", "planner",
-                          "simulation", "recovery")} | {"`benchmarks.recovery` (fast tier)"}
+                          "simulation", "recovery", "k8s")} | {"`benchmarks.recovery` (fast tier)"}
     ckpt = json.loads((FIXTURES / "checkpoint.json").read_text())
     row = rows["`benchmarks.checkpoint`"]
     assert f"save_ratio_streamed {ckpt['save_ratio_streamed']:.2f}" in row
@@ -44,6 +44,16 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     assert f"its {stages['cpu_s_1_worker']:.0f} CPU s" in row
     assert _verdict(row) == "**missed**: workers_speedup"
     assert "datatrove not run" in row
+    k8s = json.loads((FIXTURES / "k8s.json").read_text())
+    row = rows["`benchmarks.k8s`"]
+    # Both launchers' medians for the same job in the same run, the spread and the versions;
+    # no target was set, and the row says so rather than "met".
+    assert f"evict -> checkpoint {k8s['kubernetes']['evict_to_checkpoint_s']:.1f} (spread " \
+           f"{k8s['spread']['kubernetes']['evict_to_checkpoint_s']:.1f}) s" in row
+    assert f"the local launcher, same job and run: submit -> first step " \
+           f"{k8s['local']['submit_to_first_step_s']:.1f}" in row
+    assert k8s["real_controllers"] and "Kueue v0.19.2" in row
+    assert _verdict(row) == "no target"
 
 
 def test_a_benchmark_not_run_says_so_and_a_met_target_says_met(tmp_path):

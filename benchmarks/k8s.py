@@ -64,6 +64,8 @@ TENANTS = {"pool": {"gpu": 4, "cpu": 4}, "launcher": "kubernetes", "admission": 
                {"name": "research", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["low"]},
                {"name": "prod", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["high"]}],
            "preemption": {"max_per_job_per_hour": 10, "grace_s": 20}}
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1"}  # moto's: any will do
 METRICS = ("submit_to_first_step_s", "kill_to_resumed_step_s", "evict_to_checkpoint_s",
            "readmit_to_resumed_step_s")
 
@@ -241,16 +243,13 @@ class Segment:
 
 
 def _kill_pod(kube, jobset: str, ns: str, *, node_rank: int) -> None:
-    from fm_pipeline.devcluster.kubelet import POD_TAG_ENV
-    from fm_pipeline.launch.reaper import tagged
+    from fm_pipeline.devcluster.kubelet import lose_pod
 
     (pod,) = [p for p in kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=(
         f"jobset.sigs.k8s.io/jobset-name={jobset},"
         f"batch.kubernetes.io/job-completion-index={node_rank}"))["items"]
         if p["status"].get("phase") == "Running"]
-    for pid in tagged(pod["metadata"]["uid"], variable=POD_TAG_ENV):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    lose_pod(pod["metadata"]["uid"])
 
 
 def _kill_ranks(*, ranks: tuple[int, ...]) -> None:
@@ -286,8 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "MLFLOW_LOGGING_LEVEL": "WARNING", "FM_FAULT_SLOW_RANKS": SLOW_STEP,
                        "FM_CPU_PEAKS_FILE": os.environ.get("FM_CPU_PEAKS_FILE",
                                                            str(root / "cpu-peaks.json")),
-                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"})
+                       **CREDENTIALS})
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -352,22 +350,12 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _namespace_objects(kube) -> None:
+    from fm_pipeline.devcluster.manifests import segment_namespace_objects
+
     for ns in ("research", "prod"):
-        kube.apply({"apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": "s3-credentials", "namespace": ns},
-                    "stringData": {"AWS_ACCESS_KEY_ID": "testing",
-                                   "AWS_SECRET_ACCESS_KEY": "testing",
-                                   "AWS_DEFAULT_REGION": "us-east-1"}})
-        kube.apply({"apiVersion": "v1", "kind": "PersistentVolume",
-                    "metadata": {"name": f"fm-runs-{ns}"},
-                    "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"],
-                             "hostPath": {"path": f"/fm-runs-{ns}"}, "storageClassName": "",
-                             "claimRef": {"namespace": ns, "name": "fm-runs"}}})
-        kube.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                    "metadata": {"name": "fm-runs", "namespace": ns},
-                    "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
-                             "volumeName": f"fm-runs-{ns}",
-                             "resources": {"requests": {"storage": "1Gi"}}}})
+        for obj in segment_namespace_objects(ns, claim="fm-runs", secret="s3-credentials",
+                                             credentials=CREDENTIALS):
+            kube.apply(obj)
 
 
 if __name__ == "__main__":

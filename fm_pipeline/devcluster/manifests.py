@@ -143,6 +143,27 @@ def namespaces() -> list[dict]:
             for ns in (KUEUE_NAMESPACE, JOBSET_NAMESPACE)]
 
 
+def segment_namespace_objects(ns: str, *, claim: str, secret: str,
+                              credentials: dict[str, str]) -> list[dict]:
+    """What a tenant's namespace needs before a training segment runs there: the Secret
+    the pods' S3 credentials come from, and a ReadWriteMany claim for the local checkpoint
+    tier, pre-bound to its own hostPath PersistentVolume (the real PV controller binds it;
+    the process kubelet mounts it as one folder every node sees)."""
+    volume = f"{claim}-{ns}"
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": ns},
+         "stringData": dict(credentials)},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+         "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"],
+                  "hostPath": {"path": f"/{volume}"}, "storageClassName": "",
+                  "claimRef": {"namespace": ns, "name": claim}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": claim, "namespace": ns},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "volumeName": volume, "resources": {"requests": {"storage": "1Gi"}}}},
+    ]
+
+
 def node_object(node: NodeSpec) -> dict:
     capacity = {"cpu": str(node.cpu), "memory": f"{node.memory_gib}Gi", "pods": "110",
                 "ephemeral-storage": "100Gi"}

@@ -1,30 +1,18 @@
-"""What a tenant's namespace needs before a training segment can run there: the S3
-credentials Secret and a ReadWriteMany claim for the local checkpoint tier (bound by the
-real PV controller; the process kubelet mounts it as one folder every node sees)."""
+"""What a tenant's namespace needs before a training segment can run there
+(devcluster.manifests.segment_namespace_objects), applied with the tests' S3 credentials."""
 
 from __future__ import annotations
 
+from fm_pipeline.devcluster.manifests import segment_namespace_objects
+
 CLAIM, SECRET = "fm-runs", "s3-credentials"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def shared_claim(kube, ns: str) -> str:
-    kube.apply({"apiVersion": "v1", "kind": "PersistentVolume",
-                "metadata": {"name": f"fm-runs-{ns}"},
-                "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"],
-                         "hostPath": {"path": f"/fm-runs-{ns}"}, "storageClassName": "",
-                         "claimRef": {"namespace": ns, "name": CLAIM}}})
-    kube.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": CLAIM, "namespace": ns},
-                "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
-                         "volumeName": f"fm-runs-{ns}",
-                         "resources": {"requests": {"storage": "1Gi"}}}})
-    return CLAIM
-
-
-def credentials(kube, ns: str) -> str:
-    kube.apply({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": SECRET, "namespace": ns},
-                "stringData": {"AWS_ACCESS_KEY_ID": "testing",
-                               "AWS_SECRET_ACCESS_KEY": "testing",
-                               "AWS_DEFAULT_REGION": "us-east-1"}})
-    return SECRET
+def prepare_namespace(kube, ns: str) -> tuple[str, str]:
+    """Applies them; returns (claim, secret)."""
+    for obj in segment_namespace_objects(ns, claim=CLAIM, secret=SECRET,
+                                         credentials=CREDENTIALS):
+        kube.apply(obj)
+    return CLAIM, SECRET

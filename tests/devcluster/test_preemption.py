@@ -26,7 +26,7 @@ from tests import local_site
 from tests.api.conftest import auth
 from tests.deploy.stack import deployment, wait_for
 from tests.devcluster.conftest import started
-from tests.devcluster.objects import credentials, shared_claim
+from tests.devcluster.objects import prepare_namespace
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
@@ -63,7 +63,7 @@ def api(cluster, kube, fm_home, s3_bucket, s3_endpoint, tokens):
     site = local_site.site().with_store(store_uri, s3_endpoint=s3_endpoint)
     mix = build_small_mix(small_job(), store=site.store())
     for ns in ("research", "prod"):
-        credentials(kube, ns), shared_claim(kube, ns)
+        prepare_namespace(kube, ns)
     env = {"FM_LAUNCHER": "kubernetes", "FM_STORE_URI": store_uri,
            "FM_S3_ENDPOINT_URL": s3_endpoint, "FM_K8S_KUBECONFIG": cluster.kubeconfig,
            "FM_K8S_SHARED_CLAIM": "fm-runs", "FM_K8S_CREDENTIALS_SECRET": "s3-credentials",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -18,20 +17,20 @@ from dagster import asset, materialize
 from fm_pipeline.resources.launcher_k8s import KubernetesLauncher
 
 from fm_pipeline.data.testing import build_small_mix, small_job
-from fm_pipeline.devcluster.kubelet import POD_TAG_ENV
-from fm_pipeline.launch.reaper import tagged
+from fm_pipeline.devcluster.kubelet import lose_pod
 from tests import local_site
-from tests.devcluster.objects import credentials, shared_claim
+from tests.devcluster.objects import prepare_namespace
 
 NS = "prod"
 
 
 def _launcher(cluster, kube, store_uri: str, s3_endpoint: str,
               **settings) -> KubernetesLauncher:
+    claim, secret = prepare_namespace(kube, NS)
     return KubernetesLauncher(
         store_uri=store_uri, s3_endpoint_url=s3_endpoint, kubeconfig_file=cluster.kubeconfig,
-        credentials_secret=credentials(kube, NS), shared_volume_claim=shared_claim(kube, NS),
-        poll_interval_s=0.5, **settings)
+        credentials_secret=secret, shared_volume_claim=claim, poll_interval_s=0.5,
+        **settings)
 
 
 def _segment(job, end_step: int):
@@ -105,8 +104,7 @@ def _kill_node_after(kube, store, *, name: str, checkpoint_key: str, node_rank: 
         f"jobset.sigs.k8s.io/jobset-name={name},"
         f"batch.kubernetes.io/job-completion-index={node_rank}"))["items"]
         if p["status"].get("phase") == "Running"]
-    for pid in tagged(pod["metadata"]["uid"], variable=POD_TAG_ENV):
-        os.kill(pid, signal.SIGKILL)
+    lose_pod(pod["metadata"]["uid"])
     killed.append(pod["metadata"]["name"])
 
 
@@ -158,7 +156,7 @@ def test_the_fast_tier_keeper_runs_on_every_node_and_sweeps_what_gone_runs_left(
                        "checkpoint.memory_every_steps": 2, "cluster.namespace": NS,
                        "cluster.local_queue": "no-such-queue"})
     rendered = render_segment(SegmentLaunch(job, end_step=4), KubernetesTarget(
-        store_uri="s3://unused/fm", shared_volume_claim=shared_claim(kube, NS)))
+        store_uri="s3://unused/fm", shared_volume_claim=prepare_namespace(kube, NS)[0]))
     client = JobSetClient.from_kubeconfig(cluster.kubeconfig)
     client.submit(rendered)
     path = f"/apis/apps/v1/namespaces/{NS}/daemonsets/{KEEPER_NAME}"

@@ -6,9 +6,11 @@ in at most 0.1 s.
 Target (issue 18): `fm plan search` for 1T parameters on 16,384 GPUs with FP8 and the full
 runnable space in <= 0.1 s. The search is timed end to end (enumerate, evaluate, rank,
 explain): the median of 5, with the spread; the BF16 search is timed in the same rounds,
-interleaved with it. Baseline, measured in the same run: the same cost model called one
-layout at a time (what a per-candidate Python loop would do), timed on a sample and
-extrapolated to every candidate. Last stdout line: JSON.
+interleaved with it. No speed-up is claimed: there is no per-candidate evaluator to set
+beside it (the vectorised cost model called on one layout at a time, timed on a sample and
+extrapolated, is what this benchmark once divided by: numpy's per-call cost on one-element
+arrays, not the work a scalar evaluator would do). The figure stands against its target
+alone. Last stdout line: JSON.
 """
 
 from __future__ import annotations
@@ -17,18 +19,14 @@ import json
 import statistics
 import time
 
-import numpy as np
-
 from fm_pipeline.planner.cluster import make_cluster
-from fm_pipeline.planner.search import enumerate_candidates, search
+from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import named_shape
-from fm_pipeline.planner.step import evaluate
 
 GPUS = 16384
 BATCH_TOKENS = 16 * 2**20
 TARGET_S = 0.1
 REPEATS = 5
-BASELINE_SAMPLE = 200
 PRECISION = "fp8-tensorwise"
 
 
@@ -50,21 +48,11 @@ def main() -> None:
     search_s = statistics.median(times[PRECISION])
     result = results[PRECISION]
 
-    candidates = enumerate_candidates(shape, gpus=GPUS, global_batch_tokens=BATCH_TOKENS)
-    sample = np.random.default_rng(0).choice(len(candidates), BASELINE_SAMPLE, replace=False)
-    t0 = time.perf_counter()
-    for i in sample:
-        evaluate(shape, cluster, candidates.take([i]), global_batch_tokens=BATCH_TOKENS,
-                 precision=PRECISION)
-    per_candidate = (time.perf_counter() - t0) / BASELINE_SAMPLE
-    baseline_s = per_candidate * len(candidates)
-
     best = result.plans[0]
     m = result.metrics(best.index)
     print(f"1T dense on {GPUS} H100 in {PRECISION}: {result.evaluated} layouts evaluated, "
           f"{result.fitting} fit; search {search_s:.3f} s (median; best "
-          f"{min(times[PRECISION]):.3f} s; bf16 {statistics.median(times['bf16']):.3f} s), "
-          f"one-at-a-time baseline {baseline_s:.1f} s")
+          f"{min(times[PRECISION]):.3f} s; bf16 {statistics.median(times['bf16']):.3f} s)")
     print(f"best: {best.layout.describe()}  MFU {m['mfu']:.1%}  step {m['step_time_s']:.2f} s")
     print(json.dumps({
         "benchmark": "planner_search",
@@ -83,8 +71,6 @@ def main() -> None:
         "candidates_fitting": result.fitting,
         "target_s": TARGET_S,
         "meets_target": search_s <= TARGET_S,
-        "baseline_one_at_a_time_s": round(baseline_s, 2),
-        "speedup_vs_baseline": round(baseline_s / search_s, 1),
         "best_layout": best.layout.describe(),
         "best_mfu": round(m["mfu"], 4),
         # Ranked among layouts the trainer runs; the cost model's best beyond them, apart.

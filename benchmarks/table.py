@@ -68,7 +68,7 @@ def _trainer(r: dict) -> Row:
             f"{r['repeats']} runs each",
             f"a bare torch loop of the same model and batch over the same timed window: 1 rank "
             f"{_f(r['bare_loop_wall_tokens_per_s'], 0)} tok/s vs the trainer "
-            f"{_f(r['trainer_wall_tokens_per_s'], 0)}; 2 ranks (torchrun, gloo) a bare FSDP2 loop "
+            f"{_f(r['trainer_wall_tokens_per_s'], 0)}; 2 ranks (torchrun, gloo) a bare FSDP2 loop with the same units and resharding "
             f"{_f(r['fsdp2_bare_wall_tokens_per_s'], 0)} vs "
             f"{_f(r['fsdp2_trainer_wall_tokens_per_s'], 0)}",
             f"median-interval ratio {_f(r['overhead_ratio'], 3)}; CPU ratio "
@@ -101,8 +101,7 @@ def _planner(r: dict) -> Row:
     return (f"{precision} search {r['search_s']:.3f} s (spread {r['search_spread_s']:.3f} s, "
             f"{r['repeats']} runs): {r['candidates_evaluated']:,} layouts, 1T dense on "
             f"{r['gpus']:,} {r['gpu_type']}",
-            f"the same cost model one layout at a time: {r['baseline_one_at_a_time_s']:.1f} s "
-            f"(x{r['speedup_vs_baseline']:.0f})",
+            "none: no per-candidate evaluator to compare with (no speed-up claimed)",
             also, f"<= {r['target_s']:g} s", _met(r["meets_target"]))
 
 
@@ -156,15 +155,25 @@ def _fast_tier(r: dict) -> Row | None:
     peer = (f"; peer_resume_s {r['peer_resume_s']:.1f} (spread {spread['peer_resume_s']:.1f}): "
             "a node lost, a spare's ranks from the peer's replicas"
             if "peer_resume_s" in r else "; peer_resume_s not run")
+    def peers(suffix: str, what: str) -> str:
+        if f"inplace_resume_s{suffix}" not in r:
+            return f"; {what}: not run"
+        return (f"; {what}: in place {r[f'inplace_resume_s{suffix}']:.2f} s (spread "
+                f"{spread[f'inplace_resume_s{suffix}']:.2f}), durable "
+                f"{r[f'durable_resume_s{suffix}']:.1f} s (spread "
+                f"{spread[f'durable_resume_s{suffix}']:.1f}), durable_over_inplace "
+                f"{r[f'durable_over_inplace{suffix}']:.1f}")
+
     return (f"inplace_resume_s {r['inplace_resume_s']:.2f} (spread "
             f"{spread['inplace_resume_s']:.2f}, {r['repeats']} runs): rank 0 raises -> the "
-            "first step of the segment run again in the same process, from memory; "
+            "first step of the segment run again in the same process, from memory (1 rank); "
             f"inplace_process_resume_s {r['inplace_process_resume_s']:.2f} (spread "
             f"{spread['inplace_process_resume_s']:.2f}): the same fault through torchrun's "
             f"new worker{peer}",
             f"the durable path in the same run: {r['durable_resume_s']:.1f} s "
             f"(durable_over_inplace {r['durable_over_inplace']:.1f}, spread "
-            f"{spread['durable_over_inplace']:.1f})",
+            f"{spread['durable_over_inplace']:.1f})" + peers("_2_ranks", "2 ranks")
+            + peers("_2_nodes", "2 nodes x 2 ranks in namespaces"),
             f"restore from memory {r['inplace_restore_s']:.2f} s"
             + (f", from the peer {r['peer_restore_s']:.2f} s" if "peer_restore_s" in r else "")
             + f"; {r['inplace_steps_redone']:.0f} step(s) redone; snapshots block "

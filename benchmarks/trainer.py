@@ -14,7 +14,8 @@ depending on where glibc happens to trim its heap). Two worlds:
            optimizer and scheduler step
   2 ranks  the trainer under `torchrun --nproc_per_node 2` (FSDP2 over both ranks, gloo)
            against a bare 2-rank FSDP2 loop: the same fully_shard units (each block, then
-           the root), the same steps, nothing else; one intra-op thread per rank
+           the root) with the same resharding (every block but the last resharded after
+           forward), the same steps, nothing else; one intra-op thread per rank
 Checkpointing only after the timed steps (one extra step follows them, untimed).
 
 Throughput over the timed window's wall time (from the end of the last warmup step to the
@@ -148,6 +149,7 @@ def bare_loop(job_path: Path) -> None:
     from fm_pipeline.config import load_job
     from fm_pipeline.data import MixLoader, open_job_mix
     from fm_pipeline.model import Transformer
+    from fm_pipeline.storage import open_store
     from fm_pipeline.train.host_memory import keep_freed_host_memory
     from fm_pipeline.train.optimizer import build_lr_scheduler, build_optimizer
 
@@ -164,12 +166,16 @@ def bare_loop(job_path: Path) -> None:
 
         dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (world,))
-        for block in model.layers.values():
-            fully_shard(block, mesh=mesh)
+        blocks = list(model.layers.values())
+        for i, block in enumerate(blocks):
+            # As the trainer (parallel/fsdp.py): the last block stays gathered after forward,
+            # backward needs it at once; otherwise the baseline does one all-gather more.
+            fully_shard(block, mesh=mesh, reshard_after_forward=i < len(blocks) - 1)
         fully_shard(model, mesh=mesh)
     opt = build_optimizer(model, t)
     sched = build_lr_scheduler(opt, t)
-    loader = MixLoader(open_job_mix(job), dp_rank=rank, dp_size=world,
+    store = open_store(str(Path(os.environ["FM_HOME"]) / "store"))  # where write_job built it
+    loader = MixLoader(open_job_mix(job, store), dp_rank=rank, dp_size=world,
                        micro_batch_size=t.micro_batch_size,
                        global_batch_size=t.global_batch_size, seq_len=t.seq_len)
     stamps, cpu = [], []

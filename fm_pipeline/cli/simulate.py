@@ -3,6 +3,7 @@
     fm simulate job                                   # Llama 3 405B: 54 days on 16,384 GPUs
     fm simulate job --gpus 4096 --days 30 --interval-min 20 --hot-spares 0 --plot out/
     fm simulate job --stragglers-per-node-day 0.002 --straggler-mitigation exclude --seeds 8
+    fm simulate job --fast-tier --seeds 4             # in-memory snapshots + in-job restarts
     fm simulate sweep-interval --seeds 4 --plot out/  # ETTR vs checkpoint interval, Young/Daly
     fm simulate calibrate --plot docs/img/            # reproduce Llama 3's published numbers
     fm simulate tenants --jobs 400 --pool-gpus 4096 --plot out/   # fair-share trace replay
@@ -22,7 +23,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fm_pipeline.cli.errors import user_errors
-from fm_pipeline.sim.config import CheckpointPolicy, SimConfig, StragglerModel, llama3_405b
+from fm_pipeline.sim.config import (
+    CheckpointPolicy,
+    FastTierPolicy,
+    SimConfig,
+    StragglerModel,
+    llama3_405b,
+)
 from fm_pipeline.sim.results import BUCKETS, SimResult
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
@@ -99,6 +106,15 @@ SCALE = typer.Option(1.0, "--failure-scale", help="multiply every published fail
 STRAG = typer.Option(0.0, "--stragglers-per-node-day", help="fail-slow incidence per node and day")
 MITIG = typer.Option("report", "--straggler-mitigation", help="none | report | exclude")
 SDETECT = typer.Option(300.0, "--straggler-detect-s", help="seconds until a straggler is flagged")
+FAST = typer.Option(False, "--fast-tier", help="in-memory snapshots with a peer replica: a "
+                    "failure they survive is an in-job restart from memory (docs/simulation.md)")
+FAST_EVERY = typer.Option(30.0, "--fast-interval-s", help="seconds of training between "
+                          "snapshots (default 30: the planner's two-level interval for 405B on 16k H100)")
+FAST_RESTART = typer.Option(60.0, "--fast-restart-s", help="in-job restart seconds, without "
+                            "the restore (default 60: an assumption for a large job's re-rendezvous)")
+FAST_LOAD = typer.Option(1.0, "--fast-load-s", help="seconds to restore from memory (default 1)")
+FAST_SHARE = typer.Option(None, "--fast-survivable", help="share of one-node failures the fast "
+                          "tier survives (default: per failure mode, from what each leaves behind)")
 
 
 @app.command("job")
@@ -110,7 +126,9 @@ def job(
     restart_s: float | None = RESTART, hot_spares: int | None = SPARES,
     cold_replace_min: float | None = COLD, failure_scale: float = SCALE,
     stragglers_per_node_day: float = STRAG, straggler_mitigation: str = MITIG,
-    straggler_detect_s: float = SDETECT,
+    straggler_detect_s: float = SDETECT, fast_tier: bool = FAST,
+    fast_interval_s: float = FAST_EVERY, fast_restart_s: float = FAST_RESTART,
+    fast_load_s: float = FAST_LOAD, fast_survivable: float | None = FAST_SHARE,
     seed: int = typer.Option(0, "--seed", help="first seed"),
     seeds: int = typer.Option(1, "--seeds", help="runs to average (seeds seed..seed+N-1)"),
     plot: Path | None = PLOT, as_json: bool = JSON,
@@ -125,6 +143,14 @@ def job(
                   restart_s=restart_s, hot_spares=hot_spares, cold_replace_min=cold_replace_min,
                   failure_scale=failure_scale, stragglers_per_node_day=stragglers_per_node_day,
                   straggler_mitigation=straggler_mitigation, straggler_detect_s=straggler_detect_s)
+    if fast_tier:
+        if fast_interval_s <= 0:
+            raise ValueError(f"--fast-interval-s must be > 0, got {fast_interval_s}")
+        cfg = cfg.with_(fast_tier=FastTierPolicy(
+            interval_s=fast_interval_s, restart_s=fast_restart_s, load_s=fast_load_s,
+            survivable=fast_survivable))
+    elif fast_survivable is not None:
+        raise ValueError("--fast-survivable needs --fast-tier")
     results = []
     with _progress(seeds, "simulating", quiet=as_json) as advance:
         for s in range(seed, seed + seeds):
@@ -287,6 +313,14 @@ def _print_job(cfg: SimConfig, results: list[SimResult]) -> None:
         + (f" — {len(results)} seeds" if len(results) > 1 else ""),
         highlight=False,
     )
+    fast = cfg.fast_tier
+    if fast.interval_s > 0:
+        share = ("per failure mode (software bugs, dependencies and silent data corruption "
+                 "take the durable path)" if fast.survivable is None
+                 else f"{fast.survivable:.0%} of one-node failures")
+        console.print(f"fast tier: a snapshot every {fast.interval_s:g} s, an in-job restart "
+                      f"of {fast.restart_s:g} s + {fast.load_s:g} s from memory (assumed), "
+                      f"surviving {share}", highlight=False)
     table = Table(show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -295,6 +329,10 @@ def _print_job(cfg: SimConfig, results: list[SimResult]) -> None:
     table.add_row("unplanned interruptions", stat(lambda r: r.interruptions, "{:.1f}"))
     table.add_row("planned interruptions", stat(lambda r: r.planned_interruptions, "{:.1f}"))
     table.add_row("mean time between interruptions (h)", stat(lambda r: r.mtbi_hours, "{:.2f}"))
+    if fast.interval_s > 0:
+        table.add_row("restarts: in-job from memory / durable",
+                      f"{fmean(r.in_job_restarts for r in results):.1f} / "
+                      f"{fmean(r.restarts - r.in_job_restarts for r in results):.1f}")
     table.add_row("node swaps: hot spare / cold",
                   f"{fmean(r.spare_swaps for r in results):.1f} / {fmean(r.cold_replacements for r in results):.1f}")
     if cfg.stragglers.rate_per_node_day > 0:

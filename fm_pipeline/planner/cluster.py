@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from fm_pipeline.accelerators import Accelerator, get_accelerator
 from fm_pipeline.planner.errors import PlanInputError, require_positive
-from fm_pipeline.planner.failure_model import llama3_failures_per_day
+from fm_pipeline.planner.failure_model import FailureMix, llama3_failure_mix, node_failure_mix
 
 # Defaults shared with the job spec's `cluster:` section (fm_pipeline/config/spec.py).
 DEFAULT_STORAGE_WRITE_GBPS = 10.0
@@ -46,12 +46,16 @@ class ClusterConfig:
     node_failure_rate_per_day: float | None = None
     failure_rate_scale: float = 1.0  # what-if: x2 the failures, x0.5
     restart_overhead_s: float = 600.0  # reschedule, rendezvous, NCCL init (excl. restore)
+    # A failed node's replacement joining from the hot-spare pool (an assumption, as the
+    # simulator's RecoveryPolicy.spare_swap_s: Llama 3 published no swap time).
+    node_swap_s: float = 60.0
     # The fast tier (in-memory snapshots with a peer replica, restored by an in-job restart):
-    # the share of failures it survives (confined to one node whose ring peer lives; the
-    # rest, e.g. a rack's power or both nodes of a pair, need the durable tier), and the
-    # in-job restart's cost excluding the restore (the worker processes start again and
-    # rendezvous; 16.5 s for one node on the shared 2-core machine, benchmarks.recovery).
-    fast_tier_survivable: float = 0.85
+    # the share of failures it survives, None: worked out per failure mode from what each
+    # leaves behind (planner.failure_model.NOT_FAST_SURVIVABLE; ~0.85 at 16k GPUs, less on
+    # small jobs where software bugs weigh more); a number: that share of all of them. And
+    # the in-job restart's cost excluding the restore (an assumption for a large job's
+    # re-rendezvous: benchmarks.recovery measures 0.6-7 s on one 2-core node).
+    fast_tier_survivable: float | None = None
     inplace_restart_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -77,23 +81,34 @@ class ClusterConfig:
             "failure_rate_scale",
             "restart_overhead_s",
             "inplace_restart_s",
+            "node_swap_s",
         ):
             if getattr(self, field) is not None and getattr(self, field) < 0:
                 raise PlanInputError(field, f"must be >= 0, got {getattr(self, field)}")
         if not 0 < self.checkpoint_store_share <= 1:
             raise PlanInputError("checkpoint_store_share", "must be within (0, 1], got "
                                  f"{self.checkpoint_store_share}")
-        if not 0 <= self.fast_tier_survivable <= 1:
+        if self.fast_tier_survivable is not None and not 0 <= self.fast_tier_survivable <= 1:
             raise PlanInputError("fast_tier_survivable",
                                  f"must be within [0, 1], got {self.fast_tier_survivable}")
 
     def failures_per_day(self, gpus: int) -> float:
         """Unplanned interruptions per day of a job on `gpus` of this cluster."""
+        return self.failure_mix(gpus).per_day
+
+    def failure_mix(self, gpus: int) -> FailureMix:
+        """The job's failures: how many, how many the fast tier survives, how long each
+        takes to notice and how many wait for a node swap (the simulator's modes, in
+        expectation)."""
         if self.node_failure_rate_per_day is None:
-            rate = llama3_failures_per_day(n_gpus=gpus, gpus_per_node=self.gpus_per_node)
+            mix = llama3_failure_mix(n_gpus=gpus, gpus_per_node=self.gpus_per_node)
         else:
-            rate = -(-gpus // self.gpus_per_node) * self.node_failure_rate_per_day
-        return rate * self.failure_rate_scale
+            mix = node_failure_mix(-(-gpus // self.gpus_per_node) * self.node_failure_rate_per_day,
+                                   n_gpus=gpus, gpus_per_node=self.gpus_per_node)
+        mix = replace(mix, per_day=mix.per_day * self.failure_rate_scale)
+        if self.fast_tier_survivable is not None:
+            mix = replace(mix, fast_share=self.fast_tier_survivable)
+        return mix
 
     @property
     def gpus_per_rack(self) -> int:

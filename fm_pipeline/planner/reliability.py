@@ -17,20 +17,30 @@
   steps and keep the store writing nonstop: the recommended interval is never shorter than
   the write time over the store's share for this job's checkpoints
   (`cluster.checkpoint_store_share`, 0.5), and `store_duty` reports the share it takes.
-- Each failure costs the restart (reschedule, rendezvous, restore from storage) plus the
-  work since the last durable checkpoint: tau/2 on average, plus the write time when saves
-  are async (a checkpoint counts only once written).
-- Goodput = (1 - d / (tau + d)) x (1 - (restart + lost work) / MTBF).
+- Each failure costs its detection (a crash in about a minute, a hang when the watchdog
+  fires: the failure model's mean), the wait for a spare node when one was lost
+  (`cluster.node_swap_s`, for the share of failures that swap one), the restart
+  (reschedule, rendezvous, restore from storage) plus the work since the last durable
+  checkpoint: tau/2 on average, plus the write time when saves are async (a checkpoint
+  counts only once written). Planned interruptions (Llama 3's automated maintenance, 47 in
+  54 days) lose no work: a save that must be durable, then the restart.
+- Goodput = (1 - d / (tau + d)) x (1 - failure share), the failure share a renewal cycle's
+  (`_failure_overhead`): to first order (detect + swap + restart + lost work) / MTBF +
+  planned x (write + restart) / day, less what failures while the job is already down
+  would double count. The cluster simulation models the same costs event by event
+  (tests/sim/test_fast_tier_agreement.py holds the two within a point).
 
 Two levels (`two_level`): a fast tier in node memory with a replica on a peer node
 survives the share `fast_tier_survivable` of failures (rate l_f) with an in-job restart;
-the others (rate l_d) restore from the durable tier. Each level's interval is Daly's for
+the others (rate l_d) restore from the durable tier; the share comes from what each failure
+mode leaves behind (planner.failure_model) unless the cluster sets one. Each level's interval is Daly's for
 the failures that restore from it: tau_f = Daly(d_f, 1/l_f), tau_d = Daly(d_d, 1/l_d),
 with d_f the host copy a snapshot blocks on, tau_f no shorter than sending a rank's shard
 to its peer (the replica must land before the next snapshot) and tau_d a whole number of
-fast intervals. A failure of each kind costs its restart, its restore and half its interval
-plus the time until its copy is safe (replica sent, durable write done). Goodput =
-(1 - d_f / (tau_f + d_f) - d_d / (tau_d + d_d)) x (1 - l_f lost_f - l_d lost_d).
+fast intervals. A failure of each kind costs its detection and node swap (each kind's own
+mean), its restart, its restore and half its interval plus the time until its copy is safe
+(replica sent, durable write done). Goodput = (1 - d_f / (tau_f + d_f) - d_d / (tau_d +
+d_d)) x (1 - the failure share of both kinds and the planned ones).
 """
 
 from __future__ import annotations
@@ -73,6 +83,8 @@ class Reliability:
     goodput: float
     expected_failures_per_day: float
     store_duty: float = 0.0  # share of the time the store spends writing this job's saves
+    wait_per_failure_s: float = 0.0  # detection + the wait for a spare node, on average
+    planned_per_day: float = 0.0  # announced interruptions: a durable save, then a restart
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and math.isinf(v) else v)
@@ -87,7 +99,8 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
     write_s = size / (cluster.storage_write_gbps * 1e9)
     blocking_s = size / gpus / (cluster.host_copy_gbps * 1e9) if async_save else write_s
     restore_s = size / (cluster.restore_gbps * 1e9)
-    per_day = cluster.failures_per_day(gpus)
+    mix = cluster.failure_mix(gpus)
+    per_day = mix.per_day
     mtbf = 86400.0 / per_day if per_day > 0 else math.inf
     if interval_steps is None:
         tau = daly_interval(blocking_s, mtbf)
@@ -105,8 +118,10 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
             blocking_s += write_s - tau
     lost = tau / 2 + (write_s if async_save else blocking_s / 2)
     restart = cluster.restart_overhead_s + restore_s
+    wait = _wait_per_failure(mix, cluster, fast=None)
     ckpt_overhead = blocking_s / (tau + blocking_s) if math.isfinite(tau) else 0.0
-    failure_overhead = min(1.0, (restart + lost) / mtbf) if math.isfinite(mtbf) else 0.0
+    failure_overhead = _failure_overhead(
+        [(per_day, wait + restart, lost), (mix.planned_per_day, write_s + restart, 0.0)])
     return Reliability(
         checkpoint_gb=size / 1e9, checkpoint_write_s=write_s, checkpoint_blocking_s=blocking_s,
         restore_s=restore_s, job_mtbf_h=mtbf / 3600, interval_s=tau, interval_steps=steps,
@@ -115,7 +130,30 @@ def reliability(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s
         goodput=(1 - ckpt_overhead) * (1 - failure_overhead),
         expected_failures_per_day=per_day,
         store_duty=min(1.0, write_s / tau) if math.isfinite(tau) and tau > 0 else 0.0,
+        wait_per_failure_s=wait, planned_per_day=mix.planned_per_day,
     )
+
+
+def _wait_per_failure(mix, cluster: ClusterConfig, *, fast: bool | None) -> float:
+    """Mean detection + node swap of the fast-survivable failures (fast=True), the others
+    (False) or all of them (None)."""
+    def of(i: int) -> float:
+        return mix.detect_s[i] + mix.swap_share[i] * cluster.node_swap_s
+    if fast is None:
+        return mix.fast_share * of(0) + (1 - mix.fast_share) * of(1)
+    return of(0 if fast else 1)
+
+
+def _failure_overhead(kinds: list[tuple[float, float, float]]) -> float:
+    """The share of the time failures take, from (per day, down s, work lost s) per kind: a
+    renewal cycle (the job runs, fails, is down, restarts). Work is lost only while it runs
+    and a failure while the job is already down costs nothing more, so per second running
+    the job loses sum(rate x lost) of work and adds sum(rate x down) of wall clock:
+    1 - (1 - sum r L) / (1 + sum r D). To first order that is sum r (D + L), the classic
+    (restart + lost) / MTBF, which overcounts once failures come every few hours."""
+    lost = sum(per_day / 86400.0 * lost_s for per_day, _, lost_s in kinds)
+    down = sum(per_day / 86400.0 * down_s for per_day, down_s, _ in kinds)
+    return min(1.0, max(0.0, 1 - (1 - lost) / (1 + down)))
 
 
 @dataclass(frozen=True)
@@ -161,8 +199,9 @@ def two_level(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s: 
     blocking_f = shard / (cluster.host_copy_gbps * 1e9)
     replica_s = shard / (cluster.inter_node_gbps * 1e9) if nodes > 1 else 0.0
     fast_restore = shard / (cluster.host_copy_gbps * 1e9)
-    rate = cluster.failures_per_day(gpus) / 86400.0
-    s = cluster.fast_tier_survivable if nodes > 1 else 0.0  # no peer: nothing survives a node
+    mix = cluster.failure_mix(gpus)
+    rate = mix.per_day / 86400.0
+    s = mix.fast_share if nodes > 1 else 0.0  # no peer: nothing survives a node
     rate_f, rate_d = rate * s, rate * (1 - s)
     tau_f = daly_interval(blocking_f, 1 / rate_f) if rate_f > 0 else math.inf
     tau_f, steps_f = _steps_of(max(tau_f, replica_s, step_time_s), step_time_s)
@@ -172,15 +211,20 @@ def two_level(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s: 
     if math.isfinite(tau_d) and math.isfinite(tau_f):
         tau_d = max(1, round(tau_d / tau_f)) * tau_f  # durable saves on fast boundaries
     tau_d, steps_d = _steps_of(tau_d, step_time_s)
-    lost_f = cluster.inplace_restart_s + fast_restore + tau_f / 2 + replica_s
-    lost_d = durable.restart_s + tau_d / 2 + durable.checkpoint_write_s
+    down_f = _wait_per_failure(mix, cluster, fast=True) + cluster.inplace_restart_s + fast_restore
+    down_d = _wait_per_failure(mix, cluster, fast=False if s > 0 else None) + durable.restart_s
+    work_f = tau_f / 2 + replica_s
+    work_d = tau_d / 2 + durable.checkpoint_write_s
+    lost_f, lost_d = down_f + work_f, down_d + work_d
     ckpt = 0.0
     if math.isfinite(tau_f):
         ckpt += blocking_f / (tau_f + blocking_f)
     if math.isfinite(tau_d):
         ckpt += durable.checkpoint_blocking_s / (tau_d + durable.checkpoint_blocking_s)
-    failure = min(1.0, (rate_f * lost_f if rate_f else 0.0)
-                  + (rate_d * lost_d if rate_d else 0.0))
+    failure = _failure_overhead(
+        [(rate_f * 86400, down_f, work_f if rate_f else 0.0),
+         (rate_d * 86400, down_d, work_d if rate_d else 0.0),
+         (mix.planned_per_day, durable.checkpoint_write_s + durable.restart_s, 0.0)])
     return TwoLevel(
         fast_interval_s=tau_f, fast_interval_steps=steps_f, durable_interval_s=tau_d,
         durable_interval_steps=steps_d, fast_blocking_s=blocking_f, replica_s=replica_s,

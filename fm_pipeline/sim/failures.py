@@ -21,9 +21,13 @@ from dataclasses import dataclass, replace
 
 # The rates are the planner's (one failure model for both: fm_pipeline/planner/failure_model.py).
 from fm_pipeline.planner.failure_model import (
+    CRASH_DETECT_S,
+    HANG_DETECT_S,
+    HANGS,
     LLAMA3_DAYS,
     LLAMA3_PLANNED,
     LLAMA3_TABLE5,
+    NOT_FAST_SURVIVABLE,
     rate_per_unit_hour,
 )
 
@@ -39,6 +43,8 @@ class FailureMode:
     `replace_node`: the node is taken out for repair and a spare (or a cold replacement)
     must join before the job restarts. `planned`: announced in advance, so the job saves a
     checkpoint first and loses no work (e.g. a scheduled firmware roll-out).
+    `fast_survivable`: the fast tier's in-job restart recovers from it (what it leaves
+    behind is one node's memory at most: planner.failure_model.NOT_FAST_SURVIVABLE).
     """
 
     name: str
@@ -48,6 +54,7 @@ class FailureMode:
     detect_s: float = 60.0
     replace_node: bool = True
     planned: bool = False
+    fast_survivable: bool = True
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
@@ -75,14 +82,6 @@ class FailureMode:
         return replace(self, rate_per_unit_hour=self.rate_per_unit_hour * factor)
 
 
-# How long until each kind of fault is noticed. A crash (Xid error, ECC, process exit) is
-# seen by the elastic agent within about a minute; a hang only when the collective
-# watchdog fires (torch's NCCL default is 10 minutes; large runs lower it).
-CRASH_DETECT_S = 60.0
-HANG_DETECT_S = 600.0
-_HANGS = {"network_switch_cable", "nccl_watchdog_timeout", "silent_data_corruption"}
-
-
 def llama3_failure_modes(*, hang_detect_s: float = HANG_DETECT_S,
                          crash_detect_s: float = CRASH_DETECT_S,
                          include_planned: bool = True) -> list[FailureMode]:
@@ -94,8 +93,9 @@ def llama3_failure_modes(*, hang_detect_s: float = HANG_DETECT_S,
             category=category,
             unit=unit,
             rate_per_unit_hour=rate_per_unit_hour(count, unit),
-            detect_s=hang_detect_s if name in _HANGS else crash_detect_s,
+            detect_s=hang_detect_s if name in HANGS else crash_detect_s,
             replace_node=swap,
+            fast_survivable=name not in NOT_FAST_SURVIVABLE,
         )
         for name, category, count, unit, swap in LLAMA3_TABLE5
     ]

@@ -238,6 +238,8 @@ class _JobSim:
         fast = self.cfg.fast_tier
         if fast.interval_s <= 0 or mode.unit == "job" or self.cfg.n_nodes < 2:
             return False
+        if fast.survivable is None:
+            return mode.fast_survivable
         return bool(self.rng_fast.random() < fast.survivable)
 
     def _roll_back(self, category: str, *, to_snapshot: bool = False) -> None:

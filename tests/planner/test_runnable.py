@@ -163,12 +163,14 @@ def test_the_cli_writes_the_plan_as_a_job_spec_that_estimates_the_same(tmp_path)
     job = load_job(spec)
     assert job.name == "seventy" and job.parallelism.mixed_precision == "bf16"
     assert job.checkpoint.every_steps >= 1 and job.training.steps > 1000
-    # 64 nodes: the two-level plan, the fast tier far more often than the durable tier.
+    # 64 nodes: the two-level plan. Most of such a job's failures are its own (software
+    # bugs: one a day whatever the size), which the fast tier does not survive, so its
+    # snapshots may come no more often than the durable saves.
     planned = json.loads(runner.invoke(app, ["estimate", *model, "--layout", second["describe"],
                                              "--json"]).stdout)["fast_tier"]
     assert job.checkpoint.memory_every_steps == planned["fast_interval_steps"] >= 1
     assert job.checkpoint.every_steps == planned["durable_interval_steps"]
-    assert job.checkpoint.every_steps > job.checkpoint.memory_every_steps
+    assert job.checkpoint.every_steps >= job.checkpoint.memory_every_steps
     assert job.resilience.inplace_restarts > 0
     by_job = runner.invoke(app, ["estimate", "--job", str(spec), "--json"])
     assert by_job.exit_code == 0, by_job.output

@@ -33,6 +33,27 @@ def test_fm_simulate_job_tables_name_the_causes():
         assert text in out.stdout
 
 
+def test_fm_simulate_job_with_the_fast_tier_restarts_in_the_job_and_gains_ettr():
+    args = ["simulate", "job", "--days", "10", "--seeds", "2", "--json"]
+    durable = json.loads(runner.invoke(app, args).stdout)["runs"]
+    out = runner.invoke(app, [*args, "--fast-tier"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["config"]["fast_tier"] == {"interval_s": 30.0, "restart_s": 60.0,
+                                           "load_s": 1.0, "survivable": None}
+    fast = data["runs"]
+    # The same failures (their own random stream), most of them now served from memory:
+    # all but software bugs, dependencies, silent data corruption and planned maintenance.
+    assert [r["interruptions"] for r in fast] == [r["interruptions"] for r in durable]
+    for f, d in zip(fast, durable):
+        assert f["ettr"] > d["ettr"] + 0.02
+        assert 0.5 * f["restarts"] < f["in_job_restarts"] < f["restarts"]
+    table = runner.invoke(app, ["simulate", "job", "--days", "3", "--fast-tier"])
+    assert table.exit_code == 0, table.output
+    for text in ("fast tier: a snapshot every 30 s", "restarts: in-job from memory / durable"):
+        assert text in table.stdout
+
+
 def test_fm_simulate_sweep_interval_finds_the_optimum_near_daly():
     out = runner.invoke(app, ["simulate", "sweep-interval", "--days", "15", "--points", "5",
                               "--spread", "6", "--seeds", "1", "--json"])
@@ -61,3 +82,7 @@ def test_bad_knobs_fail_with_one_line_naming_them(tmp_path):
     assert "mitigation must be none, report or exclude" in _error(
         ["simulate", "job", "--straggler-mitigation", "pray"])
     assert "does not exist" in _error(["simulate", "tenants", "--trace", str(tmp_path / "no.jsonl")])
+    assert "--fast-survivable needs --fast-tier" in _error(
+        ["simulate", "job", "--fast-survivable", "0.5"])
+    assert "survivable must be within [0, 1]" in _error(
+        ["simulate", "job", "--fast-tier", "--fast-survivable", "1.5"])

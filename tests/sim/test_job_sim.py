@@ -159,8 +159,12 @@ def test_bad_settings_are_refused_with_the_field_named(build, message):
         build()
 
 
-def test_llama3_preset_reproduces_the_published_interruptions_and_effective_time():
+def test_llama3_preset_counts_the_interruptions_it_was_given_and_stays_above_90_percent():
     # Published: 419 unexpected interruptions in 54 days, > 90% effective training time.
+    # The rates ARE the 419 counts divided by their exposure: getting 419 back checks the
+    # event engine's bookkeeping (less what strikes while the job is already down), not the
+    # model. The ETTR rests on assumed relaunch and checkpoint costs
+    # (docs/calibration-simulation.md, Result 2: which relaunch times keep it above 90%).
     runs = [simulate_job(llama3_405b(seed=s)) for s in range(3)]
     mean = sum(r.interruptions for r in runs) / len(runs)
     assert abs(mean - 419) < 2 * math.sqrt(419 / len(runs)) + 0.05 * 419

@@ -169,6 +169,12 @@ def _inputs(o: dict) -> dict:
     }
 
 
+def _knobs(o: dict) -> dict:
+    """The cost model's settings from the command line, passed the same to every call."""
+    return {"ep_overlap": o["ep_overlap"] or "none", "sequence_parallel": o["sequence_parallel"],
+            "tp_overlap": o["tp_overlap"], "dp_overlap": o["dp_overlap"]}
+
+
 def _print(payload, view, as_json: bool) -> None:
     if as_json:
         print(json.dumps(payload))
@@ -191,6 +197,21 @@ SHARED_OPTIONS: dict[str, object] = {
         help="MoE, planner only: the all-to-all's overlap with compute: none (default; "
              "torchtitan, this trainer), 1f1b (Megatron-Core's, the share it hides fitted on "
              "its published runs), dualpipe (DeepSeek-V3's: all of it)")],
+    # What a published run says it used, so it can be written on the command line: the
+    # calibration sets the same three per source (planner/literature.py).
+    "sequence_parallel": (Annotated[bool, typer.Option(
+        "--sequence-parallel/--no-sequence-parallel",
+        help="TP with sequence parallelism (Megatron since 2022, torchtitan; default). "
+             "--no-sequence-parallel: all-reduces of the same bytes, norms and dropout "
+             "unsplit (Megatron 2021)")], True),
+    "tp_overlap": (Annotated[bool, typer.Option(
+        "--tp-overlap/--no-tp-overlap",
+        help="TP's collectives overlapped with its GEMMs (needs sequence parallelism; "
+             "default)")], True),
+    "dp_overlap": (Annotated[bool, typer.Option(
+        "--dp-overlap/--no-dp-overlap",
+        help="data-parallel gradient sync and weight gathers overlapped with compute "
+             "(default)")], True),
     "global_batch_tokens": Int, "training_tokens": Float, "gpus": Int, "gpu_type": Str,
     "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(
         help="bf16 | fp32 | fp8 (= fp8-tensorwise) | fp8-rowwise | fp8-blockwise; FP8 runs "
@@ -258,9 +279,9 @@ def estimate(o: dict):
         precision=inp["precision"],
         async_checkpoint=inp.get("async_checkpoint", True),
         checkpoints_kept=inp.get("checkpoints_kept", 3),
-        ep_overlap=o["ep_overlap"] or "none",
+        **_knobs(o),
     )
-    payload = est.to_dict()
+    payload = {**est.to_dict(), "cost_model": _knobs(o)}
     if o["job"]:  # what the spec declares, argued with the plan's numbers
         from fm_pipeline.config import load_job
         from fm_pipeline.planner.critique import critique
@@ -310,7 +331,7 @@ def search(o: dict):
         fixed=fixed,
         precision=inp["precision"],
         runnable_only=not o["any_layout"],
-        ep_overlap=o["ep_overlap"] or "none",
+        **_knobs(o),
     )
     payload = {
         "evaluated": result.evaluated,
@@ -318,6 +339,7 @@ def search(o: dict):
         "search_s": result.seconds,
         "gpus": result.gpus,
         "precision": inp["precision"],
+        "cost_model": _knobs(o),
         "plans": [
             {
                 "rank": p.rank,
@@ -361,7 +383,8 @@ def _write_spec(o: dict, inp: dict, result) -> str:
     layout = result.plans[o["spec_rank"] - 1].layout
     est = run_estimate(inp["shape"], inp["cluster"], layout,
                        global_batch_tokens=inp["global_batch_tokens"],
-                       training_tokens=inp["training_tokens"], precision=inp["precision"])
+                       training_tokens=inp["training_tokens"], precision=inp["precision"],
+                       **_knobs(o))
     # The two-level plan where the fast tier gains goodput (more than one node: a peer
     # holds the replicas), else the durable interval alone.
     fast = est.fast_tier
@@ -411,6 +434,7 @@ def whatif(o: dict):
         layout=layout,
         doublings=o["doublings"],
         precision=inp["precision"],
+        **_knobs(o),
     )
     _print(wi.to_dict(), whatif_view(wi), o["as_json"])
 

@@ -109,11 +109,11 @@ class WhatIf:
         return "\n".join(lines) + f"\n\nWhat breaks first: {self.breaks_first}"
 
 
-def _best(shape, cluster, gpus, batch, precision,
-          runnable_only: bool = True) -> tuple[Layout | None, str]:
+def _best(shape, cluster, gpus, batch, precision, runnable_only: bool = True,
+          knobs: dict | None = None) -> tuple[Layout | None, str]:
     result = search(
         shape, cluster, gpus=gpus, global_batch_tokens=batch, top=1, precision=precision,
-        runnable_only=runnable_only,
+        runnable_only=runnable_only, **(knobs or {}),
     )
     if result.plans:
         beyond = "" if runnable_only else "; searched beyond the trainer, as the given layout is"
@@ -174,7 +174,10 @@ def what_if(
     layout: Layout | None = None,
     doublings: int = 2,
     precision: str = "bf16",
+    **knobs,
 ) -> WhatIf:
+    """`knobs`: the cost model's settings (sequence_parallel, tp_overlap, dp_overlap,
+    ep_overlap), the same in every scenario."""
     def run(name, c: ClusterConfig, n: int, lay: Layout | None, note: str = "") -> Scenario:
         if lay is None:
             return Scenario(name=name, gpus=n, estimate=None, note=note)
@@ -185,6 +188,7 @@ def what_if(
             global_batch_tokens=global_batch_tokens,
             training_tokens=training_tokens,
             precision=precision,
+            **knobs,
         )
         notes = [note] if note else []
         if est.placement.crosses_regions:
@@ -193,7 +197,8 @@ def what_if(
 
     note = "given layout"
     if layout is None:
-        layout, note = _best(shape, cluster, gpus, global_batch_tokens, precision)
+        layout, note = _best(shape, cluster, gpus, global_batch_tokens, precision,
+                             knobs=knobs)
         if layout is None:
             base = Scenario("baseline", gpus, None, note)
             return WhatIf(scenarios=[base], breaks_first=f"already at {gpus} GPUs: {note}")
@@ -207,7 +212,8 @@ def what_if(
         # Re-planned in the space the given layout lives in: one the trainer cannot run
         # (Llama 3's uneven pipeline, say) is compared with the cost model's best.
         lay, why = _best(shape, cluster, n, global_batch_tokens, precision,
-                         runnable_only=not not_runnable(shape, layout, precision=precision))
+                         runnable_only=not not_runnable(shape, layout, precision=precision),
+                         knobs=knobs)
         scenarios += [scaled[-1], run(f"{2**k}x GPUs, re-planned", cluster, n, lay, why)]
     first, growth = breaks_first(base, scaled[0]) if doublings else ("", {})
     for factor in (0.5, 2.0):

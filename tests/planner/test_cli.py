@@ -167,3 +167,35 @@ def test_estimate_from_a_job_spec():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["fits"] and out["gpus"] == 2 and out["gpu_type"].startswith("cpu")
+
+
+def test_a_published_megatron_2021_run_is_written_with_its_settings_on_the_command_line():
+    """Narayanan et al. 2021, Table 1's 1T row (tp 8, pp 64, 3,072 A100s, batch 3,072): no
+    sequence parallelism, no overlap of TP or DP traffic, 200 Gb/s HDR per GPU. The command
+    line carries every one of them, and gives what the calibration's own call gives."""
+    from fm_pipeline.planner.cluster import make_cluster
+    from fm_pipeline.planner.estimate import estimate
+    from fm_pipeline.planner.layout import Layout
+    from fm_pipeline.planner.literature import A100_HDR
+    from fm_pipeline.planner.shape import named_shape
+
+    run = ["estimate", "--model", "megatron-1t", "--seq-len", 2048, "--gpus", 3072,
+           "--gpu-type", "a100-80gb", "--global-batch-tokens", 3072 * 2048, "--tp", 8,
+           "--pp", 64, "--micro-batch", 1, "--recompute", "full", "--sharding", "ddp",
+           "--inter-node-gbps", A100_HDR, "--json"]
+    published = ["--no-sequence-parallel", "--no-tp-overlap", "--no-dp-overlap"]
+    as_2021 = json.loads(invoke(*run, *published).stdout)
+    defaults = json.loads(invoke(*run).stdout)
+    assert as_2021["cost_model"] == {"ep_overlap": "none", "sequence_parallel": False,
+                                     "tp_overlap": False, "dp_overlap": False}
+    assert defaults["cost_model"]["sequence_parallel"] is True
+    direct = estimate(named_shape("megatron-1t", seq_len=2048),
+                      make_cluster("a100-80gb", inter_node_gbps=A100_HDR),
+                      Layout(tp=8, pp=64, dp=6, micro_batch=1, recompute="full",
+                             sharding="ddp"),
+                      global_batch_tokens=3072 * 2048, sequence_parallel=False,
+                      tp_overlap=False, dp_overlap=False)
+    assert as_2021["step_time_s"] == pytest.approx(direct.metrics["step_time_s"])
+    assert as_2021["step_time_s"] > defaults["step_time_s"]  # 2021's Megatron was slower
+    searched = json.loads(invoke("search", *run[1:13], *published, "--top", 1, "--json").stdout)
+    assert searched["cost_model"]["tp_overlap"] is False

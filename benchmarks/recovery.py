@@ -44,6 +44,16 @@ off, torchrun's restart of the worker process (what a killed worker gets):
 
 Targets on 2 cores: inplace_resume_s <= 10 and <= durable_resume_s / 5 (same run).
 
+With peers to tear down and meet again, the same daemon and fault:
+
+  inplace_resume_s_2_ranks   a 2-rank job (torchrun, gloo, FSDP2) restarting in its
+                             processes; durable_resume_s_2_ranks: the same job without the
+                             fast tier, failed and resumed by the daemon's sensors
+  inplace_resume_s_2_nodes   2 nodes x 2 ranks in network namespaces (no daemon: the pod
+                             command as two nodes, benchmarks/recovery_nodes.py);
+                             durable_resume_s_2_nodes: the same job's pods created again,
+                             restoring the durable checkpoint
+
 A lost node (fm_pipeline.resilience.scenarios.fast, no daemon: one launch of the pod
 command, 2 nodes x 2 ranks in network namespaces where this machine allows them; torch's
 default rendezvous heartbeat, 5 s):
@@ -74,6 +84,13 @@ STEPS, FAULT = 8, "0:3"
 console = Console(stderr=True)
 
 
+def runs_dir(job_name: str) -> Path:
+    """The job's run directory under the site this benchmark set up (FM_HOME)."""
+    from fm_pipeline.config.site import Site
+
+    return Site.from_environ().runs_dir(job_name)
+
+
 def _events(instance, run_id: str) -> dict[str, float]:
     """The first timestamp of each lifecycle event of the run."""
     from dagster import DagsterEventType
@@ -96,8 +113,6 @@ def _events(instance, run_id: str) -> dict[str, float]:
 
 def _steps(job_name: str) -> list[list[dict]]:
     """The trainer's step records per launch, in order."""
-    from fm_pipeline.config.paths import runs_dir
-
     launches: dict[str, list[dict]] = {}
     path = runs_dir(job_name) / "metrics.jsonl"
     for line in path.read_text().splitlines():
@@ -108,7 +123,6 @@ def _steps(job_name: str) -> list[list[dict]]:
 
 
 def _segment_records(job_name: str) -> list[dict]:
-    from fm_pipeline.config.paths import runs_dir
     from fm_pipeline.rundir.records import SEGMENTS_FILE, read_records
 
     return read_records(runs_dir(job_name) / SEGMENTS_FILE, "segment")
@@ -116,8 +130,6 @@ def _segment_records(job_name: str) -> list[dict]:
 
 def _torchrun_starts(job_name: str) -> list[float]:
     """When each launch's torchrun started (its segment directory's UTC stamp)."""
-    from fm_pipeline.config.paths import runs_dir
-
     starts = []
     for d in (runs_dir(job_name) / "segments").iterdir():
         stamp = datetime.strptime(d.name.split("-", 1)[1], "%Y%m%dT%H%M%S%f")
@@ -242,6 +254,8 @@ def main(argv: list[str] | None = None) -> dict:
     from fm_pipeline.orchestration.submissions import submit_run
     from fm_pipeline.storage import open_store
 
+    from benchmarks.recovery_nodes import measure_two_nodes
+
     default_signal_dispositions()
     store = open_store(str(store_dir))
     build_small_mix(small_job(), store=store)
@@ -279,6 +293,24 @@ def main(argv: list[str] | None = None) -> dict:
                     measured.update(figures)
                 else:
                     measured["inplace_process_resume_s"] = figures["inplace_resume_s"]
+            for label, inplace in (("durable", False), ("inplace", True)):
+                pair = small_job(**{"name": f"recovery-2r-{label}-{i}", "training.steps": STEPS,
+                                    "training.segment_steps": STEPS,
+                                    "checkpoint.every_steps": 2,
+                                    "parallelism.nproc_per_node": 2,
+                                    **({"checkpoint.memory_every_steps": 2,
+                                        "resilience.inplace_restarts": 1} if inplace else {})})
+                register_training_job(instance, pair, store=store)
+                plant_fault(store, pair.name, FAULT)
+                started = time.time()
+                submit_run(store, pair)
+                _wait_done(instance, pair.name)
+                if inplace:
+                    measured["inplace_resume_s_2_ranks"] = measure_inplace(
+                        pair.name, in_process=True)["inplace_resume_s"]
+                else:
+                    measured["durable_resume_s_2_ranks"] = measure(
+                        instance, pair.name, started)["durable_resume_s"]
             runs.append({**run, **measured})
             progress.update(task, advance=1, description=(
                 f"durable_resume_s {runs[-1]['durable_resume_s']:.1f}, "
@@ -287,14 +319,19 @@ def main(argv: list[str] | None = None) -> dict:
         instance.dispose()
         for i, run in enumerate(runs):
             run.update(measure_node_loss(root / f"node-loss-{i}"))
-            progress.update(task, description=f"peer_resume_s {run['peer_resume_s']:.1f}")
+            run.update(measure_two_nodes(root / f"two-nodes-{i}", i))
+            progress.update(task, description=(
+                f"peer_resume_s {run['peer_resume_s']:.1f}, 2 nodes in place "
+                f"{run['inplace_resume_s_2_nodes']:.1f} / durable "
+                f"{run['durable_resume_s_2_nodes']:.1f}"))
     keys = list(runs[0])
     result = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
     result["spread"] = {k: round(max(r[k] for r in runs) - min(r[k] for r in runs), 3)
                         for k in keys}
-    ratios = [r["durable_resume_s"] / r["inplace_resume_s"] for r in runs]
-    result["durable_over_inplace"] = round(statistics.median(ratios), 3)
-    result["spread"]["durable_over_inplace"] = round(max(ratios) - min(ratios), 3)
+    for suffix in ("", "_2_ranks", "_2_nodes"):
+        ratios = [r[f"durable_resume_s{suffix}"] / r[f"inplace_resume_s{suffix}"] for r in runs]
+        result[f"durable_over_inplace{suffix}"] = round(statistics.median(ratios), 3)
+        result["spread"][f"durable_over_inplace{suffix}"] = round(max(ratios) - min(ratios), 3)
     result.update({"repeats": len(runs), "target_durable_resume_s": 30.0,
                    "target_inplace_resume_s": 10.0, "target_durable_over_inplace": 5.0,
                    "cpu_count": os.cpu_count(), "runs": runs})

@@ -4,8 +4,13 @@ without it, in the same run.
     python -m benchmarks.remote_data            # last stdout line: one JSON object
 
 The remote store is a local directory behind a link model: every object read waits
-`--latency-ms` for its first byte, then streams at `--mb-per-s` (a sleep, so the wait is
-real I/O wait, as on a network; the shard bytes are the mix's). Each step takes the next
+`--latency-ms` for its first byte, then its bytes go through one link of `--mb-per-s`
+shared by every read in flight (FIFO: 4 parallel fetches get the link's bandwidth between
+them, not 4 times it; a sleep, so the wait is real I/O wait, as on a network; the shard
+bytes are the mix's). Shards of `--shard-mib` MiB (1 by default: 512 Ki tokens of uint16,
+the small end of what pretraining stores hold; MosaicML's streaming defaults to 64 MB,
+which a 2-core benchmark cannot fill with enough shards) and steps of 32 sequences of
+512 tokens, so a shard lasts 32 steps of one rank. Each step takes the next
 batch from a MixLoader (one dp rank, fresh cache per run, so every shard is remote the
 first time a step reads it) and then does `--compute-ms` of real work (matmuls, calibrated
 once; the measured time per step is reported). Both sides read the same global samples; only `shard_lookahead` differs (0: each
@@ -30,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,18 +55,24 @@ def log(msg: str) -> None:
 
 
 class SlowLink(LocalStore):
-    """A local directory read as if it were remote: no local path, each read waits
-    latency + size / bandwidth."""
+    """A local directory read as if it were remote: no local path; each read waits its
+    latency (in parallel with the others), then its bytes queue on the one shared link."""
 
     def __init__(self, root: Path, *, latency_s: float, bytes_per_s: float):
         super().__init__(root)
         self.latency_s, self.bytes_per_s = latency_s, bytes_per_s
+        self._lock = threading.Lock()
+        self._link_free_at = 0.0
 
     def local_path(self, key: str):
         return None
 
     def _wait(self, size: int) -> None:
-        time.sleep(self.latency_s + size / self.bytes_per_s)
+        first_byte = time.monotonic() + self.latency_s
+        with self._lock:
+            begin = max(first_byte, self._link_free_at)
+            self._link_free_at = done = begin + size / self.bytes_per_s
+        time.sleep(max(0.0, done - time.monotonic()))
 
     def get_file(self, key: str, local):
         path = super().get_file(key, local)
@@ -113,21 +125,23 @@ def run(store, key: str, cache: Path, *, lookahead: int, steps: int, gbs: int, s
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, default=3.0, help="megabytes of source text")
+    ap.add_argument("--mb", type=float, default=24.0, help="megabytes of source text")
+    ap.add_argument("--shard-mib", type=float, default=1.0, help="MiB per token shard")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--latency-ms", type=float, default=40.0)
     ap.add_argument("--mb-per-s", type=float, default=20.0)
     ap.add_argument("--compute-ms", type=float, default=50.0)
     args = ap.parse_args()
-    gbs, seq_len = 16, 128
+    gbs, seq_len = 32, 512
+    shard_tokens = int(args.shard_mib * 2**20 / 2)  # uint16 tokens (vocab 2,048)
 
     with tempfile.TemporaryDirectory(prefix="fm-bench-remote-") as tmp:
         root = Path(tmp)
         job = small_job(**{
             "data.sources": [{"name": "code", "uri": str(corpus_dir(root, args.mb)),
                               "format": "python-code", "weight": 1.0}],
-            "data.shard_tokens": 16384, "data.heldout_fraction": 0.0,
+            "data.shard_tokens": shard_tokens, "data.heldout_fraction": 0.0,
             "model.vocab_size": 2048, "model.size": "tiny", "training.seq_len": seq_len,
         })
         log(f"preparing {args.mb} MB of stdlib code")
@@ -170,8 +184,8 @@ def main() -> None:
         "on_demand_plain": med("plain", "on_demand"),
         "on_demand_ahead": med("ahead", "on_demand"),
         "prefetched_ahead": med("ahead", "started"),
-        "shards": shards, "steps": args.steps, "latency_ms": args.latency_ms,
-        "mb_per_s": args.mb_per_s,
+        "shards": shards, "shard_mib": args.shard_mib, "steps": args.steps,
+        "latency_ms": args.latency_ms, "mb_per_s": args.mb_per_s, "link": "shared",
         "compute_s_per_step": round(statistics.median(
             x["compute_s_per_step"] for side in results.values() for x in side), 4),
         "target_stall_ratio": TARGET,

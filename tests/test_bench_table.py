@@ -26,7 +26,8 @@ def _verdict(row: str) -> str:
 def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     rows = _rows(render(FIXTURES))
     assert set(rows) == {f"`benchmarks.{b}`" for b in
-                         ("data", "data_stages", "remote_data", "trainer", "checkpoint", "planner",
+                         ("data", "data_stages", "datatrove_dedup", "remote_data", "trainer",
+                          "checkpoint", "planner",
                           "simulation", "recovery", "k8s")} | {"`benchmarks.recovery` (fast tier)"}
     ckpt = json.loads((FIXTURES / "checkpoint.json").read_text())
     row = rows["`benchmarks.checkpoint`"]
@@ -44,6 +45,18 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     assert f"its {stages['cpu_s_1_worker']:.0f} CPU s" in row
     assert _verdict(row) == "**missed**: workers_speedup"
     assert "datatrove not run" in row
+    dt = json.loads((FIXTURES / "datatrove_dedup.json").read_text())
+    row = rows["`benchmarks.datatrove_dedup`"]
+    # Ours against datatrove in the same run, the words split the same way on both sides.
+    assert f"vs_datatrove_throughput {dt['vs_datatrove_throughput']:.3f}" in row
+    assert "in the same run" in row and "words split with \\w+ on both sides" in row
+    assert _verdict(row) == "**missed**: vs_datatrove_throughput"
+    rec = json.loads((FIXTURES / "recovery.json").read_text())
+    row = rows["`benchmarks.recovery` (fast tier)"]
+    # The restart with peers: 2 ranks and 2 nodes x 2 ranks, each beside its durable path.
+    for suffix, what in (("_2_ranks", "2 ranks"), ("_2_nodes", "2 nodes x 2 ranks")):
+        assert f"{what}" in row and f"in place {rec[f'inplace_resume_s{suffix}']:.2f} s" in row
+        assert f"durable {rec[f'durable_resume_s{suffix}']:.1f} s" in row
     k8s = json.loads((FIXTURES / "k8s.json").read_text())
     row = rows["`benchmarks.k8s`"]
     # Both launchers' medians for the same job in the same run, the spread and the versions;

@@ -94,8 +94,8 @@ def test_dagster_layer_installs_under_fm_pipeline():
 # Floors, ground first: a package may import its own floor and the ones below, never above,
 # at module level or inside a function (a lazy import is an import all the same).
 FLOORS = [
-    {"storage", "model", "accelerators", "cpu_peaks", "plotting", "defaults", "lazy",
-     "failpoints"},
+    {"storage", "model", "accelerators", "cluster_defaults", "cpu_peaks", "plotting",
+     "defaults", "lazy", "failpoints"},
     {"config", "tracking"},
     {"catalog", "rundir", "data", "parallel", "planner"},
     {"checkpoint", "stragglers", "launch", "report", "scheduling"},

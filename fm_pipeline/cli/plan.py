@@ -9,6 +9,7 @@ single GPU-hour is spent.
     fm plan whatif --model llama3-405b --seq-len 8192 --global-batch-tokens 16777216 \\
         --gpus 8192 --gpu-type h100 --region-gpus 32768
     fm plan estimate --job configs/demo.yaml --json
+    fm plan defaults --gpu-type h100           # what a left-out cluster field means, and why
 
 `--json` prints one JSON object (estimate: at least mfu, hfu, step_time_s, tokens_per_s,
 memory_gib_per_gpu, fits, bubble_fraction, exposed_comm_fraction). Bad input exits 2 with
@@ -437,6 +438,30 @@ def whatif(o: dict):
         **_knobs(o),
     )
     _print(wi.to_dict(), whatif_view(wi), o["as_json"])
+
+
+@app.command("defaults")
+@plan_errors
+def defaults(gpu_type: Annotated[str, typer.Option(help="the accelerator")] = "h100",
+             as_json: Json = False) -> None:
+    """The cluster a plan assumes for what a flag or a job spec leaves out, each default
+    with its source (one table: the job spec's `cluster:` section and the API use it too)."""
+    from rich.table import Table
+
+    from fm_pipeline.planner.cluster import cluster_defaults
+
+    rows = cluster_defaults(gpu_type)
+    if as_json:
+        print(json.dumps({"gpu_type": gpu_type, "defaults": rows}))
+        return
+    table = Table(title=f"cluster defaults on {gpu_type} (fm_pipeline/cluster_defaults.py)")
+    for column in ("field", "default", "from"):
+        table.add_column(column)
+    for r in rows:
+        source = ("[yellow]assumption:[/] " if r["assumption"] else "") + r["source"]
+        table.add_row(r["field"], "-" if r["value"] is None else f"{r['value']:g}",
+                      source)
+    console.print(table)
 
 
 if __name__ == "__main__":

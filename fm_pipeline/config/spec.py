@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fm_pipeline.accelerators import catalog_price
+from fm_pipeline.cluster_defaults import default
 from fm_pipeline.model.config import ModelConfig
 from fm_pipeline.model.registry import get_model_config, model_names
 
@@ -328,7 +329,7 @@ class CheckpointSpec(_Strict):
 class ClusterSpec(_Strict):
     name: str = "local"
     accelerator: str = "cpu"
-    gpus_per_node: int = Field(default=8, gt=0, le=1024)
+    gpus_per_node: int = Field(default=default("gpus_per_node"), gt=0, le=1024)
     # Left out (null): the accelerator's own figure from the catalog (fm_pipeline/
     # accelerators.py). A default here would mean one thing in a spec as written and
     # another once the spec is stored and read back.
@@ -336,8 +337,8 @@ class ClusterSpec(_Strict):
                                           "GPU; left out: the accelerator's")
     inter_node_gbps: float | None = Field(default=None, gt=0, description="fabric, GB/s per "
                                           "GPU; left out: the accelerator's")
-    oversubscription: float = Field(default=1.0, ge=1)
-    storage_write_gbps: float = Field(default=10.0, gt=0)
+    oversubscription: float = Field(default=default("oversubscription"), ge=1)
+    storage_write_gbps: float = Field(default=default("storage_write_gbps"), gt=0)
     dollars_per_gpu_hour: float | None = Field(default=None, ge=0, description="left out: "
                                                "the accelerator's catalog price")
     node_failure_rate_per_day: float | None = Field(
@@ -346,11 +347,17 @@ class ClusterSpec(_Strict):
                     "planner's and the simulator's failure model); a number: failures per "
                     "node and day")
     # Planner (fm_pipeline.planner): network hierarchy above the node, restarts, storage price.
-    nodes_per_rack: int = Field(default=4, gt=0, le=2**16, description="nodes under one leaf switch group")
-    region_gpus: int = Field(default=0, ge=0, le=MAX_COUNT, description="GPUs per region; 0: one region")
-    inter_region_gbps: float = Field(default=2.5, gt=0, description="GB/s per GPU between regions")
-    restart_overhead_s: float = Field(default=600.0, ge=0, description="reschedule + rendezvous")
-    storage_dollars_per_gb_month: float = Field(default=0.023, ge=0)
+    # Every default is the one table's (fm_pipeline.cluster_defaults, `fm plan defaults`).
+    nodes_per_rack: int = Field(default=default("nodes_per_rack"), gt=0, le=2**16,
+                                description="nodes under one leaf switch group")
+    region_gpus: int = Field(default=default("region_gpus"), ge=0, le=MAX_COUNT,
+                             description="GPUs per region; 0: one region")
+    inter_region_gbps: float = Field(default=default("inter_region_gbps"), gt=0,
+                                     description="GB/s per GPU between regions")
+    restart_overhead_s: float = Field(default=default("restart_overhead_s"), ge=0,
+                                      description="reschedule + rendezvous")
+    storage_dollars_per_gb_month: float = Field(
+        default=default("storage_dollars_per_gb_month"), ge=0)
     # Kubernetes
     namespace: str = "default"
     image: str = "fm-pipeline:latest"

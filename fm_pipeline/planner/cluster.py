@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from fm_pipeline.accelerators import Accelerator, get_accelerator
+from fm_pipeline.cluster_defaults import CLUSTER_DEFAULTS, default
 from fm_pipeline.planner.errors import PlanInputError, require_positive
 from fm_pipeline.planner.failure_model import FailureMix, llama3_failure_mix, node_failure_mix
 
-# Defaults shared with the job spec's `cluster:` section (fm_pipeline/config/spec.py).
-DEFAULT_STORAGE_WRITE_GBPS = 10.0
 
 
 @dataclass(frozen=True)
@@ -29,34 +28,30 @@ class ClusterConfig:
     gpus_per_node: int
     intra_node_gbps: float  # NVLink, GB/s per GPU per direction
     inter_node_gbps: float  # scale-out NIC, GB/s per GPU per direction (rails)
-    oversubscription: float = 1.0  # spine taper for traffic leaving a rack
-    nodes_per_rack: int = 4
-    region_gpus: int = 0  # GPUs per region; 0: the whole cluster is one region
-    inter_region_gbps: float = 2.5  # GB/s per GPU between regions
-    storage_write_gbps: float = DEFAULT_STORAGE_WRITE_GBPS  # aggregate checkpoint write GB/s
-    storage_read_gbps: float | None = None  # aggregate restore GB/s; None: same as write
-    host_copy_gbps: float = 25.0  # device-to-host per GPU, what an async save blocks on
-    # Share of the store's write bandwidth one job's checkpoints may take on average: the
-    # rest serves the data loader's reads, restores and other jobs (a policy, not a rate).
-    checkpoint_store_share: float = 0.5
-    dollars_per_gpu_hour: float = 2.5
-    storage_dollars_per_gb_month: float = 0.023  # object-store list price
+    # Every default below is the one table's (fm_pipeline.cluster_defaults: each with its
+    # source, `fm plan defaults`), the job spec's `cluster:` section's too.
+    oversubscription: float = default("oversubscription")  # spine taper leaving a rack
+    nodes_per_rack: int = default("nodes_per_rack")
+    region_gpus: int = default("region_gpus")  # GPUs per region; 0: one region
+    inter_region_gbps: float = default("inter_region_gbps")  # GB/s per GPU between regions
+    storage_write_gbps: float = default("storage_write_gbps")  # aggregate checkpoint GB/s
+    storage_read_gbps: float | None = default("storage_read_gbps")  # None: as write
+    host_copy_gbps: float = default("host_copy_gbps")  # device-to-host per GPU (async save)
+    # Share of the store's write bandwidth one job's checkpoints may take on average.
+    checkpoint_store_share: float = default("checkpoint_store_share")
+    dollars_per_gpu_hour: float = 2.5  # make_cluster fills in the catalog's price
+    storage_dollars_per_gb_month: float = default("storage_dollars_per_gb_month")
     # None: Llama 3's interruption rates per GPU, node and job (planner.failure_model, the
     # simulator's too); a number: that many failures per node and day, nothing else.
-    node_failure_rate_per_day: float | None = None
-    failure_rate_scale: float = 1.0  # what-if: x2 the failures, x0.5
-    restart_overhead_s: float = 600.0  # reschedule, rendezvous, NCCL init (excl. restore)
-    # A failed node's replacement joining from the hot-spare pool (an assumption, as the
-    # simulator's RecoveryPolicy.spare_swap_s: Llama 3 published no swap time).
-    node_swap_s: float = 60.0
-    # The fast tier (in-memory snapshots with a peer replica, restored by an in-job restart):
-    # the share of failures it survives, None: worked out per failure mode from what each
-    # leaves behind (planner.failure_model.NOT_FAST_SURVIVABLE; ~0.85 at 16k GPUs, less on
-    # small jobs where software bugs weigh more); a number: that share of all of them. And
-    # the in-job restart's cost excluding the restore (an assumption for a large job's
-    # re-rendezvous: benchmarks.recovery measures 0.6-7 s on one 2-core node).
-    fast_tier_survivable: float | None = None
-    inplace_restart_s: float = 60.0
+    node_failure_rate_per_day: float | None = default("node_failure_rate_per_day")
+    failure_rate_scale: float = default("failure_rate_scale")  # what-if: x2, x0.5
+    restart_overhead_s: float = default("restart_overhead_s")  # excl. the restore
+    node_swap_s: float = default("node_swap_s")  # a hot spare joining for a lost node
+    # The fast tier: the share of failures it survives (None: per failure mode, from what
+    # each leaves behind; a number: that share of all of them) and its in-job restart's
+    # cost without the restore.
+    fast_tier_survivable: float | None = default("fast_tier_survivable")
+    inplace_restart_s: float = default("inplace_restart_s")
 
     def __post_init__(self) -> None:
         require_positive("gpus_per_node", self.gpus_per_node, integer=True)
@@ -144,7 +139,7 @@ def cpu_per_rank(ranks_per_node: int) -> Accelerator:
 def make_cluster(gpu_type: str, **overrides) -> ClusterConfig:
     """A cluster of `gpu_type`; any field left out (or None) takes the catalog's value."""
     fields = {k: v for k, v in overrides.items() if v is not None}
-    fields.setdefault("gpus_per_node", 8)
+    fields.setdefault("gpus_per_node", default("gpus_per_node"))
     try:
         if gpu_type.lower() == "cpu":
             require_positive("gpus_per_node", fields["gpus_per_node"], integer=True)
@@ -189,3 +184,12 @@ def cluster_from_spec(spec, *, gpus_per_node: int | None = None) -> ClusterConfi
     ):
         overrides[field] = getattr(spec, field)
     return make_cluster(spec.accelerator, **overrides)
+
+
+def cluster_defaults(gpu_type: str) -> list[dict]:
+    """Every field a cluster description may leave out: its value on `gpu_type` (the
+    catalog's figures filled in, as make_cluster and a job spec's `cluster:` section do),
+    where it comes from, and whether nothing published backs it."""
+    cluster = make_cluster(gpu_type)
+    return [{"field": name, "value": getattr(cluster, name), "source": d.source,
+             "assumption": d.assumption} for name, d in CLUSTER_DEFAULTS.items()]

@@ -151,6 +151,7 @@ def _failure_overhead(kinds: list[tuple[float, float, float]]) -> float:
     the job loses sum(rate x lost) of work and adds sum(rate x down) of wall clock:
     1 - (1 - sum r L) / (1 + sum r D). To first order that is sum r (D + L), the classic
     (restart + lost) / MTBF, which overcounts once failures come every few hours."""
+    kinds = [k for k in kinds if k[0] > 0]  # none of a kind: its (infinite) interval is moot
     lost = sum(per_day / 86400.0 * lost_s for per_day, _, lost_s in kinds)
     down = sum(per_day / 86400.0 * down_s for per_day, down_s, _ in kinds)
     return min(1.0, max(0.0, 1 - (1 - lost) / (1 + down)))
@@ -222,8 +223,7 @@ def two_level(*, params: float, gpus: int, cluster: ClusterConfig, step_time_s: 
     if math.isfinite(tau_d):
         ckpt += durable.checkpoint_blocking_s / (tau_d + durable.checkpoint_blocking_s)
     failure = _failure_overhead(
-        [(rate_f * 86400, down_f, work_f if rate_f else 0.0),
-         (rate_d * 86400, down_d, work_d if rate_d else 0.0),
+        [(rate_f * 86400, down_f, work_f), (rate_d * 86400, down_d, work_d),
          (mix.planned_per_day, durable.checkpoint_write_s + durable.restart_s, 0.0)])
     return TwoLevel(
         fast_interval_s=tau_f, fast_interval_steps=steps_f, durable_interval_s=tau_d,

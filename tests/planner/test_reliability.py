@@ -147,3 +147,12 @@ def test_async_saves_leave_the_store_room_for_everything_else():
     assert fast.interval_s > 2 * fast.checkpoint_write_s and fast.store_duty < 0.5
     with pytest.raises(PlanInputError, match="checkpoint_store_share"):
         make_cluster("h100", checkpoint_store_share=0.0)
+
+
+def test_no_failures_at_all_cost_nothing_and_need_no_interval():
+    from fm_pipeline.planner.reliability import reliability, two_level
+
+    c = make_cluster("h100", node_failure_rate_per_day=0.0)
+    rel = reliability(params=7e9, gpus=64, cluster=c, step_time_s=1.0)
+    assert rel.failure_overhead == 0.0 and rel.goodput > 0.999
+    assert two_level(params=7e9, gpus=64, cluster=c, step_time_s=1.0).failure_overhead == 0.0

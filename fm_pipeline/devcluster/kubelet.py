@@ -69,7 +69,7 @@ from fm_pipeline.devcluster.manifests import NodeSpec, node_object
 from fm_pipeline.devcluster.rest import ApiError, Rest
 from fm_pipeline.launch.local import torchrun_executable
 from fm_pipeline.launch.pod_local import expand_k8s_vars, link_nested_mounts
-from fm_pipeline.launch.reaper import end_tagged, tagged
+from fm_pipeline.launch.reaper import end_tagged, signal_all, tagged
 
 log = logging.getLogger("fm.kubelet")
 
@@ -473,11 +473,7 @@ def lose_pod(uid: str) -> list[int]:
     (no preStop, no SIGTERM, nothing reported first); returns the pids. For tests and
     benchmarks of a lost node."""
     pids = list(tagged(uid, variable=POD_TAG_ENV))
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    signal_all(pids, signal.SIGKILL)
     return pids
 
 

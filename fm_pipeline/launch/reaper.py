@@ -78,18 +78,19 @@ def _end(pids: list[int], *, grace_s: float, why: str) -> list[int]:
         return []
     log.warning("ending %d tagged process(es) (%s): %s", len(pids), why,
                 ", ".join(map(str, pids)))
-    _signal(pids, signal.SIGTERM)
+    signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.05)
-    _signal([p for p in pids if _alive(p)], signal.SIGKILL)
+    signal_all([p for p in pids if _alive(p)], signal.SIGKILL)
     deadline = time.monotonic() + 5.0  # SIGKILL is delivered, not yet done: wait for it
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.02)
     return pids
 
 
-def _signal(pids: list[int], sig: int) -> None:
+def signal_all(pids: list[int], sig: int) -> None:
+    """Send `sig` to each of `pids`, skipping those already gone."""
     for pid in pids:
         try:
             os.kill(pid, sig)

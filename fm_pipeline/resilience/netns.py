@@ -23,6 +23,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 
+from fm_pipeline.launch.reaper import signal_all
 from fm_pipeline.resilience.injectors import Unavailable
 
 PREFIX = "fmchaos"
@@ -141,9 +142,5 @@ class NamespaceNetwork:
     def kill_node(self, index: int) -> list[int]:
         """SIGKILL every process of node `index` (agent and workers): a lost host."""
         pids = namespace_pids(self.nodes[index].namespace)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        signal_all(pids, signal.SIGKILL)
         return pids

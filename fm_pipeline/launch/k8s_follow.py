@@ -152,6 +152,14 @@ class PodFailureWatch:
                     restart_attempt=int(labels.get(RESTART_ATTEMPT_LABEL, 0)),
                     finished_at=finished.isoformat() if finished else "")
 
+    def _list(self) -> str:
+        """Records the current pods; returns the version to watch on from."""
+        listed = self.client.core.list_namespaced_pod(self.namespace,
+                                                      label_selector=self.selector)
+        for pod in listed.items:
+            self.record(pod)
+        return listed.metadata.resource_version
+
     def _run(self) -> None:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
@@ -161,9 +169,13 @@ class PodFailureWatch:
             last = self._stopped.is_set()  # the drain: one more read, then done
             kwargs = {"label_selector": self.selector,
                       "timeout_seconds": self.DRAIN_S if last else self.WINDOW_S}
-            if resource_version:
-                kwargs["resource_version"] = resource_version
             try:
+                if not resource_version:
+                    # List, then watch from the list's own resourceVersion (client-go's
+                    # reflector does the same): resuming from a pod's older version after a
+                    # 410 would only be answered 410 again.
+                    resource_version = self._list()
+                kwargs["resource_version"] = resource_version
                 for event in watch.Watch().stream(self.client.core.list_namespaced_pod,
                                                   self.namespace, **kwargs):
                     pod = event["object"]

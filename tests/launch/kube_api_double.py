@@ -225,6 +225,9 @@ class KubeApiDouble:
         """Drop the pod events so far, as the API server's compaction does: a watch asking
         for an older resourceVersion gets 410 Gone. Returns the compacted revision."""
         with self.lock:
+            # A cluster writes other objects all the time (leases, events): the revision
+            # compacted at is past the last one a pod watcher has seen.
+            self.revision += 1
             self.compacted = self.revision
             return self.compacted
 
@@ -233,6 +236,13 @@ class KubeApiDouble:
         path = f"/api/v1/namespaces/{ns}/pods/{pod}/log"
         self.wait_until(lambda: any(p == path for _, p, _ in self.requests),
                         f"a reader of {pod}'s log", timeout_s)
+
+    def wait_for_pod_watch(self, ns: str, timeout_s: float = 30) -> None:
+        """Until a client watches this namespace's pods: what happens after is seen by it
+        (a watch starts at the present, as the API server's does)."""
+        path = f"/api/v1/namespaces/{ns}/pods"
+        self.wait_until(lambda: any(p == path and q.get("watch") for _, p, q in self.requests),
+                        f"a watch of {ns}'s pods", timeout_s)
 
     def wait_until(self, predicate, what: str, timeout_s: float = 30) -> None:
         deadline = time.monotonic() + timeout_s

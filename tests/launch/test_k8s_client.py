@@ -153,6 +153,7 @@ def test_a_failed_jobset_reports_the_workers_code_and_reason(api, jobsets):
 
     def kubelet():
         pods[:] = _start_pods(api, name, attempt=0)
+        api.wait_for_pod_watch(NS)  # the follower watches before the pods end, as in life
         api.terminate_pod(NS, pods[0], exit_code=1, message=SUMMARY_TAIL.replace(
             "exitcode  : 75", "exitcode  : 2").replace(
             "preempted (signal SIGTERM) at step 17; checkpoint step-00000017",
@@ -222,7 +223,8 @@ def test_a_pod_watch_answered_410_gone_starts_again_from_the_current_pods(api, j
                                                                           rendered):
     """The API server compacts its history: a watch resuming from a resourceVersion it no
     longer has gets an ERROR event with a 410 Status. The watch lists the current pods and
-    goes on; a pod that fails after that is still recorded with its exit code."""
+    watches on from the list's version (once: not 410 again every window); a pod that fails
+    after that is still recorded with its exit code."""
     from fm_pipeline.launch.k8s_follow import PodFailureWatch
 
     name = rendered.name
@@ -241,11 +243,19 @@ def test_a_pod_watch_answered_410_gone_starts_again_from_the_current_pods(api, j
     try:
         poll("a watch resuming", lambda: any(q.get("watch") and q.get("resourceVersion")
                                              for _, _, q in list(api.requests)))
+        def pod_lists() -> int:
+            return sum(1 for method, path, q in list(api.requests)
+                       if method == "GET" and path.endswith("/pods") and not q.get("watch"))
+
+        assert pod_lists() == 1  # listed once, then watched from the list's version
         api.compact()
         poll("a 410 Gone", lambda: api.gone_served >= 1)
+        # A pod that fails after the watch has listed again: its event follows that list.
+        poll("the pods listed again", lambda: pod_lists() == 2)
         api.terminate_pod(NS, pods[1], exit_code=137)
         poll("the failure recorded", lambda: any(f.pod == pods[1] for f in watch.failures()))
     finally:
         watch.stop()
     failure = next(f for f in watch.failures() if f.pod == pods[1])
     assert failure.container_exit_code == 137
+    assert api.gone_served == 1 and pod_lists() == 2

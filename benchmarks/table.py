@@ -120,6 +120,28 @@ def _planner(r: dict) -> Row:
             also, f"<= {r['target_s']:g} s", _met(r["meets_target"]))
 
 
+def _planner_fidelity(r: dict) -> Row:
+    t = r["targets"]
+    checks = {"median": r["median_abs_err_pts"] <= t["median_abs_err_pts"],
+              "max": r["max_abs_err_pts"] <= t["max_abs_err_pts"],
+              "loso": r["loso_median_abs_err_pts"] <= t["loso_median_abs_err_pts"],
+              "torchtitan tok/s": r["torchtitan_tok_s_err"] <= t["torchtitan_tok_s_err"],
+              "torchtitan memory": r["torchtitan_memory_err"] <= t["torchtitan_memory_err"],
+              "fits_all": r["fits_all"]}
+    return (f"median absolute error {r['median_abs_err_pts']:.1f} MFU points, max "
+            f"{r['max_abs_err_pts']:.1f}, leave-one-source-out {r['loso_median_abs_err_pts']:.1f} "
+            f"({r['headline_rows']} published runs through `fm plan estimate`, published "
+            "settings only; deterministic: 1 run)",
+            "none: the published figures are the reference",
+            f"torchtitan tok/s {r['torchtitan_tok_s_err']:.0%}, memory "
+            f"{r['torchtitan_memory_err']:.0%}; {len(r['not_fitting'])} published runs over "
+            f"the planner's memory; constants fitted on the tuning rows "
+            f"{'are' if r['shipped_constants_are_the_fit'] else 'are not'} the shipped ones",
+            f"<= {t['median_abs_err_pts']:g}, <= {t['max_abs_err_pts']:g}, <= "
+            f"{t['loso_median_abs_err_pts']:g} points; torchtitan <= "
+            f"{t['torchtitan_tok_s_err']:.0%}; all fit", _met(checks))
+
+
 def _simulation(r: dict) -> Row:
     return (f"{r['days']} days x {r['gpus']:,} GPUs in {r['sim_s']:.3f} s (spread "
             f"{r['sim_spread_s']:.3f} s, {r['repeats']} seeds)",
@@ -229,6 +251,7 @@ ROWS: dict[str, list[tuple[str, Callable[[dict], Row | None]]]] = {
     "datatrove_dedup": [("", _datatrove_dedup)],
     "remote_data": [("", _remote_data)], "trainer": [("", _trainer)],
     "checkpoint": [("", _checkpoint)], "planner": [("", _planner)],
+    "planner_fidelity": [("", _planner_fidelity)],
     "simulation": [("", _simulation)],
     "recovery": [("", _recovery), (" (fast tier)", _fast_tier)], "k8s": [("", _k8s)]}
 README_START = "<!-- benchmark table: python -m benchmarks.table tests/bench_fixtures --readme README.md -->"

@@ -27,7 +27,7 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     rows = _rows(render(FIXTURES))
     assert set(rows) == {f"`benchmarks.{b}`" for b in
                          ("data", "data_stages", "datatrove_dedup", "remote_data", "trainer",
-                          "checkpoint", "planner",
+                          "checkpoint", "planner", "planner_fidelity",
                           "simulation", "recovery", "k8s")} | {"`benchmarks.recovery` (fast tier)"}
     ckpt = json.loads((FIXTURES / "checkpoint.json").read_text())
     row = rows["`benchmarks.checkpoint`"]

@@ -64,7 +64,7 @@ def _shape(o: dict):
         overrides = {
             k: o[k]
             for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "mlp",
-                      "expert_imbalance", "route_nodes")
+                      "expert_imbalance", "route_nodes", "qk_head_dim", "v_head_dim")
             if o[k] is not None
         }
         return dataclasses.replace(shape, **overrides) if overrides else shape
@@ -194,6 +194,11 @@ SHARED_OPTIONS: dict[str, object] = {
     "route_nodes": Annotated[int | None, typer.Option(
         help="MoE, planner only: node-limited routing (DeepSeek-V3: 4), a token sent once "
              "per node it reaches (DeepEP); default unlimited, every copy sent")],
+    "qk_head_dim": Annotated[int | None, typer.Option(
+        help="planner only: query/key head width when not hidden / heads (DeepSeek-V3's "
+             "latent attention: 192 = 128 + 64 rotary)")],
+    "v_head_dim": Annotated[int | None, typer.Option(
+        help="planner only: value head width when not hidden / heads (DeepSeek-V3: 128)")],
     "ep_overlap": Annotated[str | None, typer.Option(
         help="MoE, planner only: the all-to-all's overlap with compute: none (default; "
              "torchtitan, this trainer), 1f1b (Megatron-Core's, the share it hides fitted on "

@@ -112,6 +112,8 @@ def predict_run(run: PublishedRun) -> CalibrationRow:
         predicted = eq3_flops(shape, run.global_batch) / m["step_time_s"] / run.gpus / 1e12
     elif run.metric == "iteration_s":
         predicted = m["step_time_s"]
+    elif run.metric == "tokens_per_s_gpu":
+        predicted = m["tokens_per_s"] / run.gpus
     else:
         predicted = m["mfu"]
     return CalibrationRow(run=run, predicted=predicted, layout=best.describe(), mfu=m["mfu"],
@@ -167,7 +169,7 @@ def by_source(rows: list[CalibrationRow]) -> dict[str, dict]:
 
 UNITS = {"tflops_eq3": "TFLOP/s/GPU", "iteration_s": "s/iteration", "mfu": "MFU",
          "fp8_speedup": "FP8 / BF16 tokens/s", "gpu_hours": "GPU-hours",
-         "memory_gib": "GiB per GPU"}
+         "memory_gib": "GiB per GPU", "tokens_per_s_gpu": "tokens/s per GPU"}
 
 
 def _role(run: PublishedRun) -> str:

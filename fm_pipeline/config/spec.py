@@ -104,6 +104,11 @@ class ParallelismSpec(_Strict):
     )
     pp_virtual_stages: int = Field(default=1, gt=0, le=4096, description="model chunks per pp rank")
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    fsdp_keep_gathered: bool = Field(
+        default=False, description="keep FSDP's weights gathered through every micro-batch "
+        "of a step and reduce the gradients once at its end (ZeRO-2 as FSDP2 runs it: one "
+        "all-gather and one reduce-scatter per parameter per step, at the memory of the "
+        "whole weights and the whole fp32 gradients). Pipeline stages always do this")
     mixed_precision: Literal["fp32", "bf16", "fp8-tensorwise", "fp8-rowwise"] = Field(
         default="fp32", description="left out: bf16 when cluster.accelerator is a GPU, fp32 "
                                     "on cpu (JobSpec fills it in). fp8-*: bf16 training with "

@@ -30,9 +30,10 @@ def apply_fsdp(
     reshard_after_forward: bool,
     expert_mesh: DeviceMesh | None = None,
 ) -> None:
-    """Shard `model` in place. Pipeline stages pass reshard_after_forward=False: re-gathering
-    the weights for every microbatch's backward would multiply the all-gathers. With expert
-    parallelism each MoE layer's experts are their own unit on `expert_mesh`."""
+    """Shard `model` in place. Pipeline stages and `fsdp_keep_gathered` pass
+    reshard_after_forward=False: re-gathering the weights for every microbatch's backward
+    would multiply the all-gathers. With expert parallelism each MoE layer's experts are
+    their own unit on `expert_mesh`."""
     policy = mixed_precision_policy(mixed_precision)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):

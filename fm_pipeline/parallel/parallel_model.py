@@ -46,6 +46,9 @@ class ParallelModel:
     device: torch.device
     mixed_precision: str
     micro_batch_size: int
+    # FSDP without a pipeline: weights stay gathered and gradients unreduced until the step's
+    # last micro-batch (parallelism.fsdp_keep_gathered; a pipeline schedule does it itself).
+    keep_gathered: bool = False
 
     @property
     def has_first_stage(self) -> bool:
@@ -92,7 +95,12 @@ class ParallelModel:
         micro_inputs = inputs.split(rows)
         micro_targets = targets.split(rows)
         total = torch.zeros((), device=self.device)
-        for mb_inputs, mb_targets in zip(micro_inputs, micro_targets, strict=True):
+        for i, (mb_inputs, mb_targets) in enumerate(zip(micro_inputs, micro_targets,
+                                                        strict=True)):
+            if self.keep_gathered:
+                last = i == len(micro_inputs) - 1
+                model.set_requires_gradient_sync(last)  # reduce-scatter once, at the end
+                model.set_reshard_after_backward(last)  # no all-gather for the next one
             with self._compute_context():
                 loss = cross_entropy_loss(model(mb_inputs), mb_targets) / len(micro_inputs)
                 # MoE load balancing trains beside the next-token loss (which is reported).

@@ -61,6 +61,7 @@ def parallelize_part(
     activation_checkpoint: str,
     mixed_precision: str,
     compile: bool = False,
+    keep_gathered: bool = False,
 ) -> None:
     """FP8 linears -> TP / EP -> AC -> compile -> FSDP2 on one model part, in place."""
     if recipe := fp8_recipe(mixed_precision):
@@ -74,7 +75,7 @@ def parallelize_part(
         apply_compile(part)
     if dims.fsdp_enabled:
         apply_fsdp(part, dp_mesh(mesh, dims), mixed_precision=mixed_precision,
-                   reshard_after_forward=dims.pp == 1,
+                   reshard_after_forward=dims.pp == 1 and not keep_gathered,
                    expert_mesh=expert_dp_mesh(mesh, dims))
 
 
@@ -107,7 +108,8 @@ def build_parallel_model(
         with torch.device("meta"):
             part = build_stage_module(cfg, stage=stage, n_stages=n_stages)
         parallelize_part(part, mesh=mesh, dims=dims, activation_checkpoint=p.activation_checkpoint,
-                         mixed_precision=p.mixed_precision, compile=job.training.compile)
+                         mixed_precision=p.mixed_precision, compile=job.training.compile,
+                         keep_gathered=p.fsdp_keep_gathered)
         part.to_empty(device=device)
         part.init_weights(seed=job.training.seed if seed is None else seed, write=write_local_part)
         parts.append(part)
@@ -122,4 +124,5 @@ def build_parallel_model(
         parts=parts, stages=stages, n_stages=n_stages, schedule=schedule, dims=dims, mesh=mesh,
         device=device, mixed_precision=p.mixed_precision,
         micro_batch_size=job.training.micro_batch_size,
+        keep_gathered=p.fsdp_keep_gathered and dims.fsdp_enabled and p.pp == 1,
     )

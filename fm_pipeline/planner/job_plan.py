@@ -37,7 +37,8 @@ def job_inputs(job) -> dict:
     layout = Layout(
         tp=p.tp, pp=p.pp, dp=p.dp, cp=1, micro_batch=t.micro_batch_size,
         virtual_stages=p.pp_virtual_stages, recompute=p.activation_checkpoint,
-        sharding="fsdp" if p.resolved_dp_shard > 1 else "ddp",
+        sharding=("ddp" if p.resolved_dp_shard == 1 else
+                  "zero1" if p.fsdp_keep_gathered else "fsdp"),
         dp_shard=p.resolved_dp_shard if 1 < p.resolved_dp_shard < p.dp else 0,
         schedule=p.pp_schedule, ep=p.ep,
     )

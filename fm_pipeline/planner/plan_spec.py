@@ -7,7 +7,8 @@ cluster sections the spec loader (fm_pipeline.config) accepts, the inverse of
                              precision="bf16", checkpoint_every_steps=40)
 
 Layout to mesh: fsdp over all of dp -> dp_shard dp; hybrid fsdp/N -> dp_shard N x
-dp_replicate dp/N; ddp -> dp_shard 1 x dp_replicate dp (replicated: DDP's traffic).
+dp_replicate dp/N; ddp -> dp_shard 1 x dp_replicate dp (replicated: DDP's traffic); zero1
+-> as fsdp, with fsdp_keep_gathered (weights and gradients whole through the step).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
     gpn = min(cluster.gpus_per_node, layout.gpus)
     if layout.gpus % gpn:
         raise PlanInputError("gpus", f"{layout.gpus} GPUs are not whole nodes of {gpn}")
-    shard = layout.shard_group if layout.sharding == "fsdp" else 1
+    shard = layout.shard_group if layout.sharding in ("fsdp", "zero1") else 1
     sequences = global_batch_tokens // shape.seq_len
     parallelism = {
         "nnodes": layout.gpus // gpn, "nproc_per_node": gpn,
@@ -52,6 +53,7 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
         "pp_schedule": layout.pipeline_schedule, "pp_virtual_stages": layout.virtual_stages,
         "activation_checkpoint": layout.recompute, "mixed_precision": precision,
         **({"ep": layout.ep} if layout.ep > 1 else {}),
+        **({"fsdp_keep_gathered": True} if layout.sharding == "zero1" else {}),
     }
     training = {"seq_len": shape.seq_len, "global_batch_size": sequences,
                 "micro_batch_size": layout.micro_batch}

@@ -2,15 +2,16 @@
 cost model can express cannot be launched here.
 
     from fm_pipeline.planner.runnable import not_runnable, runnable_mask
-    not_runnable(shape, Layout(tp=8, cp=2, dp=64, sharding="zero1"))
-    # ['cp 2: context parallelism is not in the trainer', 'zero1: ...']
+    not_runnable(shape, Layout(tp=8, cp=2, dp=64, sharding="zero2"))
+    # ['cp 2: context parallelism is not in the trainer', 'zero2: ...']
 
 The trainer (fm_pipeline.parallel) shards with FSDP2 over all data-parallel ranks or, hybrid
 (HSDP), within groups replicated across the rest; with one rank per shard group it
 replicates, which moves what DDP moves. It has tensor parallelism with sequence parallelism,
 the 1F1B, Interleaved1F1B and GPipe schedules with layers split evenly over the pipeline
-chunks, and activation checkpointing none|selective|full. ZeRO-1/2, context parallelism and
-recomputing half the layers exist in the cost model only; tied embeddings cannot be split
+chunks, and activation checkpointing none|selective|full; ZeRO-1 as FSDP2 with the weights
+and gradients kept whole through a step (parallelism.fsdp_keep_gathered). DeepSpeed's
+ZeRO-2, context parallelism and recomputing half the layers exist in the cost model only; tied embeddings cannot be split
 by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py). Mixture-of-Experts
 models train with FSDP2 and expert parallelism (ep within the shard group), without tp or pp
 so far. FP8 trains with torchao's tensorwise and rowwise recipes on dense models; DeepSeek-V3's
@@ -25,7 +26,9 @@ from fm_pipeline.planner.layout import RECOMPUTE, SHARDING, Candidates, Layout
 from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.shape import ModelShape
 
-RUNNABLE_SHARDING = ("ddp", "fsdp")
+# zero1 (weights and gradients whole through the step, optimizer state sharded, one
+# all-gather and one reduce-scatter a step) is FSDP2 with parallelism.fsdp_keep_gathered.
+RUNNABLE_SHARDING = ("ddp", "zero1", "fsdp")
 RUNNABLE_RECOMPUTE = ("none", "selective", "full")
 
 
@@ -62,10 +65,13 @@ def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16") 
     if layout.cp > 1:
         why.append(f"cp {layout.cp}: context parallelism is not in the trainer")
     if layout.sharding not in RUNNABLE_SHARDING:
-        why.append(f"{layout.sharding}: the trainer shards with FSDP2 (fsdp, or hybrid "
-                   "fsdp/N) or replicates (ddp); ZeRO-1/2 are not implemented")
-    elif layout.sharding == "fsdp" and layout.dp == 1:
-        why.append("fsdp over one data-parallel rank: the trainer runs that unsharded (ddp)")
+        why.append(f"{layout.sharding}: ZeRO-2 as DeepSpeed runs it (gradients reduce-"
+                   "scattered every micro-batch) is not in the trainer; its FSDP2 shards "
+                   "(fsdp, hybrid fsdp/N), keeps weights and gradients whole through a step "
+                   "(zero1: parallelism.fsdp_keep_gathered) or replicates (ddp)")
+    elif layout.sharding in ("fsdp", "zero1") and layout.dp == 1:
+        why.append(f"{layout.sharding} over one data-parallel rank: the trainer runs that "
+                   "unsharded (ddp)")
     if layout.recompute not in RUNNABLE_RECOMPUTE:
         why.append(f"recompute {layout.recompute}: the trainer's activation_checkpoint is "
                    f"{'|'.join(RUNNABLE_RECOMPUTE)}")
@@ -86,7 +92,7 @@ def runnable_mask(shape: ModelShape, c: Candidates, *, precision: str = "bf16") 
     ok = (c.cp == 1) & (precision_not_runnable(shape, precision) is None)
     sharding = np.array([SHARDING.index(s) for s in RUNNABLE_SHARDING])
     ok &= np.isin(c.sharding, sharding)
-    ok &= (c.sharding != SHARDING.index("fsdp")) | (c.dp > 1)
+    ok &= ~np.isin(c.sharding, [SHARDING.index("fsdp"), SHARDING.index("zero1")]) | (c.dp > 1)
     ok &= np.isin(c.recompute, [RECOMPUTE.index(r) for r in RUNNABLE_RECOMPUTE])
     ok &= shape.layers % (c.pp * c.virtual_stages) == 0
     if shape.tie_embeddings or shape.experts:

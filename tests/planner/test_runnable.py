@@ -142,8 +142,8 @@ def test_a_spec_is_refused_for_what_the_trainer_cannot_build():
                       precision="bf16", checkpoint_every_steps=10)
     assert e.value.field == "model"
     llama = named_shape("llama3-70b", seq_len=8192)
-    with pytest.raises(PlanInputError, match="cp 2.*zero1") as e:
-        spec_sections(llama, H100, Layout(tp=8, dp=32, cp=2, sharding="zero1"),
+    with pytest.raises(PlanInputError, match="cp 2.*zero2") as e:
+        spec_sections(llama, H100, Layout(tp=8, dp=32, cp=2, sharding="zero2"),
                       global_batch_tokens=2**20, precision="bf16", checkpoint_every_steps=10)
     assert e.value.field == "layout"
 
@@ -188,6 +188,30 @@ def test_the_cli_writes_the_plan_as_a_job_spec_that_estimates_the_same(tmp_path)
 
 def test_a_layout_the_trainer_cannot_run_is_estimated_with_a_warning():
     est = estimate(named_shape("llama3-70b", seq_len=8192), H100,
-                   Layout(tp=8, dp=32, cp=2, sharding="zero1"), global_batch_tokens=2**20)
+                   Layout(tp=8, dp=32, cp=2, sharding="zero2"), global_batch_tokens=2**20)
     warned = [w for w in est.warnings if w.startswith("not runnable by the trainer")]
     assert len(warned) == 2 and est.to_dict()["precision"] == "bf16"
+
+
+def test_zero1_is_written_as_fsdp_keeping_weights_and_gradients_gathered():
+    """The planner's zero1 (one all-gather and one reduce-scatter a step, weights and
+    gradients whole through it) is what FSDP2 does with parallelism.fsdp_keep_gathered
+    (counted in tests/parallel/test_fsdp_keep_gathered.py): runnable, written so, and read
+    back as zero1; DeepSpeed's ZeRO-2 (a reduce-scatter every micro-batch) is not."""
+    from fm_pipeline.config import parse_job
+    from fm_pipeline.planner.job_plan import job_inputs
+
+    llama = named_shape("llama3-8b", seq_len=8192)
+    zero1 = Layout(tp=1, dp=16, micro_batch=1, recompute="full", sharding="zero1", dp_shard=8)
+    assert not_runnable(llama, zero1) == []
+    sections = spec_sections(llama, H100, zero1, global_batch_tokens=64 * 8192,
+                             precision="bf16", checkpoint_every_steps=10)
+    p = sections["parallelism"]
+    assert (p["fsdp_keep_gathered"], p["dp_shard"], p["dp_replicate"]) == (True, 8, 2)
+    job = parse_job({"name": "z1", **sections,
+                     "data": {"sources": [{"name": "a", "uri": "x", "weight": 1.0}]}})
+    assert job_inputs(job)["layout"].describe() == zero1.describe()
+    (why,) = not_runnable(llama, Layout(tp=1, dp=16, sharding="zero2"))
+    assert "every micro-batch" in why and "fsdp_keep_gathered" in why
+    assert not_runnable(llama, Layout(tp=8, dp=1, sharding="zero1")) == [
+        "zero1 over one data-parallel rank: the trainer runs that unsharded (ddp)"]

@@ -57,14 +57,25 @@ class PreparedSegment:
         return f"steps-{self.start}-{self.end}"
 
 
-def newest_valid_step(job, store, *, site) -> tuple[int, str | None]:
+def plan_tiers(job, target: str) -> tuple[str, ...]:
+    """The checkpoint tiers a plan may name for a launch on `target`. A Kubernetes segment's
+    pods keep their local tier on their own nodes (or the claim), not in this process's
+    checkpoints directory: with uploads on, its plan names the store's copy, which every pod
+    reads; without, what this process sees is all there is to go on."""
+    if target == "kubernetes" and job.checkpoint.upload:
+        return ("store",)
+    return ("local", "store")
+
+
+def newest_valid_step(job, store, *, site,
+                      tiers: tuple[str, ...] = ("local", "store")) -> tuple[int, str | None]:
     """(step, location) of the checkpoint the next segment resumes from; (0, None) if none.
     Structure, sizes and model only: the trainer's restore checks the checksums and torch's
     own metadata again before it loads, so the control side neither repeats that work nor
     imports torch for it (~2.5 s per segment run on 2 cores)."""
     from fm_pipeline.catalog import latest_valid
 
-    found = latest_valid(job, store=store, checksums=False, dcp=False,
+    found = latest_valid(job, store=store, checksums=False, dcp=False, tiers=tiers,
                          root=site.checkpoints_dir(job.name))
     return (found.found.step, found.found.location) if found.found else (0, None)
 
@@ -96,13 +107,14 @@ class SegmentPlan:
 
 
 def plan_segment(job, store, *, site, resume_from: str = "",
-                 end_step: int = 0) -> SegmentPlan:
+                 end_step: int = 0, target: str = "local") -> SegmentPlan:
     """The one function that decides a segment's plan, wherever it is asked (the API, the
     intake and failure sensors, the segment asset, the local orchestrator): from
     `resume_from` (one of the job's checkpoints, either tier) or the newest valid one, else
     step 0; to `end_step` or the spec's next segment boundary. SegmentNotRunnable (a
     ValueError) when the checkpoint is not the job's or nothing is left to train. `site`
-    (config.site.Site) holds the job's local checkpoint tier."""
+    (config.site.Site) holds the job's local checkpoint tier; `target` ("local" |
+    "kubernetes") where the segment runs (plan_tiers)."""
     if resume_from:
         try:
             start = checkpoint_step(job, store, resume_from, site=site)
@@ -110,7 +122,8 @@ def plan_segment(job, store, *, site, resume_from: str = "",
             raise SegmentNotRunnable(str(e)) from None
         location = resume_from
     else:
-        start, location = newest_valid_step(job, store, site=site)
+        start, location = newest_valid_step(job, store, site=site,
+                                            tiers=plan_tiers(job, target))
     end = end_step or job.training.segment_end(start)
     if start >= job.training.steps or end <= start:
         raise SegmentNotRunnable(
@@ -138,9 +151,11 @@ def prepare_segment(job, store, *, site, end_step: int = 0, resume_from: str = "
             raise SegmentNotRunnable(f"training run {api_run} of {job.name} was stopped "
                                      f"({stop.how}) before this segment started",
                                      outcome="stopped", stop=stop.how)
-    plan = plan_segment(job, store, site=site, resume_from=resume_from, end_step=end_step)
+    plan = plan_segment(job, store, site=site, resume_from=resume_from, end_step=end_step,
+                        target=target)
     runs = site.runs_dir(job.name)
-    if planned_start and not resume_from and planned_start != (plan.checkpoint or SCRATCH):
+    if planned_start and not resume_from and not same_checkpoint(planned_start,
+                                                                 plan.checkpoint or SCRATCH):
         from fm_pipeline.rundir.events import append_event
 
         append_event(runs, "segment_replanned", planned=planned_start,
@@ -155,6 +170,16 @@ def prepare_segment(job, store, *, site, end_step: int = 0, resume_from: str = "
     return PreparedSegment(job=job, start=plan.start, end=plan.end,
                            resume_from=plan.checkpoint, chosen=plan.chosen,
                            exclusion=apply_exclusions(job, runs, target))
+
+
+def same_checkpoint(a: str, b: str) -> bool:
+    """Whether two plans start from the same checkpoint: one step in either tier (a request
+    planned where the control plane looks may name the local copy of what a Kubernetes
+    launch names in the store), or both from scratch."""
+    def name(location: str) -> str:
+        return location.rstrip("/").rsplit("/", 1)[-1]
+
+    return name(a) == name(b)
 
 
 def _record_plan(runs, plan: SegmentPlan) -> None:

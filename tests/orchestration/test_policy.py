@@ -17,7 +17,13 @@ from fm_pipeline.orchestration import (
 from fm_pipeline.config import dump_job
 from fm_pipeline.config.strict_yaml import dump_yaml
 from fm_pipeline.orchestration.registry import UnknownJob, spec_key
-from fm_pipeline.orchestration.segments import SegmentNotRunnable, SegmentPlan, plan_segment
+from fm_pipeline.orchestration.segments import (
+    SegmentNotRunnable,
+    SegmentPlan,
+    plan_segment,
+    plan_tiers,
+    same_checkpoint,
+)
 from fm_pipeline.storage import open_store
 from tests.orchestration.conftest import job_spec
 from tests import local_site
@@ -128,6 +134,17 @@ def test_a_segment_plan_starts_at_the_newest_valid_checkpoint_or_the_one_chosen(
         plan_segment(job, store, resume_from="/nowhere/step-00000002", site=local_site.site())
     with pytest.raises(SegmentNotRunnable, match="has nothing to train"):
         plan_segment(job, store, end_step=4, site=local_site.site())
+    # A Kubernetes launch's pods cannot read this process's local tier: its plan names the
+    # store's copy of the same checkpoint, and a request planned on the local copy is not
+    # "replanned" by that (the same step, another tier).
+    on_k8s = plan_segment(job, store, site=local_site.site(), target="kubernetes")
+    assert (on_k8s.start, on_k8s.end) == (4, 6)
+    assert on_k8s.checkpoint.startswith(store.uri) and on_k8s.checkpoint != newest.checkpoint
+    assert same_checkpoint(newest.checkpoint, on_k8s.checkpoint)
+    assert not same_checkpoint(older, on_k8s.checkpoint)
+    assert not same_checkpoint("scratch", on_k8s.checkpoint)
+    assert plan_tiers(job.model_copy(update={"checkpoint": job.checkpoint.model_copy(
+        update={"upload": False})}), "kubernetes") == ("local", "store")
 
 
 def test_a_registered_spec_is_parsed_once_per_process(tmp_path, monkeypatch):

@@ -32,7 +32,8 @@ from fm_pipeline.catalog.validate import (
 )
 
 _RESET = {"nnodes": 1, "dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "ep": 1,
-          "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_microbatches": None}
+          "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_microbatches": None,
+          "pp_layers_per_stage": None}
 
 
 @dataclass

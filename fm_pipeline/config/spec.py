@@ -103,6 +103,11 @@ class ParallelismSpec(_Strict):
         default=None, gt=0, le=MAX_COUNT, description="default: global_batch_size / dp / micro_batch_size"
     )
     pp_virtual_stages: int = Field(default=1, gt=0, le=4096, description="model chunks per pp rank")
+    pp_layers_per_stage: list[int] | None = Field(
+        default=None, description="transformer layers of each pipeline stage in order (pp x "
+        "pp_virtual_stages entries, each >= 1, summing to n_layers), e.g. Llama 3's first and "
+        "last stage one layer lighter for the embedding and the output head; left out: "
+        "equal counts")
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
     fsdp_keep_gathered: bool = Field(
         default=False, description="keep FSDP's weights gathered through every micro-batch "
@@ -570,10 +575,17 @@ def _cross_field_problems(job: JobSpec):
             f"true does not work with parallelism.tp {p.tp} yet (the backward of compiled "
             "tensor-parallel blocks fails); set training.compile: false or parallelism.tp: 1")
     stages = p.pp * p.pp_virtual_stages
-    if m.n_layers % stages:
+    split = p.pp_layers_per_stage
+    if split is not None:
+        if len(split) != stages or min(split) < 1 or sum(split) != m.n_layers:
+            yield "parallelism.pp_layers_per_stage", (
+                f"{split} must give each of the pp x pp_virtual_stages = {stages} stages at "
+                f"least one layer, {m.n_layers} (model n_layers) in all")
+    elif m.n_layers % stages:
         yield "parallelism.pp", (
             f"model n_layers ({m.n_layers}) must be divisible by pp x pp_virtual_stages "
-            f"({p.pp} x {p.pp_virtual_stages} = {stages})"
+            f"({p.pp} x {p.pp_virtual_stages} = {stages}), or give "
+            "parallelism.pp_layers_per_stage"
         )
     if t.seq_len > m.max_seq_len:
         yield "training.seq_len", f"{t.seq_len} exceeds model max_seq_len ({m.max_seq_len})"

@@ -24,7 +24,8 @@ from pathlib import Path
 INVALID_EXIT = 3  # the checkpoint failed its checksums or is of another model
 
 _PARALLELISM_RESET = {"nnodes": 1, "dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1,
-                      "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_microbatches": None}
+                      "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_microbatches": None,
+                      "pp_layers_per_stage": None}
 
 
 def eval_job(spec: dict, *, world_size: int):

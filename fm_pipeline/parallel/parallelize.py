@@ -106,7 +106,8 @@ def build_parallel_model(
     parts = []
     for stage in stages:
         with torch.device("meta"):
-            part = build_stage_module(cfg, stage=stage, n_stages=n_stages)
+            part = build_stage_module(cfg, stage=stage, n_stages=n_stages,
+                                      split=p.pp_layers_per_stage)
         parallelize_part(part, mesh=mesh, dims=dims, activation_checkpoint=p.activation_checkpoint,
                          mixed_precision=p.mixed_precision, compile=job.training.compile,
                          keep_gathered=p.fsdp_keep_gathered)

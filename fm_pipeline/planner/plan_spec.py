@@ -17,7 +17,7 @@ from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.critique import grace_s_for, segment_steps_for
 from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.layout import Layout
-from fm_pipeline.planner.runnable import model_not_runnable, not_runnable
+from fm_pipeline.planner.runnable import balanced_split, model_not_runnable, not_runnable
 from fm_pipeline.planner.shape import ModelShape
 
 # A custom shape is written as this registry size with every shape field overridden.
@@ -55,6 +55,9 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
         **({"ep": layout.ep} if layout.ep > 1 else {}),
         **({"fsdp_keep_gathered": True} if layout.sharding == "zero1" else {}),
     }
+    split = balanced_split(shape.layers, layout.pp * layout.virtual_stages)
+    if split is not None:
+        parallelism["pp_layers_per_stage"] = split
     training = {"seq_len": shape.seq_len, "global_batch_size": sequences,
                 "micro_batch_size": layout.micro_batch}
     if training_steps:

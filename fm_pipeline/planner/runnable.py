@@ -9,7 +9,7 @@ The trainer (fm_pipeline.parallel) shards with FSDP2 over all data-parallel rank
 (HSDP), within groups replicated across the rest; with one rank per shard group it
 replicates, which moves what DDP moves. It has tensor parallelism with sequence parallelism,
 the 1F1B, Interleaved1F1B and GPipe schedules with layers split evenly over the pipeline
-chunks, and activation checkpointing none|selective|full; ZeRO-1 as FSDP2 with the weights
+chunks or, where they do not divide, as `balanced_split` gives them (first and last lighter), and activation checkpointing none|selective|full; ZeRO-1 as FSDP2 with the weights
 and gradients kept whole through a step (parallelism.fsdp_keep_gathered). DeepSpeed's
 ZeRO-2, context parallelism and recomputing half the layers exist in the cost model only; tied embeddings cannot be split
 by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py). Mixture-of-Experts
@@ -76,15 +76,28 @@ def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16") 
         why.append(f"recompute {layout.recompute}: the trainer's activation_checkpoint is "
                    f"{'|'.join(RUNNABLE_RECOMPUTE)}")
     chunks = layout.pp * layout.virtual_stages
-    if shape.layers % chunks:
-        why.append(f"{shape.layers} layers do not split evenly over pp x virtual_stages = "
-                   f"{chunks} chunks, as the trainer's pipeline splits them")
+    if shape.layers < chunks:
+        why.append(f"{shape.layers} layers cannot give each of pp x virtual_stages = "
+                   f"{chunks} pipeline chunks one")
     if shape.tie_embeddings and (layout.tp > 1 or layout.pp > 1):
         why.append("tied embeddings cannot be split by tp or pp (untie them to use either)")
     if shape.experts and (layout.tp > 1 or layout.pp > 1):
         why.append(f"tp {layout.tp} x pp {layout.pp} with Mixture of Experts: the trainer's "
                    "MoE layers run with FSDP and ep, not yet with tp or pp")
     return why
+
+
+def balanced_split(layers: int, chunks: int) -> list[int] | None:
+    """Layers per pipeline chunk when they do not divide evenly (None when they do): the
+    extra layers go to the middle chunks, so the first (embedding) and the last (output
+    head) are the lighter ones, as Llama 3 split 126 layers over 16 stages (7, 8 x 14, 7)."""
+    base, extra = divmod(layers, chunks)
+    if not extra:
+        return None
+    middle = list(range(1, chunks - 1))[:extra]
+    # One more than the middle takes goes first: the embedding is a lookup, the head a GEMM.
+    heavier = set(middle) | ({0} if extra > len(middle) else set())
+    return [base + (i in heavier) for i in range(chunks)]
 
 
 def runnable_mask(shape: ModelShape, c: Candidates, *, precision: str = "bf16") -> np.ndarray:
@@ -94,7 +107,7 @@ def runnable_mask(shape: ModelShape, c: Candidates, *, precision: str = "bf16") 
     ok &= np.isin(c.sharding, sharding)
     ok &= ~np.isin(c.sharding, [SHARDING.index("fsdp"), SHARDING.index("zero1")]) | (c.dp > 1)
     ok &= np.isin(c.recompute, [RECOMPUTE.index(r) for r in RUNNABLE_RECOMPUTE])
-    ok &= shape.layers % (c.pp * c.virtual_stages) == 0
+    ok &= shape.layers >= c.pp * c.virtual_stages
     if shape.tie_embeddings or shape.experts:
         ok &= (c.tp == 1) & (c.pp == 1)
     return ok

@@ -92,8 +92,8 @@ def test_fp8_the_trainer_does_not_have_is_planned_apart_with_the_reason():
 
 
 def test_faster_layouts_the_trainer_cannot_run_are_listed_apart_with_the_reason():
-    # 126 layers do not split evenly over the pipelines Llama 3 used (pp 16): the trainer
-    # splits layers evenly, so those plans are the cost model's only.
+    # Context parallelism and DeepSpeed's ZeRO-2 are the cost model's only: faster plans
+    # using them are listed apart, each with its reasons.
     shape = named_shape("llama3-405b", seq_len=8192)
     result = search(shape, H100, gpus=8192, global_batch_tokens=16 * 2**20, top=3)
     anywhere = search(shape, H100, gpus=8192, global_batch_tokens=16 * 2**20, top=1,
@@ -105,7 +105,31 @@ def test_faster_layouts_the_trainer_cannot_run_are_listed_apart_with_the_reason(
     floor = result.metrics(result.plans[0].index)["tokens_per_s"] if result.plans else 0
     assert all(result.metrics(p.index)["tokens_per_s"] > floor for p in result.not_runnable)
     reasons = " ".join(r for p in result.not_runnable for r in p.reasons)
-    assert "split evenly" in reasons or "context parallelism" in reasons or "ZeRO" in reasons
+    assert "context parallelism" in reasons or "ZeRO-2" in reasons
+
+
+def test_llama3s_published_layout_is_runnable_with_its_uneven_stages():
+    """126 layers over Llama 3's 16 stages: the first and last one layer lighter (the
+    paper's balancing), written as parallelism.pp_layers_per_stage, which the trainer runs
+    (tests/train/test_uneven_stages.py trains a 1-2-2-1 split and resumes it elsewhere)."""
+    from fm_pipeline.config import parse_job
+    from fm_pipeline.planner.runnable import balanced_split
+
+    shape = named_shape("llama3-405b", seq_len=8192)
+    published = Layout(tp=8, pp=16, dp=128, micro_batch=1, recompute="full", sharding="zero1")
+    assert not_runnable(shape, published) == []
+    sections = spec_sections(shape, H100, published, global_batch_tokens=16 * 2**20,
+                             precision="bf16", checkpoint_every_steps=100)
+    split = sections["parallelism"]["pp_layers_per_stage"]
+    assert split == [7] + [8] * 14 + [7] and split == balanced_split(126, 16)
+    job = parse_job({"name": "llama3", **sections,
+                     "data": {"sources": [{"name": "a", "uri": "x", "weight": 1.0}]}})
+    assert job.parallelism.pp_layers_per_stage == split
+    assert balanced_split(10, 4) == [2, 3, 3, 2] and balanced_split(8, 4) is None
+    assert balanced_split(7, 4) == [2, 2, 2, 1]  # past the middle: the first, not the head's
+    why = not_runnable(named_shape("llama3-8b", seq_len=8192), Layout(pp=64, dp=1,
+                                                                     sharding="ddp"))
+    assert why == ["32 layers cannot give each of pp x virtual_stages = 64 pipeline chunks one"]
 
 
 @pytest.mark.parametrize("model,gpus", [("llama3-1b", 64), ("llama3-405b", 1024),

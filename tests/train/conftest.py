@@ -57,8 +57,16 @@ LAYOUTS = {
     "moe-bias": {"model.size": "moe-debug", "model.moe_aux_loss_coef": 0.0,
                  "model.moe_bias_update_rate": 0.01, "parallelism.dp_shard": 4,
                  "parallelism.ep": 2, "checkpoint.every_steps": 8},
+    # Uneven pipeline stages (Llama 3's first and last stage lighter): 6 layers over 4
+    # stages as 1-2-2-1, beside the same 6-layer model under FSDP as its reference
+    # (test_uneven_stages resumes the split's step-4 checkpoint on other layouts).
+    "pp4-uneven": {"model.n_layers": 6, "parallelism.pp": 4, "parallelism.dp_shard": 1,
+                   "parallelism.pp_layers_per_stage": [1, 2, 2, 1],
+                   "checkpoint.every_steps": 4},
+    "fsdp4-6l": {"model.n_layers": 6, "parallelism.dp_shard": 4},
 }
-SAME_MODEL = [name for name, overrides in LAYOUTS.items() if "model.size" not in overrides]
+SAME_MODEL = [name for name, overrides in LAYOUTS.items()
+              if "model.size" not in overrides and "model.n_layers" not in overrides]
 
 
 EXACT = "exact"  # the fsdp4 spec again, stopped after step 3, resumed by test_resume

@@ -93,6 +93,7 @@ CLUSTER_FLAGS = (
     "region_gpus",
     "inter_region_gbps",
     "storage_write_gbps",
+    "storage_read_gbps",
     "dollars_per_gpu_hour",
     "node_failure_rate_per_day",
     "checkpoint_store_share",

@@ -349,6 +349,9 @@ class ClusterSpec(_Strict):
                                           "GPU; left out: the accelerator's")
     oversubscription: float = Field(default=default("oversubscription"), ge=1)
     storage_write_gbps: float = Field(default=default("storage_write_gbps"), gt=0)
+    storage_read_gbps: float | None = Field(
+        default=default("storage_read_gbps"), gt=0, description="the store's aggregate read "
+        "GB/s (the data loader's reads, restores); left out: the write bandwidth")
     dollars_per_gpu_hour: float | None = Field(default=None, ge=0, description="left out: "
                                                "the accelerator's catalog price")
     node_failure_rate_per_day: float | None = Field(

@@ -172,6 +172,7 @@ def cluster_from_spec(spec, *, gpus_per_node: int | None = None) -> ClusterConfi
         ("intra_node_gbps", "intra_node_gbps"),
         ("inter_node_gbps", "inter_node_gbps"),
         ("dollars_per_gpu_hour", "dollars_per_gpu_hour"),
+        ("storage_read_gbps", "storage_read_gbps"),
     ):
         if getattr(spec, spec_field) is not None:
             overrides[field] = getattr(spec, spec_field)

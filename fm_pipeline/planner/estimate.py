@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.cost import Cost, training_cost
+from fm_pipeline.planner.data_reads import DataReads, data_reads
 from fm_pipeline.planner.errors import require_positive
 from fm_pipeline.planner.layout import Candidates, Layout, check_layout
 from fm_pipeline.planner.placement import Placement, placement
@@ -39,6 +40,7 @@ class Estimate:
     placement: Placement
     warnings: list[str] = field(default_factory=list)
     fast_tier: TwoLevel | None = None  # the in-memory tier's plan next to the durable one
+    data: DataReads | None = None  # the loader's reads against the store
     precision: str = "bf16"  # of the matmuls (planner.precision); MFU against BF16's peak for FP8
 
     @property
@@ -67,6 +69,7 @@ class Estimate:
             "groups_reach": self.metrics["groups_reach"],
             "reliability": self.reliability.to_dict(),
             "fast_tier": self.fast_tier.to_dict() if self.fast_tier else None,
+            "data_reads": self.data.to_dict() if self.data else None,
             "cost": self.cost.to_dict(),
             "placement": self.placement.to_dict(),
             "warnings": self.warnings,
@@ -127,6 +130,10 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
                  for why in not_runnable(shape, layout, precision=precision)]
     if why := model_not_runnable(shape):
         warnings.append(why)
+    reads = data_reads(shape, cluster, tokens_per_s=metrics["tokens_per_s"])
+    if reads.share > 1:
+        warnings.append(f"the data loader would stall: {reads.describe()} "
+                        "(cluster.storage_read_gbps)")
     if layout.recompute == "selective" and shape.flash_attention:
         warnings.append(
             "selective recomputation saves nothing with flash attention "
@@ -145,4 +152,5 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         fast_tier=two_level(params=params, gpus=layout.gpus, cluster=cluster,
                             step_time_s=metrics["step_time_s"], durable=rel),
         precision=precision,
+        data=reads,
     )

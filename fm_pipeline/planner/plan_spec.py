@@ -114,6 +114,8 @@ def _cluster_section(cluster: ClusterConfig) -> dict:
         "restart_overhead_s": cluster.restart_overhead_s,
         **({} if cluster.node_failure_rate_per_day is None
            else {"node_failure_rate_per_day": cluster.node_failure_rate_per_day}),
+        **({} if cluster.storage_read_gbps is None
+           else {"storage_read_gbps": cluster.storage_read_gbps}),
     }
 
 

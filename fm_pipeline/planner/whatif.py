@@ -11,7 +11,8 @@ step behind half the compute, twice the failures), and re-planned by the search 
 planner would do instead). "What breaks first" compares the first against the baseline:
 the term whose share of the time grows the most (pipeline bubble, exposed tensor /
 context / pipeline / data-parallel communication as shares of the step; checkpoint pauses
-and failure losses as shares of wall-clock time). A doubling with no valid layout (the
+and failure losses as shares of wall-clock time; the data loader's reads as the share of
+the store's read bandwidth they take, planner/data_reads.py). A doubling with no valid layout (the
 global batch cannot feed that many GPUs) is reported as such: often the first thing to break.
 """
 
@@ -52,6 +53,8 @@ class Scenario:
             "expert-parallel all-to-all": t["ep_comm"] / step,
             "checkpoint pauses": rel.checkpoint_overhead,
             "failures and restarts": rel.failure_overhead,
+            # The store's read bandwidth the loader takes; past 1 it stalls every step.
+            "data reads": self.estimate.data.share if self.estimate.data else 0.0,
         }
 
     def row(self) -> dict:
@@ -69,6 +72,7 @@ class Scenario:
             "bubble_fraction": m["bubble_fraction"],
             "exposed_comm_fraction": m["exposed_comm_fraction"],
             "goodput": e.reliability.goodput,
+            "data_read_share": e.data.share if e.data else None,
             "effective_mfu": m["mfu"] * e.reliability.goodput,
             "checkpoint_interval_s": e.reliability.interval_s,
             "time_to_train_days": e.cost.time_to_train_days,
@@ -146,8 +150,9 @@ def breaks_first(base: Scenario, bigger: Scenario) -> tuple[str, dict[str, float
             "of the time",
             growth,
         )
+    of = "of the store's read bandwidth" if term == "data reads" else "of the time"
     return (
-        f"{term}: {before[term]:.1%} -> {after[term]:.1%} of the time at {bigger.gpus} GPUs "
+        f"{term}: {before[term]:.1%} -> {after[term]:.1%} {of} at {bigger.gpus} GPUs "
         f"(MFU {base.estimate.metrics['mfu']:.1%} -> {bigger.estimate.metrics['mfu']:.1%}, "
         f"goodput {base.estimate.reliability.goodput:.1%} -> "
         f"{bigger.estimate.reliability.goodput:.1%})"

@@ -54,3 +54,31 @@ def test_fabric_storage_and_failure_sweeps_move_the_right_numbers(llama3_8k):
     assert r["failures x2"]["goodput"] < base["goodput"] < r["failures x0.5"]["goodput"]
     assert r["storage x0.5"]["step_time_s"] == base["step_time_s"]
     assert r["storage x0.5"]["goodput"] <= base["goodput"] <= r["storage x2"]["goodput"]
+
+
+def test_a_store_too_slow_for_the_loader_is_what_breaks_first():
+    """The loader reads every token once: tokens/s x 2 bytes (uint16 ids, 128K vocabulary
+    -> uint32: 4) against the store's read bandwidth. Text is light (Llama 3 8B on 64 H100s
+    reads ~2 MB/s): a store reading 3 MB/s feeds it, not twice as many GPUs; the estimate
+    warns and what-if names it."""
+    from fm_pipeline.planner.estimate import estimate
+
+    shape = named_shape("llama3-8b", seq_len=8192)
+    slow = make_cluster("h100", storage_read_gbps=0.003)
+    layout = Layout(tp=1, dp=64, micro_batch=1, recompute="full")
+    est = estimate(shape, slow, layout, global_batch_tokens=4 * 2**20)
+    reads = est.data
+    assert reads.needed_gbps == pytest.approx(
+        est.metrics["tokens_per_s"] * 4 * 8193 / 8192 / 1e9)
+    assert reads.available_gbps == 0.003 and 0.5 < reads.share < 1
+    assert not any("data loader" in w for w in est.warnings)
+    assert est.to_dict()["data_reads"]["share"] == pytest.approx(reads.share)
+    wi = what_if(shape, slow, gpus=64, global_batch_tokens=4 * 2**20, layout=layout,
+                 doublings=1)
+    assert wi.breaks_first.startswith("data reads:"), wi.breaks_first
+    assert "of the store's read bandwidth" in wi.breaks_first
+    doubled = rows(wi)["2x GPUs, dp x2"]
+    assert doubled["data_read_share"] > 1
+    bigger = estimate(shape, slow, Layout(tp=1, dp=128, micro_batch=1, recompute="full"),
+                      global_batch_tokens=4 * 2**20)
+    assert any(w.startswith("the data loader would stall") for w in bigger.warnings)

@@ -1,8 +1,9 @@
 """torchrun worker for test_fsdp_keep_gathered: 3 optimizer steps of the debug model under
-FSDP2 on 2 gloo ranks, 4 micro-batches a step, with parallelism.fsdp_keep_gathered as the
-second argument says. Counts FSDP2's all-gathers and reduce-scatters per step (the
-collectives it calls, torch.distributed.all_gather_single / reduce_scatter_single) and
-writes the losses, counts and final weights to $OUT/keep<0|1>-rank<r>.pt."""
+FSDP2 on 2 gloo ranks, 4 micro-batches a step, with parallelism.fsdp_keep_gathered off and
+then on (two models in one process group: one start-up). Counts FSDP2's all-gathers and
+reduce-scatters per step (the collectives it calls, torch.distributed.all_gather_single /
+reduce_scatter_single) and writes the losses, counts and final weights to
+$OUT/keep<0|1>-rank<r>.pt."""
 
 from __future__ import annotations
 
@@ -26,14 +27,20 @@ def counting(name: str, collective):
     return call
 
 
-def main(out_dir: str, keep: bool) -> None:
+def main(out_dir: str) -> None:
     dist.all_gather_single = counting("all_gather", dist.all_gather_single)
     dist.reduce_scatter_single = counting("reduce_scatter", dist.reduce_scatter_single)
+    device = init_distributed()
+    for keep in (False, True):
+        train(out_dir, keep, device)
+    dist.destroy_process_group()
+
+
+def train(out_dir: str, keep: bool, device) -> None:
     job = small_job(**{"model.size": "debug", "model.vocab_size": 512, "training.seq_len": 32,
                        "training.global_batch_size": 8, "training.micro_batch_size": 1,
                        "parallelism.nproc_per_node": 2,
                        "parallelism.fsdp_keep_gathered": keep})
-    device = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     dims = ParallelDims.from_spec(job.parallelism, world_size=world)
     pm = build_parallel_model(job, mesh=dims.build_mesh(device.type), dims=dims, device=device)
@@ -54,8 +61,7 @@ def main(out_dir: str, keep: bool) -> None:
     torch.save({"losses": losses, "per_step": per_step, "units": units,
                 "micro_batches": rows // job.training.micro_batch_size, "weights": weights},
                os.path.join(out_dir, f"keep{int(keep)}-rank{rank}.pt"))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] == "1")
+    main(sys.argv[1])

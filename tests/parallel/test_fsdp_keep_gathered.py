@@ -21,15 +21,12 @@ from tests.train.launch import env_for, failure, torchrun_cmd
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("keep")
-    results = {}
-    for keep in (0, 1):
-        done = subprocess.run(
-            torchrun_cmd(2, str(REPO / "tests/parallel/fsdp_keep_worker.py"), str(out),
-                         str(keep)), env=env_for(out), cwd=REPO, capture_output=True,
-            text=True, timeout=300)
-        assert done.returncode == 0, failure(done)
-        results[keep] = [torch.load(out / f"keep{keep}-rank{r}.pt") for r in range(2)]
-    return results
+    done = subprocess.run(
+        torchrun_cmd(2, str(REPO / "tests/parallel/fsdp_keep_worker.py"), str(out)),
+        env=env_for(out), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, failure(done)
+    return {keep: [torch.load(out / f"keep{keep}-rank{r}.pt") for r in range(2)]
+            for keep in (0, 1)}
 
 
 def test_one_all_gather_and_one_reduce_scatter_per_unit_per_step(runs):

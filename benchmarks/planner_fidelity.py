@@ -189,6 +189,11 @@ def predict(cli: Cli, run: PublishedRun) -> Fidelity:
                     1 / time_ratio - 1, est["fits"])
 
 
+def implied_mfu(r: Fidelity) -> float:
+    """The MFU the published figure implies with the planner's FLOP count."""
+    return r.mfu - r.err_pts / 100
+
+
 def speed_rows(rows: list[Fidelity]) -> list[Fidelity]:
     """The headline's rows: benchmarks the command line can state (not memory, not
     production)."""
@@ -288,6 +293,42 @@ def with_doc(text: str, section: str) -> str:
     return f"{head}{DOC_START}\n{section}\n{DOC_END}{tail}"
 
 
+def layout_family(run: PublishedRun) -> str | None:
+    """planner.evidence's family of the published layout (None: the layout is unpublished)."""
+    from fm_pipeline.planner.evidence import FAMILIES, family_index
+
+    if not (run.tp and run.pp):
+        return None
+    return FAMILIES[int(family_index(run.tp, run.pp, run.cp, run.pinned.get("ep", 1),
+                                     gpus_per_node=8))]
+
+
+def held_out(result: dict) -> dict:
+    """What the planner ships (planner/held_out.json): per layout family, the held-out
+    (leave-one-source-out) errors of its benchmark rows in MFU points, and the highest MFU
+    a published dense BF16 run reached."""
+    rows = [r for r in result["per_row"] if r["headline"] and r["loso_err_pts"] is not None]
+    families: dict[str, list[float]] = {}
+    for r in rows:
+        if r["layout_family"]:
+            families.setdefault(r["layout_family"], []).append(r["loso_err_pts"])
+    dense = [r for r in result["per_row"] if r["dense_bf16_mfu"] is not None]
+    top = max(dense, key=lambda r: r["dense_bf16_mfu"])
+    return {
+        "source": "python -m benchmarks.planner_fidelity --package-data "
+                  "fm_pipeline/planner/held_out.json --from tests/bench_fixtures/"
+                  "planner_fidelity.json",
+        "measured_on": result.get("measured_on"),
+        "all": {"rows": len(rows),
+                "median_abs_err_pts": median_abs(r["loso_err_pts"] for r in rows)},
+        "per_layout_family": {
+            f: {"rows": len(errs), "median_abs_err_pts": median_abs(errs),
+                "mean_signed_err_pts": statistics.fmean(errs)}
+            for f, errs in sorted(families.items())},
+        "best_dense_bf16": {"key": top["key"], "mfu": top["dense_bf16_mfu"]},
+    }
+
+
 def main() -> None:
     import argparse
 
@@ -297,11 +338,17 @@ def main() -> None:
     parser.add_argument("--doc", type=Path, help="rewrite this document's fidelity section")
     parser.add_argument("--from", dest="source", type=Path,
                         help="a saved JSON line instead of running the benchmark")
+    parser.add_argument("--package-data", type=Path,
+                        help="write the held-out errors the planner ships here")
     args = parser.parse_args()
-    if args.doc and args.source:
+    if args.source:
         result = json.loads(args.source.read_text().strip().splitlines()[-1])
-        args.doc.write_text(with_doc(args.doc.read_text(), markdown(result)))
-        print(f"{args.doc}: fidelity section rendered from {args.source}")
+        if args.doc:
+            args.doc.write_text(with_doc(args.doc.read_text(), markdown(result)))
+            print(f"{args.doc}: fidelity section rendered from {args.source}")
+        if args.package_data:
+            args.package_data.write_text(json.dumps(held_out(result), indent=1) + "\n")
+            print(f"{args.package_data}: held-out errors from {args.source}")
         return
 
     started = time.perf_counter()
@@ -362,6 +409,13 @@ def main() -> None:
         "shipped_constants_are_the_fit": fitted == shipped(),
         "targets": TARGETS,
         "per_row": [{"key": r.run.key, "family": r.family, "metric": r.run.metric,
+                     "layout_family": layout_family(r.run),
+                     "headline": r in speed,
+                     # the MFU the source implies, for dense BF16 benchmark rows
+                     "dense_bf16_mfu": implied_mfu(r) if (
+                         r in speed and r.run.precision == "bf16"
+                         and "experts" not in r.run.pinned and "ep" not in r.run.pinned
+                         and r.run.metric != "fp8_speedup") else None,
                      "published": r.run.value, "predicted": r.predicted, "mfu": r.mfu,
                      "err_pts": r.err_pts, "loso_err_pts": loso.get(r.run.key),
                      "rel_err": r.rel_err, "fits": r.fits, "how": r.how,
@@ -373,6 +427,8 @@ def main() -> None:
         print(f"{r.run.key:40s} {r.err_pts:+6.1f} pts  ({r.layout})")
     if args.doc:
         args.doc.write_text(with_doc(args.doc.read_text(), markdown(result)))
+    if args.package_data:
+        args.package_data.write_text(json.dumps(held_out(result), indent=1) + "\n")
     print(json.dumps(result))
 
 

@@ -16,6 +16,7 @@ from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.cost import Cost, training_cost
 from fm_pipeline.planner.data_reads import DataReads, data_reads
 from fm_pipeline.planner.errors import require_positive
+from fm_pipeline.planner.evidence import high_mfu_flag, uncertainty_pts
 from fm_pipeline.planner.layout import Candidates, Layout, check_layout
 from fm_pipeline.planner.placement import Placement, placement
 from fm_pipeline.planner.precision import check_supported, get_precision
@@ -100,6 +101,9 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         tp_overlap=tp_overlap,
     )
     metrics = plan_metrics(ev, 0)
+    candidates = Candidates.from_layouts([layout])
+    metrics["mfu_uncertainty_pts"] = float(
+        uncertainty_pts(candidates, gpus_per_node=cluster.gpus_per_node)[0])
     params = shape.params().total
     rel = reliability(
         params=params,
@@ -130,6 +134,8 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
                  for why in not_runnable(shape, layout, precision=precision)]
     if why := model_not_runnable(shape):
         warnings.append(why)
+    if flag := high_mfu_flag(metrics["mfu"], dense=not shape.experts, precision=precision):
+        warnings.append(flag)
     reads = data_reads(shape, cluster, tokens_per_s=metrics["tokens_per_s"])
     if reads.share > 1:
         warnings.append(f"the data loader would stall: {reads.describe()} "

@@ -17,11 +17,21 @@ throughput were UNCERTAINTY lower: the widest error the calibration shows on val
 rows of kernels it models (NAR21's +20%; rowwise FP8's +29% is a known kernel gap, not a
 family's), so an unevidenced family wins only by more than the model's demonstrated error.
 The predictions themselves are not changed; plans say what was discounted and why.
+
+Within the evidence, a plan's MFU carries the held-out error of its family
+(`uncertainty_pts`): the median absolute error, in MFU points, of the family's published
+benchmark rows predicted through `fm plan estimate` with the constants fitted on other
+sources (benchmarks.planner_fidelity, shipped as held_out.json beside this module; a family
+without rows takes the median over all rows). The search ranks by the lower end of that
+band, so a family the model over-predicts does not win on its error. A dense BF16 MFU
+above 55% is flagged with the highest a published dense BF16 run reached.
 """
 
 from __future__ import annotations
 
+import json
 from functools import cache
+from importlib.resources import files
 
 import numpy as np
 
@@ -79,3 +89,39 @@ def evidence_note(c: Candidates, i: int, *, gpus_per_node: int) -> str:
     seen = f"up to {gpus:,} GPUs" if gpus else "none"
     return (f"evidence: published runs of {name}: {seen}; at {size:,} GPUs it is ranked as "
             f"if {UNCERTAINTY:.0%} slower than predicted (the calibration's widest error)")
+
+
+DENSE_BF16_FLAG = 0.55  # MFU past which a dense BF16 plan is flagged with the evidence
+
+
+@cache
+def held_out() -> dict:
+    """benchmarks.planner_fidelity's held-out errors, as shipped (held_out.json)."""
+    return json.loads(files("fm_pipeline.planner").joinpath("held_out.json").read_text())
+
+
+def uncertainty_pts(c: Candidates, *, gpus_per_node: int) -> np.ndarray:
+    """Each candidate's MFU uncertainty, in points: its layout family's held-out median
+    absolute error (all rows' for a family without published rows)."""
+    data = held_out()
+    fallback = data["all"]["median_abs_err_pts"]
+    per = [data["per_layout_family"].get(f, {}).get("median_abs_err_pts", fallback)
+           for f in FAMILIES]
+    family = family_index(c.tp, c.pp, c.cp, c.ep, gpus_per_node=gpus_per_node)
+    return np.asarray(per, dtype=np.float64)[family]
+
+
+def lower_bound_factor(mfu: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """The share of a plan's predicted throughput its MFU's lower bound keeps."""
+    mfu = np.asarray(mfu, dtype=np.float64)
+    return np.clip((mfu - pts / 100) / np.maximum(mfu, 1e-12), 0.0, 1.0)
+
+
+def high_mfu_flag(mfu: float, *, dense: bool, precision: str) -> str | None:
+    """A sentence when a dense BF16 plan's MFU is past what published runs reached."""
+    if not dense or precision != "bf16" or mfu <= DENSE_BF16_FLAG:
+        return None
+    best = held_out()["best_dense_bf16"]
+    return (f"MFU {mfu:.0%} is above {DENSE_BF16_FLAG:.0%} for dense BF16: the highest a "
+            f"published dense BF16 run reached is {best['mfu']:.0%} ({best['key']}); read it "
+            "as the model's optimism until measured")

@@ -15,7 +15,8 @@ adds ep, a power of two dividing its experts (at most 256) and tp x cp x the sha
 Megatron-Core's MoE default; dense models are not offered it). Pinning any
 field (`fixed={"tp": 8}`) restricts the search to it.
 
-Plans are ranked by predicted throughput, less planner.evidence's discount for a layout
+Plans are ranked by the lower end of their predicted throughput: less the family's held-out
+error (planner.evidence.uncertainty_pts) and less planner.evidence's discount for a layout
 family larger than any published run of it (the model's errors are what a search would
 otherwise maximise), among the layouts the trainer can run (fm_pipeline.planner.runnable); the
 ones the cost model rates faster but the trainer cannot run (cp, ZeRO-1/2, uneven pipeline
@@ -34,7 +35,12 @@ import numpy as np
 
 from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.errors import PlanInputError, require_positive
-from fm_pipeline.planner.evidence import ranking_discount
+from fm_pipeline.planner.evidence import (
+    high_mfu_flag,
+    lower_bound_factor,
+    ranking_discount,
+    uncertainty_pts,
+)
 from fm_pipeline.planner.layout import (
     RECOMPUTE,
     SCHEDULES,
@@ -79,11 +85,16 @@ class SearchResult:
     not_runnable: list[RankedPlan] = field(default_factory=list)
     runnable_only: bool = True
     precision: str = "bf16"
+    # Each candidate's MFU uncertainty in points (planner.evidence.uncertainty_pts).
+    uncertainty_pts: np.ndarray | None = None
 
     def metrics(self, index: int) -> dict:
         from fm_pipeline.planner.prediction import plan_metrics
 
-        return plan_metrics(self.evaluation, index)
+        metrics = plan_metrics(self.evaluation, index)
+        if self.uncertainty_pts is not None:
+            metrics["mfu_uncertainty_pts"] = float(self.uncertainty_pts[index])
+        return metrics
 
 
 def _divisors(n: int) -> list[int]:
@@ -218,7 +229,9 @@ def search(
     space = (runnable_mask(shape, c, precision=precision) if runnable_only
              else np.ones(len(c), dtype=bool))
     discount = ranking_discount(c, gpus_per_node=cluster.gpus_per_node)
-    score = ev.tokens_per_s * (1 - discount)
+    uncertainty = uncertainty_pts(c, gpus_per_node=cluster.gpus_per_node)
+    # Ranked by the lower end of each plan's band: the model's errors are not what wins.
+    score = ev.tokens_per_s * (1 - discount) * lower_bound_factor(ev.mfu, uncertainty)
     fits = np.flatnonzero(ev.fits & space)
     order = _ranked(ev, fits, score)[:top]
     from fm_pipeline.planner.explain import reasons_for
@@ -228,7 +241,11 @@ def search(
             rank=r + 1,
             layout=c.layout(int(i)),
             index=int(i),
-            reasons=reasons_for(shape, cluster, c, ev, int(i), space=space, discount=discount),
+            reasons=reasons_for(shape, cluster, c, ev, int(i), space=space, discount=discount)
+            + [f"ranked at its MFU's lower end: {float(ev.mfu[i]):.1%} less "
+               f"{float(uncertainty[i]):.1f} points, its layout family's held-out error"]
+            + [flag for flag in [high_mfu_flag(float(ev.mfu[i]), dense=not shape.experts,
+                                               precision=precision)] if flag],
         )
         for r, i in enumerate(order)
     ]
@@ -242,6 +259,7 @@ def search(
                                                 not_runnable_top))
     ]
     return SearchResult(
+        uncertainty_pts=uncertainty,
         plans=plans,
         candidates=c,
         evaluation=ev,

@@ -42,6 +42,8 @@ def estimate_view(est: Estimate) -> Group:
         ("step time", f"{d['step_time_s']:.3f} s"), ("tokens/s", f"{d['tokens_per_s']:,.0f}"),
         ("MFU / HFU", f"{_pct(d['mfu'])} / {_pct(d['hfu'])} of the "
                       f"{get_precision(d['precision']).compute_dtype} peak"),
+        ("MFU uncertainty", f"+-{d['mfu_uncertainty_pts']:.1f} points (the layout family's "
+                            "held-out error)"),
         ("memory per GPU", f"{d['memory_gib_per_gpu']:.1f} of {d['memory_capacity_gib']:.0f} GiB"),
         ("fits", fits), ("micro-batches per step", str(d["microbatches"])),
         ("compute / exposed comm / bubble", f"{_pct(d['compute_fraction'])} / "
@@ -113,7 +115,8 @@ def search_view(result: SearchResult) -> Group:
         title=f"best of {result.fitting} fitting layouts ({result.evaluated} evaluated on "
         f"{result.gpus} GPUs in {result.seconds:.2f} s, {result.precision})"
     )
-    for col in ("#", "layout", "step s", "tokens/s", "MFU", "GiB/GPU", "bubble", "exposed comm"):
+    for col in ("#", "layout", "step s", "tokens/s", "MFU +- held-out", "GiB/GPU", "bubble",
+                "exposed comm"):
         t.add_column(col, justify="right" if col not in ("layout",) else "left")
     for p in result.plans:
         m = result.metrics(p.index)
@@ -122,7 +125,7 @@ def search_view(result: SearchResult) -> Group:
             p.layout.describe(),
             f"{m['step_time_s']:.3f}",
             f"{m['tokens_per_s']:,.0f}",
-            _pct(m["mfu"]),
+            f"{_pct(m['mfu'])} +-{m['mfu_uncertainty_pts']:.1f}",
             f"{m['memory_gib_per_gpu']:.1f}",
             _pct(m["bubble_fraction"]),
             _pct(m["exposed_comm_fraction"]),

@@ -50,3 +50,61 @@ def test_inside_the_evidence_nothing_is_discounted():
     result = search(shape, H100, gpus=64, global_batch_tokens=2**22, top=1)
     assert result.plans[0].layout.pp == 1  # 64 GPUs of data parallelism: published
     assert not any("ranked as if" in r for r in result.plans[0].reasons)
+
+
+def test_the_shipped_held_out_errors_are_the_committed_benchmarks():
+    """fm_pipeline/planner/held_out.json is benchmarks.planner_fidelity's fixture, reduced:
+    regenerated with the command it names whenever the fixture changes."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.planner_fidelity import held_out as reduce
+    from fm_pipeline.planner.evidence import held_out
+
+    fixture = Path(__file__).parents[1] / "bench_fixtures" / "planner_fidelity.json"
+    assert held_out() == json.loads(json.dumps(reduce(json.loads(fixture.read_text())))), (
+        "run: " + held_out()["source"])
+
+
+def test_a_plan_carries_its_familys_held_out_error_and_ranks_by_the_lower_end():
+    import numpy as np
+
+    from fm_pipeline.planner.estimate import estimate
+    from fm_pipeline.planner.evidence import (held_out, lower_bound_factor, ranking_discount,
+                                              uncertainty_pts)
+
+    h100 = H100
+    shape = named_shape("llama3-70b", seq_len=8192)
+    families = held_out()["per_layout_family"]
+    est = estimate(shape, h100, Layout(tp=8, pp=4, dp=8, micro_batch=1, recompute="full"),
+                   global_batch_tokens=2**22)
+    assert est.metrics["mfu_uncertainty_pts"] == families["pipeline"]["median_abs_err_pts"]
+    assert est.to_dict()["mfu_uncertainty_pts"] > 0
+    result = search(shape, h100, gpus=256, global_batch_tokens=2**22, top=10)
+    c, ev = result.candidates, result.evaluation
+    unc = uncertainty_pts(c, gpus_per_node=8)
+    lower = ev.tokens_per_s * (1 - ranking_discount(c, gpus_per_node=8)) * lower_bound_factor(
+        ev.mfu, unc)
+    ranked = [lower[p.index] for p in result.plans]
+    assert ranked == sorted(ranked, reverse=True)
+    best = result.plans[0]
+    assert result.metrics(best.index)["mfu_uncertainty_pts"] == unc[best.index]
+    assert any("lower end" in r for r in best.reasons)
+    assert np.all(lower_bound_factor(np.array([0.5, 0.02]), np.array([10.0, 5.0]))
+                  == np.array([0.8, 0.0]))
+
+
+def test_a_dense_bf16_mfu_past_55_percent_is_flagged_with_the_published_best():
+    from fm_pipeline.planner.estimate import estimate
+    from fm_pipeline.planner.evidence import held_out
+
+    layout = Layout(tp=1, dp=8, micro_batch=2, recompute="none")
+    shape = named_shape("llama3-8b", seq_len=8192)
+    hot = estimate(shape, make_cluster("h100-96gb"), layout, global_batch_tokens=16 * 8192)
+    assert hot.metrics["mfu"] > 0.55
+    (flag,) = [w for w in hot.warnings if "above 55% for dense BF16" in w]
+    best = held_out()["best_dense_bf16"]
+    assert best["key"] in flag and f"{best['mfu']:.0%}" in flag
+    fp8 = estimate(shape, make_cluster("h100-96gb"), layout, global_batch_tokens=16 * 8192,
+                   precision="fp8")
+    assert not any("dense BF16" in w for w in fp8.warnings)

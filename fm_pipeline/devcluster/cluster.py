@@ -32,7 +32,7 @@ from fm_pipeline.devcluster import manifests, pki, processes
 from fm_pipeline.devcluster.build import Components
 from fm_pipeline.devcluster.manifests import NodeSpec
 from fm_pipeline.devcluster.rest import ApiError, Rest
-from fm_pipeline.resilience.ports import free_port
+from fm_pipeline.resilience.ports import quiet_port
 from fm_pipeline.scheduling.kueue import render_kueue
 from fm_pipeline.scheduling.tenants import TenantsConfig
 
@@ -109,7 +109,7 @@ class DevCluster:
         self.tag = tag
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "cluster.json").unlink(missing_ok=True)
-        ports = {name: free_port() for name in (
+        ports = {name: quiet_port() for name in (
             "etcd", "etcd_peer", "apiserver", "jobset_webhook", "jobset_health",
             "kueue_webhook", "kueue_health")}
         try:

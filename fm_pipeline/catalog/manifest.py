@@ -72,6 +72,7 @@ class ParallelismInfo(_Strict):
     mixed_precision: str
     mesh: MeshInfo | None = None
     ep: int = Field(default=1, gt=0)  # experts sharded over ep of the dp_shard ranks
+    pp_layers_per_stage: list[int] | None = None  # an uneven pipeline split; None: even
 
 
 class ModelInfo(_Strict):

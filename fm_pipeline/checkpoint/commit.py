@@ -87,6 +87,7 @@ def parallelism_info(job, *, world_size: int, mesh=None) -> ParallelismInfo:
         dp_replicate=p.dp_replicate, dp_shard=p.resolved_dp_shard, tp=p.tp, pp=p.pp,
         pp_schedule=p.pp_schedule, pp_virtual_stages=p.pp_virtual_stages,
         mixed_precision=p.mixed_precision, mesh=mesh_info, ep=p.ep,
+        pp_layers_per_stage=p.pp_layers_per_stage,
     )
 
 

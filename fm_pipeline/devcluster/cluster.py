@@ -19,6 +19,7 @@ lives in one folder; `cluster.json` there says what runs, for `status` and `down
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 import uuid
@@ -100,18 +101,36 @@ class DevCluster:
 
     # -- up ----------------------------------------------------------------------------------
 
+    PORTS = ("etcd", "etcd_peer", "apiserver", "jobset_webhook", "jobset_health",
+             "kueue_webhook", "kueue_health")
+    START_ATTEMPTS = 3  # a port taken between its choice and its bind: start again
+
     def up(self, progress: Callable[[str], None] = lambda _: None) -> ClusterInfo:
         existing = ClusterInfo.read(self.state)
         if existing is not None and processes.running(existing.tag):
             raise ClusterError(f"a dev cluster already runs from {self.state} (its server "
                                f"{existing.server}): `fm dev cluster down` first")
+        for attempt in range(1, self.START_ATTEMPTS + 1):
+            try:
+                return self._up(progress)
+            except processes.ComponentFailed as e:
+                if "address already in use" not in str(e) or attempt == self.START_ATTEMPTS:
+                    raise
+                progress(f"a port was taken while starting ({str(e).splitlines()[0]}); "
+                         "starting again on other ports")
+                shutil.rmtree(self.state / "etcd", ignore_errors=True)
+        raise AssertionError("unreachable")
+
+    def _up(self, progress: Callable[[str], None]) -> ClusterInfo:
         tag = uuid.uuid4().hex
         self.tag = tag
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "cluster.json").unlink(missing_ok=True)
-        ports = {name: quiet_port() for name in (
-            "etcd", "etcd_peer", "apiserver", "jobset_webhook", "jobset_health",
-            "kueue_webhook", "kueue_health")}
+        ports: dict[str, int] = {}
+        while len(ports) < len(self.PORTS):  # seven distinct ports
+            port = quiet_port()
+            if port not in ports.values():
+                ports[self.PORTS[len(ports)]] = port
         try:
             self._certificates()
             server = f"https://127.0.0.1:{ports['apiserver']}"

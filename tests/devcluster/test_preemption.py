@@ -38,8 +38,11 @@ TENANTS = {**yaml.safe_load(DEV_CLUSTER_TENANTS.read_text()),
                {"name": "research", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["low"]},
                {"name": "prod", "quota": {"gpu": 2, "cpu": 2}, "priorities": ["high"]}],
            "preemption": {"max_per_job_per_hour": 2, "grace_s": 20}}
-SLOW_STEP = "0:0.5"
-STEPS = 60  # rank 0 sleeps 0.5 s per step in every pod: time to act while it trains
+# Rank 0 sleeps 1 s per step in every pod: time to act while it trains. A 20-step segment
+# then lasts ~20 s, so Kueue's eviction (a few seconds after the high job arrives) lands
+# inside the first one (at 0.5 s a step it once landed after it had completed).
+SLOW_STEP = "0:1.0"
+STEPS = 40
 
 
 @pytest.fixture(scope="module")

@@ -57,3 +57,22 @@ def test_a_split_that_does_not_add_up_is_refused_by_name():
     with pytest.raises(JobSpecError, match="or give parallelism.pp_layers_per_stage"):
         small_job(**{**BASE, "parallelism.nproc_per_node": 4, "model.n_layers": 6,
                      "parallelism.pp": 4, "parallelism.dp_shard": 1})
+
+
+def test_the_split_is_part_of_the_recorded_topology():
+    """A checkpoint's manifest and train state name the split: a resume on another split
+    of the same degrees is a resharded one, and says so."""
+    from fm_pipeline.catalog.topology import layout_key
+    from fm_pipeline.checkpoint.commit import parallelism_info
+
+    def job(split):
+        return small_job(**{**BASE, "parallelism.nproc_per_node": 4, "model.n_layers": 6,
+                            "parallelism.pp": 4, "parallelism.dp_shard": 1,
+                            "parallelism.pp_layers_per_stage": split})
+
+    uneven, other = job([1, 2, 2, 1]), job([2, 1, 1, 2])
+    info = parallelism_info(uneven, world_size=4)
+    assert info.pp_layers_per_stage == [1, 2, 2, 1]
+    assert "pp_layers1-2-2-1" in layout_key(info, world_size=4, dp_shard=1)
+    assert layout_key(info, world_size=4, dp_shard=1) != layout_key(
+        other.parallelism, world_size=4, dp_shard=1)

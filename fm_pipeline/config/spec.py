@@ -111,7 +111,7 @@ class ParallelismSpec(_Strict):
     activation_checkpoint: Literal["none", "selective", "full"] = "none"
     fsdp_keep_gathered: bool = Field(
         default=False, description="keep FSDP's weights gathered through every micro-batch "
-        "of a step and reduce the gradients once at its end (ZeRO-2 as FSDP2 runs it: one "
+        "of a step and reduce the gradients once at its end (ZeRO-1 as FSDP2 runs it: one "
         "all-gather and one reduce-scatter per parameter per step, at the memory of the "
         "whole weights and the whole fp32 gradients). Pipeline stages always do this")
     mixed_precision: Literal["fp32", "bf16", "fp8-tensorwise", "fp8-rowwise"] = Field(

@@ -19,8 +19,8 @@ Plans are ranked by the lower end of their predicted throughput: less the family
 error (planner.evidence.uncertainty_pts) and less planner.evidence's discount for a layout
 family larger than any published run of it (the model's errors are what a search would
 otherwise maximise), among the layouts the trainer can run (fm_pipeline.planner.runnable); the
-ones the cost model rates faster but the trainer cannot run (cp, ZeRO-1/2, uneven pipeline
-splits, ...) come back apart, in `not_runnable`, each with its reasons. `runnable_only=False`
+ones the cost model rates faster but the trainer cannot run (cp, DeepSpeed's ZeRO-2,
+recomputing half the layers, ...) come back apart, in `not_runnable`, each with its reasons. `runnable_only=False`
 ranks the whole space, for questions about layouts this trainer does not have.
 """
 

@@ -111,10 +111,15 @@ def uncertainty_pts(c: Candidates, *, gpus_per_node: int) -> np.ndarray:
     return np.asarray(per, dtype=np.float64)[family]
 
 
+LOWER_BOUND_FLOOR = 0.1  # below it the band says nothing of the order: keep throughput's
+
+
 def lower_bound_factor(mfu: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """The share of a plan's predicted throughput its MFU's lower bound keeps."""
+    """The share of a plan's predicted throughput its MFU's lower bound keeps; at least
+    LOWER_BOUND_FLOOR, so plans whose band reaches zero (a tiny model's few percent) still
+    rank by throughput among themselves instead of tying at nothing."""
     mfu = np.asarray(mfu, dtype=np.float64)
-    return np.clip((mfu - pts / 100) / np.maximum(mfu, 1e-12), 0.0, 1.0)
+    return np.clip((mfu - pts / 100) / np.maximum(mfu, 1e-12), LOWER_BOUND_FLOOR, 1.0)
 
 
 def high_mfu_flag(mfu: float, *, dense: bool, precision: str) -> str | None:

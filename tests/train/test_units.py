@@ -78,8 +78,10 @@ def test_preemption_by_signal_sets_a_flag_and_handlers_are_restored(tmp_path):
 def test_preemption_flag_file_counts_only_when_newer_than_the_process(tmp_path):
     flag = tmp_path / "PREEMPT"
     flag.touch()
-    old = time.time() - 3600
-    os.utime(flag, (old, old))  # left over from an earlier segment
+    # Left over from an earlier segment: older than this process (a day: the suite itself
+    # can run past an hour, and an hour-old flag was then newer than the process).
+    old = time.time() - 86400
+    os.utime(flag, (old, old))
     watcher = PreemptionWatcher(flag, signals=())
     assert not watcher.requested() and not flag.exists()
     flag.touch()

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from fm_pipeline.planner import compute, step
 from fm_pipeline.planner.calibration import eq3_flops
+from fm_pipeline.planner.evidence import published_family
 from fm_pipeline.planner.literature import PUBLISHED_RUNS, PublishedRun
 from fm_pipeline.planner.shape import named_shape
 
@@ -153,7 +154,7 @@ def predict(cli: Cli, run: PublishedRun) -> Fidelity:
         layout, how = found["plans"][0]["describe"], "search, then estimate"
     est = cli("plan", "estimate", *argv, "--layout", layout)
     mfu, step_s = est["mfu"], est["step_time_s"]
-    time_ratio = None  # predicted / published time: the MFU the source implies is mfu x it
+    # Below, time_ratio = predicted / published time: the MFU the source implies is mfu x it.
     if run.metric == "memory_gib":
         predicted = est["memory_gib_per_gpu"]
         return Fidelity(run, layout, how, mfu, predicted, None, predicted / run.value - 1,
@@ -180,7 +181,6 @@ def predict(cli: Cli, run: PublishedRun) -> Fidelity:
         predicted = est["tokens_per_s"] / run.gpus
         time_ratio = run.value / predicted
     elif run.metric == "mfu":
-        predicted = mfu
         return Fidelity(run, layout, how, mfu, mfu, 100 * (mfu - run.value),
                         mfu / run.value - 1, est["fits"])
     else:
@@ -293,16 +293,6 @@ def with_doc(text: str, section: str) -> str:
     return f"{head}{DOC_START}\n{section}\n{DOC_END}{tail}"
 
 
-def layout_family(run: PublishedRun) -> str | None:
-    """planner.evidence's family of the published layout (None: the layout is unpublished)."""
-    from fm_pipeline.planner.evidence import FAMILIES, family_index
-
-    if not (run.tp and run.pp):
-        return None
-    return FAMILIES[int(family_index(run.tp, run.pp, run.cp, run.pinned.get("ep", 1),
-                                     gpus_per_node=8))]
-
-
 def held_out(result: dict) -> dict:
     """What the planner ships (planner/held_out.json): per layout family, the held-out
     (leave-one-source-out) errors of its benchmark rows in MFU points, and the highest MFU
@@ -373,6 +363,7 @@ def main() -> None:
             loso.update({r.run.key: predict(cli, r.run).err_pts for r in own
                          if r.err_pts is not None})
     speed = speed_rows(rows)
+    headline = {r.run.key for r in speed}
     families: dict[str, list[Fidelity]] = {}
     for r in rows:
         if r.err_pts is not None:
@@ -409,11 +400,11 @@ def main() -> None:
         "shipped_constants_are_the_fit": fitted == shipped(),
         "targets": TARGETS,
         "per_row": [{"key": r.run.key, "family": r.family, "metric": r.run.metric,
-                     "layout_family": layout_family(r.run),
-                     "headline": r in speed,
+                     "layout_family": published_family(r.run),
+                     "headline": r.run.key in headline,
                      # the MFU the source implies, for dense BF16 benchmark rows
                      "dense_bf16_mfu": implied_mfu(r) if (
-                         r in speed and r.run.precision == "bf16"
+                         r.run.key in headline and r.run.precision == "bf16"
                          and "experts" not in r.run.pinned and "ep" not in r.run.pinned
                          and r.run.metric != "fp8_speedup") else None,
                      "published": r.run.value, "predicted": r.predicted, "mfu": r.mfu,

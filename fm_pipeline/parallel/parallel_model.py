@@ -97,8 +97,8 @@ class ParallelModel:
         total = torch.zeros((), device=self.device)
         for i, (mb_inputs, mb_targets) in enumerate(zip(micro_inputs, micro_targets,
                                                         strict=True)):
-            if self.keep_gathered:
-                last = i == len(micro_inputs) - 1
+            last = i == len(micro_inputs) - 1
+            if self.keep_gathered and (i == 0 or last):  # set on the changes only
                 model.set_requires_gradient_sync(last)  # reduce-scatter once, at the end
                 model.set_reshard_after_backward(last)  # no all-gather for the next one
             with self._compute_context():

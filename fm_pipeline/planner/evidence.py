@@ -50,6 +50,15 @@ def family_index(tp, pp, cp, ep, *, gpus_per_node: int) -> np.ndarray:
         [0, 1, 2, 3, 4], default=5)
 
 
+def published_family(run, gpus_per_node: int = 8) -> str | None:
+    """The family of a published run's layout (literature.PublishedRun); None when the
+    source does not publish its layout."""
+    if not (run.tp and run.pp):
+        return None
+    return FAMILIES[int(family_index(run.tp, run.pp, run.cp, run.pinned.get("ep", 1),
+                                     gpus_per_node=gpus_per_node))]
+
+
 @cache
 def evidence_gpus(gpus_per_node: int = 8) -> dict[str, int]:
     """Largest published benchmark run of each family (0: none)."""
@@ -57,10 +66,9 @@ def evidence_gpus(gpus_per_node: int = 8) -> dict[str, int]:
 
     best = dict.fromkeys(FAMILIES, 0)
     for run in PUBLISHED_RUNS:
-        if run.production or run.metric == "memory_gib" or not (run.tp and run.pp):
+        family = published_family(run, gpus_per_node)
+        if run.production or run.metric == "memory_gib" or family is None:
             continue
-        family = FAMILIES[int(family_index(run.tp, run.pp, run.cp, run.pinned.get("ep", 1),
-                                           gpus_per_node=gpus_per_node))]
         best[family] = max(best[family], run.gpus)
     return best
 

@@ -89,10 +89,11 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
     check_supported(prec, cluster.accelerator)
     precision = prec.name
     check_layout(shape, layout, gpus=layout.gpus, global_batch_tokens=global_batch_tokens)
+    candidates = Candidates.from_layouts([layout])
     ev = evaluate(
         shape,
         cluster,
-        Candidates.from_layouts([layout]),
+        candidates,
         global_batch_tokens=global_batch_tokens,
         precision=precision,
         dp_overlap=dp_overlap,
@@ -101,7 +102,6 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
         tp_overlap=tp_overlap,
     )
     metrics = plan_metrics(ev, 0)
-    candidates = Candidates.from_layouts([layout])
     metrics["mfu_uncertainty_pts"] = float(
         uncertainty_pts(candidates, gpus_per_node=cluster.gpus_per_node)[0])
     params = shape.params().total

@@ -3,7 +3,7 @@ cost model can express cannot be launched here.
 
     from fm_pipeline.planner.runnable import not_runnable, runnable_mask
     not_runnable(shape, Layout(tp=8, cp=2, dp=64, sharding="zero2"))
-    # ['cp 2: context parallelism is not in the trainer', 'zero2: ...']
+    # ['cp 2: context parallelism needs a GPU to verify: ...', 'zero2: ...']
 
 The trainer (fm_pipeline.parallel) shards with FSDP2 over all data-parallel ranks or, hybrid
 (HSDP), within groups replicated across the rest; with one rank per shard group it
@@ -63,7 +63,9 @@ def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16") 
     """Each reason the trainer cannot run `layout` in `precision` (empty: it can)."""
     why = [why for why in [precision_not_runnable(shape, precision)] if why]
     if layout.cp > 1:
-        why.append(f"cp {layout.cp}: context parallelism is not in the trainer")
+        why.append(f"cp {layout.cp}: context parallelism needs a GPU to verify: torch's "
+                   "context_parallel (ring attention) has no CPU kernel, so the trainer, "
+                   "tested on CPUs, does not run it yet (docs/trainer.md)")
     if layout.sharding not in RUNNABLE_SHARDING:
         why.append(f"{layout.sharding}: ZeRO-2 as DeepSpeed runs it (gradients reduce-"
                    "scattered every micro-batch) is not in the trainer; its FSDP2 shards "

@@ -40,7 +40,7 @@ test: venv system-deps cluster-build
 	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=25
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).
-BENCHMARKS ?= data data_stages datatrove_dedup remote_data trainer checkpoint planner planner_fidelity simulation recovery k8s
+BENCHMARKS ?= data data_stages datatrove_dedup remote_data trainer fsdp_keep checkpoint planner planner_fidelity simulation recovery k8s
 # Each JSON is saved as $(BENCH_DIR)/<name>.json; the README's table is rendered from them.
 BENCH_DIR ?= $(FM_HOME)/bench
 bench: venv cluster-build

@@ -245,11 +245,26 @@ def _k8s(r: dict) -> Row:
             "none set", "no target")
 
 
+def _fsdp_keep(r: dict) -> Row:
+    return (f"keep_gathered_speedup {_f(r['keep_gathered_speedup'], 3)} (spread "
+            f"{_f(r['keep_gathered_speedup_spread'], 3)}, {r['repeats']} runs each)",
+            f"FSDP2's default (weights resharded and gradients reduce-scattered every "
+            f"micro-batch), same model, weights, batches and run: "
+            f"{_f(r['default_wall_tokens_per_s'], 0)} tok/s vs fsdp_keep_gathered "
+            f"{_f(r['keep_wall_tokens_per_s'], 0)}",
+            f"the trainer on {r['ranks']} gloo ranks x {r['micro_batches_per_rank']} "
+            f"micro-batches a step on {r['cores']} cores; losses agree to "
+            f"{r['max_loss_diff']:.1e}; the memory it costs (whole weights and gradients) "
+            "is not measured (no accelerator)",
+            "none set", "no target")
+
+
 # benchmark -> its rows: (label, renderer); a renderer returning None: not in this run.
 ROWS: dict[str, list[tuple[str, Callable[[dict], Row | None]]]] = {
     "data": [("", _data)], "data_stages": [("", _data_stages)],
     "datatrove_dedup": [("", _datatrove_dedup)],
     "remote_data": [("", _remote_data)], "trainer": [("", _trainer)],
+    "fsdp_keep": [("", _fsdp_keep)],
     "checkpoint": [("", _checkpoint)], "planner": [("", _planner)],
     "planner_fidelity": [("", _planner_fidelity)],
     "simulation": [("", _simulation)],

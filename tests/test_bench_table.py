@@ -27,7 +27,7 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     rows = _rows(render(FIXTURES))
     assert set(rows) == {f"`benchmarks.{b}`" for b in
                          ("data", "data_stages", "datatrove_dedup", "remote_data", "trainer",
-                          "checkpoint", "planner", "planner_fidelity",
+                          "fsdp_keep", "checkpoint", "planner", "planner_fidelity",
                           "simulation", "recovery", "k8s")} | {"`benchmarks.recovery` (fast tier)"}
     ckpt = json.loads((FIXTURES / "checkpoint.json").read_text())
     row = rows["`benchmarks.checkpoint`"]
@@ -37,6 +37,12 @@ def test_each_row_shows_the_median_its_spread_and_the_same_run_baseline():
     assert _verdict(row) == "**missed**: load_ratio"
     assert "tok/s" in rows["`benchmarks.trainer`"] and "FSDP2" in rows["`benchmarks.trainer`"]
     assert "encode_batch_fast" in rows["`benchmarks.data`"]
+    keep = json.loads((FIXTURES / "fsdp_keep.json").read_text())
+    row = rows["`benchmarks.fsdp_keep`"]
+    # The flag against FSDP2's default in the same run, the same training (losses agree).
+    assert f"keep_gathered_speedup {keep['keep_gathered_speedup']:.3f}" in row
+    assert f"{keep['default_wall_tokens_per_s']:,.0f} tok/s vs fsdp_keep_gathered" in row
+    assert keep["max_loss_diff"] < 1e-4 and _verdict(row) == "no target"
     stages = json.loads((FIXTURES / "data_stages.json").read_text())
     row = rows["`benchmarks.data_stages`"]
     assert f"workers_speedup {stages['workers_speedup']:.3f}" in row

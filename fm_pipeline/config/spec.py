@@ -552,8 +552,8 @@ def _cross_field_problems(job: JobSpec):
         yield "parallelism.tp", (
             f"tp {p.tp} needs untied embeddings (model tie_embeddings is true); set "
             "model.tie_embeddings: false or tp: 1")
-    # MoE layers train data-parallel (FSDP over the experts too) so far: the tensor-parallel
-    # plan has no stacked experts, and a pipeline would drop the load-balancing loss.
+    # MoE layers train under FSDP/HSDP, ep and pp so far: the tensor-parallel plan has no
+    # stacked experts.
     if p.ep > 1 and not m.n_experts:
         yield "parallelism.ep", (f"ep {p.ep} needs a Mixture of Experts model; "
                                  f"{job.model.size} is dense (n_experts 0)")
@@ -563,9 +563,6 @@ def _cross_field_problems(job: JobSpec):
     if m.n_experts and p.tp > 1:
         yield "parallelism.tp", (f"tp {p.tp} with a Mixture of Experts ({job.model.size}) "
                                  "is not supported yet; use tp: 1")
-    if m.n_experts and p.pp > 1:
-        yield "parallelism.pp", (f"pp {p.pp} with a Mixture of Experts ({job.model.size}) "
-                                 "is not supported yet; use pp: 1")
     # The stacked experts are no nn.Linear for torchao to convert: they would stay bf16.
     if m.n_experts and fp8_recipe(p.mixed_precision):
         yield "parallelism.mixed_precision", (

@@ -50,6 +50,11 @@ class MoEFeedForward(nn.Module):
         self.register_buffer("expert_bias",
                              torch.zeros(e) if cfg.moe_bias_update_rate > 0 else None)
         self.aux_loss: torch.Tensor | None = None
+        # Under pipeline parallelism the schedule's loss sees only the last stage's output:
+        # each layer then carries its aux loss in the backward of its own output instead
+        # (Megatron-Core's MoEAuxLossAutoScaler), with the schedule scaling every gradient
+        # by its micro-batches as it does the next-token loss's.
+        self.aux_loss_in_backward = False
         self.stats: dict | None = None  # of the last forward
         # Summed over forwards until taken (the trainer reads them once per step); plain
         # ints, never tensors: the module may be built on the meta device.
@@ -81,6 +86,8 @@ class MoEFeedForward(nn.Module):
         self.dropped_total += dropped
         if self.shared is not None:
             out = out + self.shared(tokens)
+        if self.aux_loss_in_backward and torch.is_grad_enabled():
+            out = _AuxLossInBackward.apply(out, self.aux_loss)
         return out.reshape(shape)
 
     @torch.no_grad()
@@ -111,6 +118,22 @@ class MoEFeedForward(nn.Module):
         slots = torch.nonzero(keep).squeeze(-1)[order]
         counts = torch.bincount(flat_expert[slots], minlength=n_experts)
         return slots, counts, int((~keep).sum())
+
+
+class _AuxLossInBackward(torch.autograd.Function):
+    """Identity on the layer's output; its backward also gives the aux loss the gradient
+    it would get had it been added to the loss (one), so the router learns to balance in
+    any pipeline stage."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(aux_loss)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (aux_loss,) = ctx.saved_tensors
+        return grad_out, torch.ones_like(aux_loss)
 
 
 class GroupedExperts(nn.Module):

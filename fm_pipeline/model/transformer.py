@@ -141,6 +141,12 @@ class Transformer(nn.Module):
         return [layer.feed_forward for layer in self.layers.values()
                 if isinstance(layer.feed_forward, MoEFeedForward)]
 
+    def moe_layer_ids(self) -> list[int]:
+        """The place in the whole model of each of moe_layers() (a pipeline stage holds
+        some of them)."""
+        return [int(key) for key, layer in self.layers.items()
+                if isinstance(layer.feed_forward, MoEFeedForward)]
+
     def take_router_stats(self) -> tuple[list[list[int]], int] | None:
         """Token-slots per expert of each of this part's MoE layers, and the dropped slots of
         all, summed over the forwards since the last call (which resets them); None for a

@@ -89,7 +89,11 @@ class ParallelModel:
         if self.schedule is not None:
             if micro_batch_size not in (None, self.micro_batch_size) or grad_scale != 1.0:
                 raise ValueError("rows cannot be dropped under pipeline parallelism")
-            return self._pipeline_step(inputs, targets, train=True)
+            loss = self._pipeline_step(inputs, targets, train=True)
+            for part in self.parts:
+                part.detach_moe_aux_loss()
+            self._average_expert_grads()
+            return loss
         model = self.parts[0]
         rows = micro_batch_size or self.micro_batch_size
         micro_inputs = inputs.split(rows)

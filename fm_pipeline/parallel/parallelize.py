@@ -111,6 +111,9 @@ def build_parallel_model(
         parallelize_part(part, mesh=mesh, dims=dims, activation_checkpoint=p.activation_checkpoint,
                          mixed_precision=p.mixed_precision, compile=job.training.compile,
                          keep_gathered=p.fsdp_keep_gathered)
+        if p.pp > 1:  # the schedule's loss sees the last stage only (moe.py says how)
+            for moe in part.moe_layers():
+                moe.aux_loss_in_backward = True
         part.to_empty(device=device)
         part.init_weights(seed=job.training.seed if seed is None else seed, write=write_local_part)
         parts.append(part)

@@ -61,6 +61,18 @@ def build_stage_module(cfg: ModelConfig, *, stage: int, n_stages: int,
     return model
 
 
+class RoutedStage(PipelineStage):
+    """A stage whose MoE layers count only the step's micro-batches: torch infers the
+    stages' shapes by running each stage forward and backward once on the first step (and
+    again after an evaluation), on the real first micro-batch or on empty tensors, which
+    the router would count as tokens routed. The counts go once that inference is done
+    (the hook torch 2.13 calls then: its FSDP cleanup of the same run)."""
+
+    def _post_metadata_inference_cleanup(self) -> None:
+        super()._post_metadata_inference_cleanup()
+        self.submod.take_router_stats()
+
+
 def build_schedule(
     parts: list[Transformer],
     *,
@@ -74,7 +86,7 @@ def build_schedule(
 ):
     """One PipelineStage per model part, driven by the named schedule."""
     pipeline_stages = [
-        PipelineStage(part, stage_idx, n_stages, device, group=pp_group)
+        RoutedStage(part, stage_idx, n_stages, device, group=pp_group)
         for part, stage_idx in zip(parts, stages, strict=True)
     ]
     cls = SCHEDULES[schedule]

@@ -131,7 +131,8 @@ def estimate(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *, globa
             "more (ddp -> fsdp), or recompute activations"
         )
     warnings += [f"not runnable by the trainer: {why}"
-                 for why in not_runnable(shape, layout, precision=precision)]
+                 for why in not_runnable(shape, layout, precision=precision,
+                                         ep_overlap=ep_overlap)]
     if why := model_not_runnable(shape):
         warnings.append(why)
     if flag := high_mfu_flag(metrics["mfu"], dense=not shape.experts, precision=precision):

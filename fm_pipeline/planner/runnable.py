@@ -13,8 +13,8 @@ chunks or, where they do not divide, as `balanced_split` gives them (first and l
 and gradients kept whole through a step (parallelism.fsdp_keep_gathered). DeepSpeed's
 ZeRO-2, context parallelism and recomputing half the layers exist in the cost model only; tied embeddings cannot be split
 by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py). Mixture-of-Experts
-models train with FSDP2 and expert parallelism (ep within the shard group), without tp or pp
-so far. FP8 trains with torchao's tensorwise and rowwise recipes on dense models; DeepSeek-V3's
+models train with FSDP2, expert parallelism (ep within the shard group) and pipeline stages,
+without tp so far. FP8 trains with torchao's tensorwise and rowwise recipes on dense models; DeepSeek-V3's
 blockwise recipe is planned only.
 """
 
@@ -25,6 +25,7 @@ import numpy as np
 from fm_pipeline.planner.layout import RECOMPUTE, SHARDING, Candidates, Layout
 from fm_pipeline.planner.precision import get_precision
 from fm_pipeline.planner.shape import ModelShape
+from fm_pipeline.planner.step import ep_overlap_mode
 
 # zero1 (weights and gradients whole through the step, optimizer state sharded, one
 # all-gather and one reduce-scatter a step) is FSDP2 with parallelism.fsdp_keep_gathered.
@@ -59,9 +60,22 @@ def precision_not_runnable(shape: ModelShape, precision: str) -> str | None:
     return None
 
 
-def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16") -> list[str]:
-    """Each reason the trainer cannot run `layout` in `precision` (empty: it can)."""
+def ep_overlap_not_runnable(ep_overlap) -> str | None:
+    """Why a plan costed with the all-to-all overlapped is not what the trainer runs."""
+    mode = ep_overlap_mode(ep_overlap)
+    if mode == "none":
+        return None
+    return (f"ep_overlap {mode}: the trainer does not overlap the experts' all-to-all with "
+            "another micro-batch's compute; --ep-overlap none costs what it runs")
+
+
+def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16",
+                 ep_overlap="none") -> list[str]:
+    """Each reason the trainer cannot run `layout` in `precision` (empty: it can), costed
+    with `ep_overlap`."""
     why = [why for why in [precision_not_runnable(shape, precision)] if why]
+    if shape.experts and layout.ep > 1 and (overlap := ep_overlap_not_runnable(ep_overlap)):
+        why.append(overlap)
     if layout.cp > 1:
         why.append(f"cp {layout.cp}: context parallelism needs a GPU to verify: torch's "
                    "context_parallel (ring attention) has no CPU kernel, so the trainer, "
@@ -83,9 +97,9 @@ def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16") 
                    f"{chunks} pipeline chunks one")
     if shape.tie_embeddings and (layout.tp > 1 or layout.pp > 1):
         why.append("tied embeddings cannot be split by tp or pp (untie them to use either)")
-    if shape.experts and (layout.tp > 1 or layout.pp > 1):
-        why.append(f"tp {layout.tp} x pp {layout.pp} with Mixture of Experts: the trainer's "
-                   "MoE layers run with FSDP and ep, not yet with tp or pp")
+    if shape.experts and layout.tp > 1:
+        why.append(f"tp {layout.tp} with Mixture of Experts: the trainer's MoE layers run "
+                   "with FSDP, ep and pp, not yet with tp")
     return why
 
 
@@ -102,14 +116,19 @@ def balanced_split(layers: int, chunks: int) -> list[int] | None:
     return [base + (i in heavier) for i in range(chunks)]
 
 
-def runnable_mask(shape: ModelShape, c: Candidates, *, precision: str = "bf16") -> np.ndarray:
+def runnable_mask(shape: ModelShape, c: Candidates, *, precision: str = "bf16",
+                  ep_overlap="none") -> np.ndarray:
     """The vectorized form of `not_runnable(...) == []`."""
     ok = (c.cp == 1) & (precision_not_runnable(shape, precision) is None)
+    if shape.experts and ep_overlap_not_runnable(ep_overlap):
+        ok &= c.ep == 1
     sharding = np.array([SHARDING.index(s) for s in RUNNABLE_SHARDING])
     ok &= np.isin(c.sharding, sharding)
     ok &= ~np.isin(c.sharding, [SHARDING.index("fsdp"), SHARDING.index("zero1")]) | (c.dp > 1)
     ok &= np.isin(c.recompute, [RECOMPUTE.index(r) for r in RUNNABLE_RECOMPUTE])
     ok &= shape.layers >= c.pp * c.virtual_stages
-    if shape.tie_embeddings or shape.experts:
+    if shape.tie_embeddings:
         ok &= (c.tp == 1) & (c.pp == 1)
+    if shape.experts:
+        ok &= c.tp == 1
     return ok

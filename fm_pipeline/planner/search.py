@@ -226,7 +226,7 @@ def search(
         sequence_parallel=sequence_parallel,
         tp_overlap=tp_overlap,
     )
-    space = (runnable_mask(shape, c, precision=precision) if runnable_only
+    space = (runnable_mask(shape, c, precision=precision, ep_overlap=ep_overlap) if runnable_only
              else np.ones(len(c), dtype=bool))
     discount = ranking_discount(c, gpus_per_node=cluster.gpus_per_node)
     uncertainty = uncertainty_pts(c, gpus_per_node=cluster.gpus_per_node)
@@ -254,7 +254,8 @@ def search(
         outside = outside[score[outside] > score[order[0]]]
     elsewhere = [
         RankedPlan(rank=r + 1, layout=c.layout(i), index=i,
-                   reasons=not_runnable(shape, c.layout(i), precision=precision))
+                   reasons=not_runnable(shape, c.layout(i), precision=precision,
+                                        ep_overlap=ep_overlap))
         for r, i in enumerate(_distinct_degrees(c, _ranked(ev, outside, score),
                                                 not_runnable_top))
     ]

@@ -131,8 +131,8 @@ class Trainer:
         t2 = time.perf_counter()
         ask = (self.next_row_plan or [0] * self.plan_slots) if self.rank == 0 else \
             [0] * self.plan_slots
-        router = self.pm.parts[0].take_router_stats()  # MoE: summed with the same sync
-        moe = [*(n for layer in router[0] for n in layer), router[1]] if router else []
+        router = RouterLoads.take(self.pm.parts)  # MoE: summed with the same sync
+        moe = router.packed() if router else []
         packed = torch.tensor(
             [0.0 if loss is None else float(loss), 0.0 if loss is None else 1.0,
              1.0 if stop_requested else 0.0, *map(float, ask), *map(float, moe)],
@@ -142,9 +142,7 @@ class Trainer:
         plan, moe = rest[:len(ask)], rest[len(ask):]
         loads = None
         if moe:  # per MoE layer, over every rank: the balancing bias moves the same everywhere
-            width = len(router[0][0])
-            loads = [moe[i:i + width] for i in range(0, len(moe) - 1, width)]
-            self.pm.parts[0].update_router_bias(loads)
+            loads = router.update_bias(moe)
         t3 = time.perf_counter()
         grad_norm = global_grad_norm(self.params, pp_group=self.pp_group)
         clip_grads_(self.params, max_norm=self.job.training.grad_clip, total_norm=grad_norm)
@@ -212,6 +210,50 @@ class Trainer:
 
     def close(self) -> None:
         self.loader.close()
+
+
+@dataclass
+class RouterLoads:
+    """This rank's token-slots per expert of every MoE layer of the model, laid out by the
+    layer's place in the whole model (zeros for the layers other pipeline stages hold), and
+    its dropped slots: summed over the world, each layer's slots are those of every rank
+    that holds it, whatever the pipeline split."""
+
+    parts: list
+    moe_ids: list[int]  # the model's MoE layers, in order
+    width: int  # experts per layer
+    loads: list[list[int]]
+    dropped: int
+
+    @classmethod
+    def take(cls, parts: list) -> RouterLoads | None:
+        cfg = parts[0].cfg
+        moe_ids = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
+        if not moe_ids:
+            return None
+        loads = [[0] * cfg.n_experts for _ in moe_ids]
+        dropped = 0
+        for part in parts:
+            taken = part.take_router_stats()
+            if taken is None:  # a stage without MoE layers
+                continue
+            for layer, load in zip(part.moe_layer_ids(), taken[0], strict=True):
+                loads[moe_ids.index(layer)] = load
+            dropped += taken[1]
+        return cls(parts, moe_ids, cfg.n_experts, loads, dropped)
+
+    def packed(self) -> list[float]:
+        return [*(float(n) for layer in self.loads for n in layer), float(self.dropped)]
+
+    def update_bias(self, summed: list[float]) -> list[list[float]]:
+        """Each part's layers' balancing bias from the world's sum (`packed` all-reduced);
+        returns every layer's summed load."""
+        loads = [summed[i:i + self.width] for i in range(0, len(summed) - 1, self.width)]
+        for part in self.parts:
+            ids = part.moe_layer_ids()
+            if ids:
+                part.update_router_bias([loads[self.moe_ids.index(i)] for i in ids])
+        return loads
 
 
 def _router_summary(load: list[float], dropped: float) -> dict:

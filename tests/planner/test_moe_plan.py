@@ -76,13 +76,25 @@ def test_many_small_experts_run_below_the_rate_of_one_dense_mlp_of_the_same_flop
 def test_search_picks_ep_and_says_why():
     result = search(DEEPSEEK, H100, gpus=2048, global_batch_tokens=16384 * 4096, top=3)
     best = result.plans[0]
-    assert best.layout.ep > 1 and best.layout.tp == best.layout.pp == 1  # the trainer's space
+    assert best.layout.ep > 1 and best.layout.tp == 1  # the trainer's space: no tp with MoE
     why = " ".join(best.reasons)
     assert f"ep={best.layout.ep}: {256 // best.layout.ep} of 256 experts per GPU" in why
     assert "of the step" in why and "ep" in parse_layout(best.layout.describe()).describe()
     # Outside the trainer's space the cost model may prefer pipelines: shown apart.
     assert all("Mixture of Experts" in " ".join(p.reasons) or p.reasons
                for p in result.not_runnable)
+
+
+def test_a_plan_costed_with_the_all_to_all_overlapped_is_not_what_the_trainer_runs():
+    """The trainer runs experts under pipelines without Megatron's 1F1B or DualPipe
+    overlap: a search costed with one has no runnable expert-parallel plan, and says why."""
+    plain = search(DEEPSEEK, H100, gpus=2048, global_batch_tokens=16384 * 4096, top=1)
+    assert plain.plans[0].layout.ep > 1 and plain.plans[0].layout.pp > 1
+    overlapped = search(DEEPSEEK, H100, gpus=2048, global_batch_tokens=16384 * 4096, top=1,
+                        ep_overlap="1f1b")
+    assert all(p.layout.ep == 1 for p in overlapped.plans)
+    assert any("ep_overlap 1f1b: the trainer does not overlap" in " ".join(p.reasons)
+               for p in overlapped.not_runnable)
 
 
 def test_a_dense_search_never_tries_ep():

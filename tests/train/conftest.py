@@ -53,6 +53,12 @@ LAYOUTS = {
                 "checkpoint.every_steps": 2},
     "moe-ep4": {"model.size": "moe-debug", "parallelism.dp_shard": 4, "parallelism.ep": 4,
                 "parallelism.activation_checkpoint": "selective"},
+    # Experts under a pipeline: 2 stages, the experts of each over 2 ranks (pp 2 x ep 2);
+    # the balancing loss reaches the router through each stage's own backward.
+    # (Checkpoint at 4: test_moe_resume resumes it without stages, on ep 4.)
+    "moe-pp2-ep2": {"model.size": "moe-debug", "parallelism.pp": 2,
+                    "parallelism.dp_shard": 2, "parallelism.ep": 2,
+                    "checkpoint.every_steps": 4},
     # Balanced by DeepSeek-V3's routing bias instead of the auxiliary loss (checkpoint at 8).
     "moe-bias": {"model.size": "moe-debug", "model.moe_aux_loss_coef": 0.0,
                  "model.moe_bias_update_rate": 0.01, "parallelism.dp_shard": 4,

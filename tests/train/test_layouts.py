@@ -66,11 +66,14 @@ def test_the_moe_layout_reports_its_routing_every_step(layouts_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["moe-ep2", "moe-ep4"])
+@pytest.mark.parametrize("layout", ["moe-ep2", "moe-ep4", "moe-pp2-ep2"])
 def test_expert_parallel_trains_the_same_model_as_plain_fsdp(layouts_run, layout):
     """Tokens dispatched to the experts' ranks and back give the forward and the gradients
     of the experts held whole: every step's loss, gradient norm and routing agree with
-    moe-fsdp4 (a gradient off by the ep group's size would show in the norm)."""
+    moe-fsdp4 (a gradient off by the ep group's size would show in the norm). Under a
+    pipeline too: each stage's balancing loss trains its routers (a dropped one would show
+    in the norm), and only the step's micro-batches count as routed (not the forwards
+    torch runs to infer the stages' shapes, on the first step and after an evaluation)."""
     plain, ep = layouts_run.metrics("moe-fsdp4"), layouts_run.metrics(layout)
     assert len(ep) == len(plain) == 8
     for a, b in zip(plain, ep, strict=True):

@@ -62,3 +62,16 @@ def test_experts_reshard_when_ep_and_the_world_change(layouts_run):
                 **MOE, **{"parallelism.dp_shard": 2, "parallelism.ep": ep,
                           "checkpoint.every_steps": 2})
         _assert_continues(ws, name, source=source, from_step=step, end_step=step + 2, ep=ep)
+
+
+def test_a_pipelined_moe_checkpoint_resumes_without_stages_on_ep4(layouts_run):
+    """pp 2 x ep 2 (each stage's experts over 2 ranks) -> one stage, the experts over all 4
+    ranks: the stages' layers and the experts with their optimizer state reshard, and the
+    loss goes on as the uninterrupted run's."""
+    ws = layouts_run
+    _resume(ws, "moe-ep4-from-pp2", nproc=4, source="moe-pp2-ep2", from_step=4, end_step=6,
+            **MOE, **{"parallelism.dp_shard": 4, "parallelism.ep": 4,
+                      "checkpoint.every_steps": 2})
+    _assert_continues(ws, "moe-ep4-from-pp2", source="moe-pp2-ep2", from_step=4, end_step=6,
+                      ep=4)
+    assert read_manifest(CheckpointRef.local(ws.checkpoint("moe-pp2-ep2", 4))).parallelism.pp == 2

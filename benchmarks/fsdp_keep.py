@@ -10,7 +10,7 @@ every micro-batch (FSDP2's default, ZeRO-3), once with fsdp_keep_gathered (weigh
 gradients whole through the step: one all-gather and one reduce-scatter per FSDP unit per
 step). Each rank computes `--micro-batches` micro-batches a step, the case the flag is for.
 Which side goes first alternates. Throughput over the timed window's wall time, as
-benchmarks.trainer measures it:
+benchmarks.trainer measures it (its run_trainer):
 
   keep_gathered_speedup   keep / default tokens per second, the median of the per-repeat
                           ratios, with its spread (max - min)
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +36,6 @@ import yaml
 
 from benchmarks import trainer as bench_trainer
 
-REPO = Path(__file__).resolve().parents[1]
 NPROC = 2
 
 
@@ -60,24 +58,6 @@ def write_job(home: Path, args) -> Path:
     path = home / "job.yaml"
     path.write_text(yaml.safe_dump(dump_job(job)))
     return path
-
-
-def run(home: Path, job: Path, name: str, env: dict, *, keep: bool) -> dict:
-    """One trainer run; its timed-window throughput (benchmarks.trainer's measure)."""
-    flag = f"parallelism.fsdp_keep_gathered={'true' if keep else 'false'}"
-    from fm_pipeline.launch.local import torchrun_executable
-    from fm_pipeline.rundir.records import read_records
-
-    cmd = torchrun_executable() + ["--standalone", f"--nproc_per_node={NPROC}", "-m",
-                                   "fm_pipeline.train", "--job", str(job), "--set",
-                                   f"name={name}", "--set", flag]
-    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"trainer failed ({flag}):\n{out.stderr[-3000:]}")
-    steps = read_records(home / "runs" / name / "metrics.jsonl", "step")
-    stamps = [(r["step"], r["time"]) for r in steps]
-    return {"wall": bench_trainer._wall_throughput(stamps, steps[0]["tokens"]),
-            "losses": [r["loss"] for r in steps]}
 
 
 def main() -> None:
@@ -108,7 +88,9 @@ def main() -> None:
             order = (True, False) if i % 2 else (False, True)
             got = {}
             for keep in order:
-                got[keep] = run(home, job, f"fsdp-keep-{int(keep)}-{i}", env, keep=keep)
+                flag = f"parallelism.fsdp_keep_gathered={'true' if keep else 'false'}"
+                got[keep] = bench_trainer.run_trainer(home, job, f"keep{int(keep)}-{i}", env,
+                                                      NPROC, sets=(flag,))
                 progress.advance(task)
             pairs.append((got[True], got[False]))
             print(f"repeat {i}: keep {got[True]['wall']:.0f} tok/s, default "

@@ -87,12 +87,15 @@ def _command(nproc: int, module_args: list[str]) -> list[str]:
                                     *module_args]
 
 
-def run_trainer(home: Path, job_path: Path, run: str, env: dict, nproc: int) -> dict:
+def run_trainer(home: Path, job_path: Path, run: str, env: dict, nproc: int,
+                sets: tuple[str, ...] = ()) -> dict:
+    """One trainer run (`sets`: more --set dotted.key=value); its throughputs, losses and
+    segment record."""
     from fm_pipeline.rundir.records import read_records
 
     name = f"bench-trainer-{run}"
     cmd = _command(nproc, ["fm_pipeline.train", "--job", str(job_path), "--set",
-                           f"name={name}"])
+                           f"name={name}", *(a for kv in sets for a in ("--set", kv))])
     out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"trainer failed:\n{out.stderr[-3000:]}")
@@ -102,7 +105,7 @@ def run_trainer(home: Path, job_path: Path, run: str, env: dict, nproc: int) -> 
     stamps = [(r["step"], r["time"]) for r in steps]
     return {"median": _throughput(stamps, tokens), "wall": _wall_throughput(stamps, tokens),
             "cpu": _cpu_throughput([(r["step"], r["process_cpu_s"]) for r in steps], tokens),
-            "segment": segment}
+            "losses": [r["loss"] for r in steps], "segment": segment}
 
 
 def run_bare(job_path: Path, env: dict, nproc: int) -> dict:

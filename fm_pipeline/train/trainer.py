@@ -228,9 +228,9 @@ class RouterLoads:
     @classmethod
     def take(cls, parts: list) -> RouterLoads | None:
         cfg = parts[0].cfg
-        moe_ids = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
-        if not moe_ids:
+        if not cfg.n_experts:  # a dense model: nothing to count, every step
             return None
+        moe_ids = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
         loads = [[0] * cfg.n_experts for _ in moe_ids]
         dropped = 0
         for part in parts:

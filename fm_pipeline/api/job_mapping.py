@@ -8,6 +8,7 @@
     seq_len           -> training.seq_len (must be the mix's; default: the mix's)
     global_batch_tokens / global_batch_size -> training.global_batch_size
     training_tokens / steps -> training.steps
+    segment_steps     -> training.segment_steps
     precision         -> parallelism.mixed_precision
     priority, tenant  -> priority, tenant, owner; cluster.namespace / local_queue per tenant
 
@@ -45,6 +46,7 @@ _BODY_FIELD = {
     "checkpoint_every_steps", "training.seq_len": "data_manifest", "data": "data_manifest",
     "training.global_batch_size": "global_batch_size",
     "training.micro_batch_size": "micro_batch_size", "training.steps": "steps",
+    "training.segment_steps": "segment_steps",
     "training.warmup_steps": "steps", "priority": "priority",
     "parallelism.mixed_precision": "precision",
 }
@@ -200,6 +202,8 @@ def _training(body: JobCreate, manifest, *, dp: int, pp: int, micro: int) -> dic
     if steps is not None:
         training["steps"] = steps
         training["warmup_steps"] = min(10, steps)
+    if body.segment_steps is not None:
+        training["segment_steps"] = body.segment_steps
     return training
 
 

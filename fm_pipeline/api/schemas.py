@@ -41,6 +41,10 @@ class JobCreate(_Body):
     )
     priority: Priority = "normal"
     steps: int | None = Field(default=None, ge=1, le=100_000_000, description="target step")
+    segment_steps: int | None = Field(
+        default=None, ge=1, le=100_000_000,
+        description="steps per torchrun segment (training.segment_steps; default 20): the "
+                    "value a training.segment_steps warning suggests")
     gpus_per_node: int | None = Field(default=None, ge=1, le=64, description="default: 8")
     global_batch_size: int | None = Field(default=None, ge=1, le=100_000_000,
                                           description="sequences per step")

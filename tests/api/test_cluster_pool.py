@@ -181,6 +181,14 @@ def test_the_seeds_exact_job_is_planned_at_its_declared_sequence_and_batch(fm_ho
         assert seg and "too short" in seg[0]["message"], r.json()["warnings"]
         _check_warnings_are_true(job, r.json()["warnings"])
 
+        # The segment length a warning suggests is one the body can give, and it silences it.
+        (suggested,) = [w["suggested"] for w in warnings if w["field"] == "training.segment_steps"]
+        r = client.post("/v1/training/jobs", json={**body, "segment_steps": suggested},
+                        headers=auth(prod))
+        assert r.status_code == 201, r.text
+        assert plane.job_spec(r.json()["job_id"]).training.segment_steps == suggested
+        assert "training.segment_steps" not in {w["field"] for w in r.json()["warnings"]}
+
         # What the mix cannot feed, and declarations that disagree, are named.
         bad = {**body, "seq_len": 8192, "global_batch_size": 100}
         r = client.post("/v1/training/jobs", json=bad, headers=auth(prod))

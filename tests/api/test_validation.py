@@ -42,6 +42,8 @@ def _fields(response) -> list[str]:
         ({"checkpoint_every_steps": 500.5}, "checkpoint_every_steps", "valid integer"),
         ({"parallelism": {"tp": "4", "pp": 2, "dp": 2}}, "parallelism.tp", "valid integer"),
         ({"steps": False}, "steps", "valid integer"),
+        ({"segment_steps": 0}, "segment_steps", "greater than or equal to 1"),
+        ({"segment_steps": "20"}, "segment_steps", "valid integer"),
     ],
 )
 def test_bad_body_names_the_field(client, tokens, seed_body, change, field, words):

@@ -20,8 +20,9 @@ from tests.train.launch import BASE, failure, run_segments, write_job
 # name -> overrides; all at 4 ranks (gbs 8, micro-batch 2).
 LAYOUTS = {
     "fsdp4": {"parallelism.dp_shard": 4, "checkpoint.every_steps": 2},
+    # (hsdp checkpoints at 4: test_resume continues it on other layouts.)
     "hsdp": {"parallelism.dp_replicate": 2, "parallelism.dp_shard": 2,
-             "parallelism.activation_checkpoint": "selective"},
+             "parallelism.activation_checkpoint": "selective", "checkpoint.every_steps": 4},
     "tp-fsdp": {"parallelism.tp": 2, "parallelism.dp_shard": 2,
                 "parallelism.mixed_precision": "bf16", "training.micro_batch_size": 4},
     "tp-ddp": {"parallelism.tp": 2, "parallelism.dp_replicate": 2, "parallelism.dp_shard": 1,

@@ -92,11 +92,18 @@ def test_dp_shard_4_to_2(fsdp2_from_fsdp4):
                       end_step=4)
 
 
-def test_dp_2_to_tp_2(fsdp2_from_fsdp4):
-    ws = fsdp2_from_fsdp4
-    _resume(ws, "tp2-from-fsdp2", nproc=2, source="fsdp2-from-fsdp4", from_step=4, end_step=6,
+def test_zero1_continues_fsdp4_and_its_checkpoint_continues_on_tp_2(layouts_run):
+    """ZeRO-1 as FSDP2 runs it (the planner's zero1: fsdp_keep_gathered, 2 micro-batches a
+    rank) continues fsdp4's step-2 checkpoint on 2 ranks, and its own step-4 checkpoint
+    continues on tp 2: its checkpoints are FSDP's, whatever layout reads them."""
+    ws = layouts_run
+    _resume(ws, "zero1-from-fsdp4", nproc=2, source=REFERENCE, from_step=2, end_step=4,
+            **{"parallelism.dp_shard": 2, "parallelism.fsdp_keep_gathered": True,
+               "checkpoint.every_steps": 2})
+    _assert_continues(ws, "zero1-from-fsdp4", source=REFERENCE, from_step=2, end_step=4)
+    _resume(ws, "tp2-from-zero1", nproc=2, source="zero1-from-fsdp4", from_step=4, end_step=6,
             **{"parallelism.tp": 2, "parallelism.dp_shard": 1, "training.micro_batch_size": 4})
-    _assert_continues(ws, "tp2-from-fsdp2", source="fsdp2-from-fsdp4", from_step=4, end_step=6)
+    _assert_continues(ws, "tp2-from-zero1", source="zero1-from-fsdp4", from_step=4, end_step=6)
 
 
 def test_pp_2_to_dp_2(fsdp2_from_fsdp4):
@@ -107,3 +114,19 @@ def test_pp_2_to_dp_2(fsdp2_from_fsdp4):
     _resume(ws, "fsdp2-from-pp2", nproc=2, source="pp2-from-fsdp2", from_step=6, end_step=8,
             **{"parallelism.dp_shard": 2})
     _assert_continues(ws, "fsdp2-from-pp2", source="pp2-from-fsdp2", from_step=6, end_step=8)
+
+
+def test_hsdp_continues_interleaved_whose_checkpoint_continues_on_ddp(layouts_run):
+    """HSDP's step-4 checkpoint continues on 2 interleaved pipeline stages (pp 2 x 2
+    virtual stages), whose step-6 checkpoint continues replicated (dp_replicate 2): the
+    losses of the fsdp4 reference run all the way."""
+    ws = layouts_run
+    _resume(ws, "interleaved-from-hsdp", nproc=2, source="hsdp", from_step=4, end_step=6,
+            **{"parallelism.pp": 2, "parallelism.dp_shard": 1,
+               "parallelism.pp_schedule": "Interleaved1F1B", "parallelism.pp_virtual_stages": 2,
+               "checkpoint.every_steps": 2})
+    _assert_continues(ws, "interleaved-from-hsdp", source="hsdp", from_step=4, end_step=6)
+    _resume(ws, "ddp-from-interleaved", nproc=2, source="interleaved-from-hsdp", from_step=6,
+            end_step=8, **{"parallelism.dp_replicate": 2, "parallelism.dp_shard": 1})
+    _assert_continues(ws, "ddp-from-interleaved", source="interleaved-from-hsdp", from_step=6,
+                      end_step=8)

@@ -32,9 +32,21 @@ CLUSTER_DEFAULTS: dict[str, Default] = {
                                "reference architecture)"),
     "oversubscription": Default(1.0, "a non-blocking fat tree, as DGX SuperPOD's compute "
                                 "fabric is built; set it for a tapered spine"),
-    "nodes_per_rack": Default(4, "4 nodes under one leaf group (a DGX H100 draws up to "
-                              "10.2 kW: a ~40 kW rack holds 4); which nodes share a switch "
-                              "is the site's", assumption=True),
+    "fabric": Default("rail", "rail-optimised: NIC k of every node on leaf switch k, as "
+                      "NVIDIA's DGX SuperPOD reference architecture cables the compute fabric "
+                      "(InfiniBand, adaptive routing); 'tor': every NIC of a node on its rack's "
+                      "switch, flows hashed over the spine (ECMP)"),
+    "leaf_ports": Default(32, "down ports of a leaf switch: a 64-port switch (NVIDIA QM9700, "
+                          "Broadcom Tomahawk 4) at 1:1, half down; a DGX SuperPOD H100 "
+                          "scalable unit is 32 nodes under each rail leaf"),
+    "ecmp_efficiency": Default(0.7, "share of a link a 'tor' fabric's flows keep past their "
+                               "leaf when ECMP hashes elephant flows onto the same uplinks: "
+                               "Baidu measured ~70 of 100 Gb/s on its AIPod RoCE fabric; one "
+                               "operator's figure", assumption=True),
+    "nodes_per_rack": Default(4, "4 nodes in a rack (a DGX H100 draws up to 10.2 kW: a "
+                              "~40 kW rack holds 4): the rack as a failure domain; which "
+                              "nodes one switch joins is `fabric` and `leaf_ports`",
+                              assumption=True),
     "region_gpus": Default(0, "one region: the whole cluster in one building"),
     "inter_region_gbps": Default(2.5, "20 Gb/s per GPU between buildings; no published figure",
                                  assumption=True),

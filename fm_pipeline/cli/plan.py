@@ -90,6 +90,9 @@ CLUSTER_FLAGS = (
     "inter_node_gbps",
     "oversubscription",
     "nodes_per_rack",
+    "fabric",
+    "leaf_ports",
+    "ecmp_efficiency",
     "region_gpus",
     "inter_region_gbps",
     "storage_write_gbps",
@@ -223,8 +226,12 @@ SHARED_OPTIONS: dict[str, object] = {
     "gpus_per_node": Int, "precision": Annotated[str | None, typer.Option(
         help="bf16 | fp32 | fp8 (= fp8-tensorwise) | fp8-rowwise | fp8-blockwise; FP8 runs "
              "the blocks' linear layers in FP8 (H100, H200, B200), MFU against bf16's peak")],
-    **{flag: Float if flag.endswith(("gbps", "subscription", "hour", "per_day", "share")) else Int
-       for flag in CLUSTER_FLAGS if flag != "gpus_per_node"},
+    **{flag: Float if flag.endswith(("gbps", "subscription", "hour", "per_day", "share",
+                                     "efficiency")) else Int
+       for flag in CLUSTER_FLAGS if flag not in ("gpus_per_node", "fabric")},
+    "fabric": Annotated[str | None, typer.Option(
+        help="rail (default: NIC k of every node on leaf k, as DGX SuperPOD) or tor (every NIC "
+             "of a node on its rack's switch, spine flows hashed: ECMP)")],
     "as_json": Json,
 }
 
@@ -465,8 +472,9 @@ def defaults(gpu_type: Annotated[str, typer.Option(help="the accelerator")] = "h
         table.add_column(column)
     for r in rows:
         source = ("[yellow]assumption:[/] " if r["assumption"] else "") + r["source"]
-        table.add_row(r["field"], "-" if r["value"] is None else f"{r['value']:g}",
-                      source)
+        value = r["value"]
+        shown = "-" if value is None else value if isinstance(value, str) else f"{value:g}"
+        table.add_row(r["field"], shown, source)
     console.print(table)
 
 

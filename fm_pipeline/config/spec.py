@@ -362,7 +362,15 @@ class ClusterSpec(_Strict):
     # Planner (fm_pipeline.planner): network hierarchy above the node, restarts, storage price.
     # Every default is the one table's (fm_pipeline.cluster_defaults, `fm plan defaults`).
     nodes_per_rack: int = Field(default=default("nodes_per_rack"), gt=0, le=2**16,
-                                description="nodes under one leaf switch group")
+                                description="nodes in one rack (failure domains)")
+    fabric: Literal["rail", "tor"] = Field(
+        default=default("fabric"), description="rail: NIC k of every node on leaf k "
+        "(rail-optimised); tor: all of a node's NICs on its rack's switch, spine flows hashed")
+    leaf_ports: int = Field(default=default("leaf_ports"), gt=0, le=2**16,
+                            description="a leaf switch's down ports")
+    ecmp_efficiency: float = Field(default=default("ecmp_efficiency"), gt=0, le=1,
+                                   description="tor: share of a link hashed flows keep past "
+                                               "their leaf")
     region_gpus: int = Field(default=default("region_gpus"), ge=0, le=MAX_COUNT,
                              description="GPUs per region; 0: one region")
     inter_region_gbps: float = Field(default=default("inter_region_gbps"), gt=0,

@@ -5,10 +5,17 @@ failure rate.
     cluster = make_cluster("h100", gpus_per_node=8, inter_node_gbps=50, region_gpus=32768)
 
 Network hierarchy, fastest first: the node (NVLink, `intra_node_gbps` per GPU and
-direction); the rack or leaf-switch group (`nodes_per_rack` nodes; each GPU has its own
-NIC on its own rail, `inter_node_gbps` per GPU); the spine (traffic leaving a rack is slowed
-by `oversubscription`); other regions or buildings (`region_gpus` GPUs per region, at
+direction); the leaf, the nodes one switch hop apart (each GPU has its own NIC,
+`inter_node_gbps` per GPU); the spine (traffic leaving a leaf is slowed by
+`oversubscription`); other regions or buildings (`region_gpus` GPUs per region, at
 `inter_region_gbps` per GPU). Bandwidths left out come from the accelerator catalog.
+
+How far one hop reaches depends on the cabling (`fabric`). Rail-optimised, NIC k of every
+node goes to leaf k, so a leaf of `leaf_ports` down ports joins that many nodes (NCCL moves
+other GPUs' traffic onto the right rail over NVLink first). Top-of-rack, all of a node's
+NICs go to one switch, which joins `leaf_ports / gpus_per_node` nodes, and the spine's
+flows are hashed (ECMP): colliding elephant flows keep `ecmp_efficiency` of a link.
+`nodes_per_rack` is the physical rack (failure domains, the rank table).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from fm_pipeline.cluster_defaults import CLUSTER_DEFAULTS, default
 from fm_pipeline.planner.errors import PlanInputError, require_positive
 from fm_pipeline.planner.failure_model import FailureMix, llama3_failure_mix, node_failure_mix
 
+FABRICS = ("rail", "tor")
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,10 @@ class ClusterConfig:
     inter_node_gbps: float  # scale-out NIC, GB/s per GPU per direction (rails)
     # Every default below is the one table's (fm_pipeline.cluster_defaults: each with its
     # source, `fm plan defaults`), the job spec's `cluster:` section's too.
-    oversubscription: float = default("oversubscription")  # spine taper leaving a rack
+    oversubscription: float = default("oversubscription")  # spine taper leaving a leaf
+    fabric: str = default("fabric")  # rail | tor: how far one switch hop reaches
+    leaf_ports: int = default("leaf_ports")  # a leaf switch's down ports
+    ecmp_efficiency: float = default("ecmp_efficiency")  # tor: past the leaf, hashed flows
     nodes_per_rack: int = default("nodes_per_rack")
     region_gpus: int = default("region_gpus")  # GPUs per region; 0: one region
     inter_region_gbps: float = default("inter_region_gbps")  # GB/s per GPU between regions
@@ -56,6 +67,13 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         require_positive("gpus_per_node", self.gpus_per_node, integer=True)
         require_positive("nodes_per_rack", self.nodes_per_rack, integer=True)
+        require_positive("leaf_ports", self.leaf_ports, integer=True)
+        if self.fabric not in FABRICS:
+            raise PlanInputError("fabric", f"must be one of {', '.join(FABRICS)}, got "
+                                 f"{self.fabric!r}")
+        if not 0 < self.ecmp_efficiency <= 1:
+            raise PlanInputError("ecmp_efficiency",
+                                 f"must be within (0, 1], got {self.ecmp_efficiency}")
         for field in ("intra_node_gbps", "inter_node_gbps", "inter_region_gbps",
                       "storage_write_gbps", "host_copy_gbps"):
             require_positive(field, getattr(self, field))
@@ -108,6 +126,20 @@ class ClusterConfig:
     @property
     def gpus_per_rack(self) -> int:
         return self.gpus_per_node * self.nodes_per_rack
+
+    @property
+    def gpus_per_leaf(self) -> int:
+        """GPUs one switch hop apart: a rail leaf joins one NIC of each of `leaf_ports`
+        nodes, a top-of-rack switch all of each node's NICs."""
+        nodes = self.leaf_ports if self.fabric == "rail" else max(
+            1, self.leaf_ports // self.gpus_per_node)
+        return nodes * self.gpus_per_node
+
+    @property
+    def spine_share(self) -> float:
+        """The share of a NIC's rate a flow keeps past its leaf."""
+        hashed = self.ecmp_efficiency if self.fabric == "tor" else 1.0
+        return hashed / self.oversubscription
 
     @property
     def restore_gbps(self) -> float:
@@ -178,6 +210,9 @@ def cluster_from_spec(spec, *, gpus_per_node: int | None = None) -> ClusterConfi
             overrides[field] = getattr(spec, spec_field)
     for field in (
         "nodes_per_rack",
+        "fabric",
+        "leaf_ports",
+        "ecmp_efficiency",
         "region_gpus",
         "inter_region_gbps",
         "restart_overhead_s",

@@ -4,8 +4,10 @@ A group of `size` ranks placed every `stride` ranks (ranks fill a node, then the
 tp innermost, then cp, pp, dp) spans `size x stride` consecutive ranks. Its bandwidth per
 GPU is NVLink when that span fits in a node. Otherwise the ring crosses nodes: with k group
 members per node, NCCL runs k rings over k rail NICs, so the bus bandwidth is
-min(NVLink, k x NIC), where the NIC rate is the rack's, the spine's (divided by the
-oversubscription) or the inter-region rate, whichever level the span reaches.
+min(NVLink, k x NIC), where the NIC rate is the leaf's (one switch hop: how many nodes that
+joins depends on the fabric's cabling, planner.cluster), the spine's (divided by the
+oversubscription, and by ECMP's collisions on a top-of-rack fabric) or the inter-region
+rate, whichever level the span reaches.
 
 Ring all-gather / reduce-scatter of a `bytes_full` tensor: (n-1)/n x bytes / bandwidth plus
 the ring's latency, one step per rank as NCCL models it (src/graph/tuning.cc: baseLat +
@@ -35,8 +37,8 @@ ALPHA_INTRA_S = 3e-6  # per hop inside a node (NCCL's ring/simple NVLink step: 3
 ALPHA_INTER_S = 10e-6  # per hop across the fabric (NCCL's ring/simple network step: 9.6 us)
 ALPHA_REGION_S = 1e-3  # per hop between regions (metro distance round trips)
 
-NODE, RACK, SPINE, REGION = 0, 1, 2, 3
-LEVEL_NAMES = ("node", "rack", "cluster", "cross-region")
+NODE, LEAF, SPINE, REGION = 0, 1, 2, 3
+LEVEL_NAMES = ("node", "leaf", "cluster", "cross-region")
 
 
 @dataclass
@@ -53,7 +55,7 @@ def span_level(cluster: ClusterConfig, span: np.ndarray) -> np.ndarray:
     """Farthest level of the hierarchy that `span` consecutive ranks reach."""
     span = np.asarray(span)
     level = np.where(span <= cluster.gpus_per_node, NODE,
-                     np.where(span <= cluster.gpus_per_rack, RACK, SPINE))
+                     np.where(span <= cluster.gpus_per_leaf, LEAF, SPINE))
     if cluster.region_gpus:
         level = np.where(span > cluster.region_gpus, REGION, level)
     return level
@@ -90,13 +92,11 @@ def _group_link(cluster: ClusterConfig, size, stride, *, span=None, per_node=Non
         per_node = np.clip(np.floor(gpn / stride), 1, size)  # group members sharing a node
     intra = cluster.intra_node_gbps * GB
     nic = np.select(
-        [level == RACK, level == SPINE, level == REGION],
+        [level == LEAF, level == SPINE, level == REGION],
         [
             cluster.inter_node_gbps * GB,
-            cluster.inter_node_gbps * GB / cluster.oversubscription,
-            np.minimum(
-                cluster.inter_region_gbps, cluster.inter_node_gbps / cluster.oversubscription
-            )
+            cluster.inter_node_gbps * GB * cluster.spine_share,
+            np.minimum(cluster.inter_region_gbps, cluster.inter_node_gbps * cluster.spine_share)
             * GB,
         ],
         default=intra,

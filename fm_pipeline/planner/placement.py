@@ -4,8 +4,8 @@ traffic crosses.
 Ranks fill a node, then the next node, then the next rack. The mesh is laid out innermost
 first tp, cp, pp, dp (the job spec's mesh order, dp outermost), so a TP group is consecutive
 GPUs (inside a node whenever tp <= GPUs per node), a pipeline's stages are neighbours
-(inside a rack whenever tp x cp x pp fits one), and only data-parallel traffic reaches
-across racks, and across regions when the job outgrows one.
+(one switch hop apart whenever tp x cp x pp fits under a leaf), and only data-parallel
+traffic reaches across the spine, and across regions when the job outgrows one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from fm_pipeline.planner.cluster import ClusterConfig
-from fm_pipeline.planner.collectives import LEVEL_NAMES, NODE, RACK, REGION, span_level
+from fm_pipeline.planner.collectives import LEAF, LEVEL_NAMES, NODE, REGION, span_level
 from fm_pipeline.planner.layout import Layout
 
 
@@ -25,7 +25,7 @@ class GroupPlacement:
     size: int
     stride: int
     span_gpus: int  # consecutive ranks one group covers
-    reaches: str  # node, rack, cluster or cross-region
+    reaches: str  # node, leaf, cluster or cross-region
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Placement:
     racks: int
     groups: list[GroupPlacement]
     tp_inside_node: bool
-    pipeline_inside_rack: bool
+    pipeline_inside_leaf: bool
     crosses_regions: list[str]
     notes: list[str] = field(default_factory=list)
 
@@ -66,10 +66,11 @@ def placement(cluster: ClusterConfig, layout: Layout) -> Placement:
     if not tp_inside:
         notes.append(f"tp={tp} does not fit in a node of {cluster.gpus_per_node} GPUs: "
                      "tensor-parallel collectives cross the fabric on every layer")
-    pipeline_inside = int(span_level(cluster, np.asarray(pipeline_span))) <= RACK
+    pipeline_inside = int(span_level(cluster, np.asarray(pipeline_span))) <= LEAF
     if pp > 1 and not pipeline_inside:
-        notes.append(f"a pipeline spans {pipeline_span} GPUs, more than a rack "
-                     f"({cluster.gpus_per_rack}): stage-to-stage sends cross the spine")
+        notes.append(f"a pipeline spans {pipeline_span} GPUs, more than one leaf switch joins "
+                     f"({cluster.gpus_per_leaf}, {cluster.fabric} fabric): stage-to-stage "
+                     "sends cross the spine")
     crossing = [g.name for g in groups if g.size > 1 and g.reaches == LEVEL_NAMES[REGION]]
     if crossing:
         notes.append(
@@ -82,7 +83,7 @@ def placement(cluster: ClusterConfig, layout: Layout) -> Placement:
         racks=racks,
         groups=groups,
         tp_inside_node=tp_inside,
-        pipeline_inside_rack=pipeline_inside or pp == 1,
+        pipeline_inside_leaf=pipeline_inside or pp == 1,
         crosses_regions=crossing,
         notes=notes,
     )

@@ -1,6 +1,7 @@
 """What-if: the same training on 2x, 4x ... the GPUs (same global batch), with half or double
-the fabric and storage bandwidth, with half or double the failure rate; and which term of
-the time grows fastest, "what breaks first".
+the fabric and storage bandwidth, on the other fabric cabling (rail-optimised or top-of-rack),
+with half or double the failure rate; and which term of the time grows fastest, "what
+breaks first".
 
     wi = what_if(shape, cluster, gpus=16384, global_batch_tokens=16 * 2**20)
     wi.breaks_first, [s.name for s in wi.scenarios]
@@ -230,6 +231,9 @@ def what_if(
                 layout,
             )
         )
+    # The same GPUs cabled the other way (planner.cluster: how far one switch hop reaches).
+    other = "tor" if cluster.fabric == "rail" else "rail"
+    scenarios.append(run(f"{other} fabric", cluster.with_changes(fabric=other), gpus, layout))
     for factor in (0.5, 2.0):
         scenarios.append(
             run(

@@ -48,7 +48,7 @@ def test_the_table_prints_each_assumption_as_one():
     out = CliRunner().invoke(app, ["defaults", "--gpu-type", "h100"], env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     text = " ".join(out.stdout.split())
-    assert "assumption: 4 nodes under one leaf group" in text
+    assert "assumption: 4 nodes in a rack" in text and "fabric │ rail │ rail-optimised" in text
     assert "Amazon S3 Standard" in text and "assumption: Amazon" not in text
     bad = CliRunner().invoke(app, ["defaults", "--gpu-type", "tpu9"])
     assert bad.exit_code == 2 and "--gpu-type: unknown accelerator 'tpu9'" in bad.output

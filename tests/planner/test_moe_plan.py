@@ -46,7 +46,7 @@ def test_the_all_to_all_is_free_at_ep_1_and_costs_more_once_it_leaves_the_node()
     ev = _eval(DEEPSEEK, [Layout(dp=2048, ep=ep, sharding="fsdp", recompute="full")
                           for ep in (1, 8, 16)], batch)
     assert ev.ep_comm_s[0] == 0
-    assert [LEVEL_NAMES[int(x)] for x in ev.ep_level[1:]] == ["node", "rack"]
+    assert [LEVEL_NAMES[int(x)] for x in ev.ep_level[1:]] == ["node", "leaf"]
     # Twice the group, the same bytes per rank: over the NIC (50 GB/s) instead of NVLink.
     assert ev.ep_comm_s[2] > 3 * ev.ep_comm_s[1]
 
@@ -188,7 +188,7 @@ def test_ep_folds_over_tp_and_the_ranks_left_share_the_experts_state():
     for lay in lays:
         check_layout(QWEN3, lay, gpus=256, global_batch_tokens=batch)
     ev = _eval(QWEN3, lays, batch)
-    assert [LEVEL_NAMES[int(x)] for x in ev.ep_level] == ["node", "node", "rack"]
+    assert [LEVEL_NAMES[int(x)] for x in ev.ep_level] == ["node", "node", "leaf"]
     # The experts on a GPU: experts / ep of each layer, whole (not split by tp).
     experts = QWEN3.params().routed
     layers = ev.memory.layers_per_rank[0]

@@ -18,11 +18,11 @@ def test_tp_groups_are_consecutive_gpus_of_one_node():
     assert {r["node"] for r in rows[:8]} == {0} and rows[8]["pp"] == 1  # next stage, next node
 
 
-def test_a_pipeline_that_fits_a_rack_stays_in_it():
-    p = placement(CLUSTER, Layout(tp=8, pp=4, dp=8))  # 32 GPUs per pipeline = one rack
-    assert p.tp_inside_node and p.pipeline_inside_rack and not p.crosses_regions
+def test_a_pipeline_that_fits_under_a_leaf_stays_under_it():
+    p = placement(CLUSTER, Layout(tp=8, pp=4, dp=16))  # 32 GPUs a pipeline; a rail leaf joins 256
+    assert p.tp_inside_node and p.pipeline_inside_leaf and not p.crosses_regions
     reach = {g.name: g.reaches for g in p.groups}
-    assert reach == {"tp": "node", "cp": "none", "pp": "rack", "dp": "cluster"}
+    assert reach == {"tp": "node", "cp": "none", "pp": "leaf", "dp": "cluster"}
 
 
 def test_plans_larger_than_a_region_flag_the_collectives_that_cross():
@@ -30,5 +30,5 @@ def test_plans_larger_than_a_region_flag_the_collectives_that_cross():
     assert p.crosses_regions == ["dp"]
     assert any("cross regions" in n for n in p.notes)
     wide = placement(CLUSTER, Layout(tp=16, pp=64, dp=2))  # a 1024-GPU pipeline, TP over 2 nodes
-    assert not wide.tp_inside_node and not wide.pipeline_inside_rack
+    assert not wide.tp_inside_node and not wide.pipeline_inside_leaf
     assert any("does not fit in a node" in n for n in wide.notes)

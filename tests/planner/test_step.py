@@ -9,7 +9,7 @@ from fm_pipeline.planner.cluster import make_cluster
 from fm_pipeline.planner.collectives import (
     LINK_EFFICIENCY,
     NODE,
-    RACK,
+    LEAF,
     REGION,
     SPINE,
     all_reduce_time,
@@ -53,9 +53,9 @@ def test_ring_collective_inside_a_node_uses_nvlink():
 
 def test_groups_that_leave_the_node_use_k_rails_then_the_spine():
     per_node_8 = group_link(H100, 16, 1)  # 2 nodes x 8 members: 8 rails of 50 GB/s
-    one_per_node = group_link(H100, 4, 8)  # 1 member per node, 4 nodes in a rack
-    spine = group_link(make_cluster("h100", oversubscription=2.0), 64, 8)  # 64 nodes > a rack
-    assert per_node_8.level[()] == RACK and one_per_node.level[()] == RACK
+    one_per_node = group_link(H100, 4, 8)  # 1 member per node, 4 nodes under one rail leaf
+    spine = group_link(make_cluster("h100", oversubscription=2.0), 64, 8)  # 64 nodes > a leaf's 32
+    assert per_node_8.level[()] == LEAF and one_per_node.level[()] == LEAF
     assert per_node_8.bw[()] == pytest.approx(400e9 * LINK_EFFICIENCY)
     assert one_per_node.bw[()] == pytest.approx(50e9 * LINK_EFFICIENCY)
     assert spine.level[()] == SPINE and spine.bw[()] == pytest.approx(25e9 * LINK_EFFICIENCY)
@@ -65,7 +65,7 @@ def test_groups_that_leave_the_node_use_k_rails_then_the_spine():
 
 def test_tensor_parallelism_across_nodes_costs_more_than_inside_nvlink():
     ev = run(Layout(tp=8, pp=4, dp=4), Layout(tp=16, pp=2, dp=4))
-    assert list(ev.tp_level) == [NODE, RACK]
+    assert list(ev.tp_level) == [NODE, LEAF]
     per_layer = ev.tp_comm_s / ev.memory.layers_per_rank
     assert per_layer[1] > per_layer[0]
 

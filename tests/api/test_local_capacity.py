@@ -5,6 +5,8 @@ anyway starts no torchrun."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from fm_pipeline.config import parse_job
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
@@ -105,8 +107,9 @@ def test_the_local_launcher_starts_no_process_for_a_job_this_machine_cannot_hold
     data["training"].update(global_batch_size=1024, micro_batch_size=1)
     job = parse_job(data)
     assert local_fit_problems(job, LocalCapacity(cores=2, memory_gib=24.0, gpus=0))
-    before = set(descendants(1))
+    # This process's own: another test (or xdist's other worker) may start processes.
+    before = set(descendants(os.getpid()))
     result = run_segment_locally(SegmentLaunch(job, end_step=job.training.steps), echo=None, site=local_site.site())
     assert result.outcome is Outcome.BAD_CONFIG and result.exit_code == 2
     assert "2048 ranks of h100" in result.reason and "not started" in result.reason
-    assert not (set(descendants(1)) - before)  # no torchrun, no worker
+    assert not (set(descendants(os.getpid())) - before)  # no torchrun, no worker

@@ -37,7 +37,7 @@ cluster-build: venv
 	@$(BIN)/fm dev cluster build
 
 test: venv system-deps cluster-build
-	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=25 -n 2
+	$(BIN)/python -m pytest -q -ra -p no:cacheprovider --durations=25
 
 # Each prints one JSON object as its last line (benchmarks.gpu_mfu needs a GPU: not here).
 BENCHMARKS ?= data data_stages datatrove_dedup remote_data trainer fsdp_keep checkpoint planner planner_fidelity simulation recovery k8s

@@ -9,10 +9,6 @@ from pathlib import Path
 
 import pytest
 
-# Two xdist workers share the cores: slow and server tests alone, the rest two at a time.
-from tests.cores import (  # noqa: F401
-    pytest_configure, pytest_runtest_protocol, pytest_xdist_make_scheduler)
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -26,11 +22,7 @@ def free_port() -> int:
 def cpu_peaks_file(tmp_path_factory) -> Iterator[Path]:
     """One machine, one measurement of its CPU's matmul peaks (fm_pipeline.cpu_peaks) for
     every test's FM_HOME and the processes they start, as on a host with many homes."""
-    # Under xdist the workers' temporary folders share a parent: one file for both.
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if base.name.startswith("popen-gw") else base
-    path = shared / "host" / "cpu-peaks.json"
-    path.parent.mkdir(exist_ok=True)
+    path = tmp_path_factory.mktemp("host") / "cpu-peaks.json"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FM_CPU_PEAKS_FILE", str(path))
         yield path

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from fm_pipeline.config import parse_job
 from fm_pipeline.launch.capacity import LocalCapacity, local_fit_problems
 from fm_pipeline.launch.local import descendants, run_segment_locally

@@ -124,10 +124,6 @@ class ClusterConfig:
         return mix
 
     @property
-    def gpus_per_rack(self) -> int:
-        return self.gpus_per_node * self.nodes_per_rack
-
-    @property
     def gpus_per_leaf(self) -> int:
         """GPUs one switch hop apart: a rail leaf joins one NIC of each of `leaf_ports`
         nodes, a top-of-rack switch all of each node's NICs."""

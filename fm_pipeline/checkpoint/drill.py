@@ -30,6 +30,7 @@ from fm_pipeline.catalog.validate import (
     read_manifest,
     validate,
 )
+from fm_pipeline.rundir.torchrun import torchrun_executable
 
 _RESET = {"nnodes": 1, "dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "ep": 1,
           "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_microbatches": None,
@@ -171,7 +172,7 @@ def run_restore_drill(checkpoint, *, site, job=None, parallelism: dict | None = 
     nproc = parallelism.get("nnodes", 1) * parallelism["nproc_per_node"]
     with tempfile.TemporaryDirectory(prefix="fm-drill-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        cmd = [*torchrun_executable(), "--standalone",
                f"--nproc-per-node={nproc}", "-m", "fm_pipeline.checkpoint.drill_worker",
                "--checkpoint", str(local.dir), "--out", str(out),
                "--parallelism", json.dumps(parallelism)]

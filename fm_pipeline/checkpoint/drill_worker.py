@@ -16,6 +16,7 @@ Rank 0 writes the result JSON.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -211,6 +212,7 @@ def main() -> None:
         args.out.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.freeze()  # the interpreter's last collections skip torch's objects (see exit_with)
 
 
 if __name__ == "__main__":

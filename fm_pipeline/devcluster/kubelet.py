@@ -67,9 +67,9 @@ from urllib.parse import parse_qs, urlparse
 
 from fm_pipeline.devcluster.manifests import NodeSpec, node_object
 from fm_pipeline.devcluster.rest import ApiError, Rest
-from fm_pipeline.launch.local import torchrun_executable
 from fm_pipeline.launch.pod_local import expand_k8s_vars, link_nested_mounts
 from fm_pipeline.launch.reaper import end_tagged, signal_all, tagged
+from fm_pipeline.rundir.torchrun import torchrun_executable
 
 log = logging.getLogger("fm.kubelet")
 

@@ -25,6 +25,7 @@ from fm_pipeline.catalog.validate import Problem, model_problems
 from fm_pipeline.config.strict_yaml import dump_yaml
 from fm_pipeline.eval.result import EvalResult
 from fm_pipeline.eval.worker import INVALID_EXIT
+from fm_pipeline.rundir.torchrun import torchrun_executable
 
 WORKER = "fm_pipeline.eval.worker"
 
@@ -36,7 +37,7 @@ class EvaluationFailed(RuntimeError):
 def _command(nproc: int, args: list[str]) -> list[str]:
     if nproc == 1:
         return [sys.executable, "-m", WORKER, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    return [*torchrun_executable(), "--standalone",
             f"--nproc-per-node={nproc}", "-m", WORKER, *args]
 
 

@@ -16,6 +16,7 @@ initialises it (the job's seed): the baseline a trained checkpoint must beat.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out.write_text(json.dumps(data, indent=2) + "\n")
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.freeze()  # the interpreter's last collections skip torch's objects (see exit_with)
     raise SystemExit(code)
 
 

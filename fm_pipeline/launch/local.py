@@ -46,6 +46,7 @@ from fm_pipeline.launch.outcome import (
 from fm_pipeline.launch.reaper import end_tagged, reap_orphans, tag_segment
 from fm_pipeline.launch.spec import SegmentLaunch, SegmentPaths, local_paths
 from fm_pipeline.rundir import exit_codes
+from fm_pipeline.rundir.torchrun import torchrun_executable
 
 # After SIGTERM, torchrun waits its --shutdown-timeout for the workers; then this much more.
 STOP_MARGIN_S = 10
@@ -58,14 +59,6 @@ def new_segment_dir(launch: SegmentLaunch, site: Site) -> Path:
     path = site.runs_dir(launch.job.name) / "segments" / f"{launch.end_step:08d}-{stamp}"
     path.mkdir(parents=True, exist_ok=False)
     return path
-
-
-def torchrun_executable() -> list[str]:
-    """The torchrun of this interpreter's environment (a venv need not be on PATH)."""
-    beside = Path(sys.executable).parent / "torchrun"
-    if beside.is_file():
-        return [str(beside)]
-    return [sys.executable, "-m", "torch.distributed.run"]
 
 
 def segment_command(launch: SegmentLaunch, site: Site,

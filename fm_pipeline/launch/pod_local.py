@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fm_pipeline.launch.jobset import RenderedSegment
-from fm_pipeline.launch.local import torchrun_executable
+from fm_pipeline.rundir.torchrun import torchrun_executable
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"

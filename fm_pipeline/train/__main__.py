@@ -26,6 +26,7 @@ global batch continues on the new mesh. Otherwise it is a bad config naming the 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -139,6 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     from fm_pipeline.train.tracking import TrainerTracking
 
     keep_freed_host_memory()  # no page faults re-growing the heap every step
+    # torch's imports leave ~300K objects that live as long as the process: frozen (before the
+    # model exists, so a restart's discarded model is still collected), the collector's
+    # full passes during training no longer walk them.
+    gc.freeze()
     # The worker's entry point: where state lives and where rank 0 logs, from the
     # environment the launcher gave it; passed down from here.
     site, tracking = Site.from_environ(), TrainerTracking.from_env(os.environ)

@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +35,7 @@ from fm_pipeline.resilience.scenarios.common import first_line
 from fm_pipeline.resilience.workspace import ChaosWorkspace
 from fm_pipeline.rundir.events import append_event
 from fm_pipeline.rundir.records import SEGMENTS_FILE, read_records
+from fm_pipeline.rundir.torchrun import torchrun_executable
 
 POOL_GPUS = 2
 TENANTS = {"pool": {"gpu": POOL_GPUS}, "launcher": "local", "tenants": [
@@ -336,7 +336,7 @@ def _skewed_trainer(job_file: Path, ws: ChaosWorkspace, lib: str, *,
     env.update(FM_HOME=str(job_file.parent), FM_STORE_URI=str(ws.store_dir),
                OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", LD_PRELOAD=lib,
                FAKETIME=f"+{SKEW_S}s")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    torchrun = [*torchrun_executable(), "--standalone",
                 "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}",
                 "-m", "fm_pipeline.train", "--job", str(job_file)]
     argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname node-b && exec "$@"', "sh",

@@ -32,7 +32,7 @@ from fm_pipeline.parallel.float8 import apply_float8
 from fm_pipeline.parallel.fsdp import apply_fsdp
 from fm_pipeline.parallel.parallel_dims import ParallelDims
 from fm_pipeline.parallel.parallel_model import ParallelModel, cross_entropy_loss
-from fm_pipeline.parallel.pipeline_parallel import build_schedule, build_stage_module, stage_ids
+from fm_pipeline.parallel.pipeline_parallel import build_stage_module, stage_ids
 from fm_pipeline.parallel.tensor_parallel import apply_tensor_parallel
 
 
@@ -119,6 +119,8 @@ def build_parallel_model(
         parts.append(part)
     schedule = None
     if p.pp > 1:
+        from fm_pipeline.parallel.pipeline_schedule import build_schedule  # ~1.7 s to import
+
         schedule = build_schedule(
             parts, stages=stages, n_stages=n_stages, schedule=p.pp_schedule,
             n_microbatches=job.pp_microbatches, loss_fn=cross_entropy_loss, device=device,

@@ -5,24 +5,14 @@ parallelism.pp_layers_per_stage gives (first and last lighter, as Llama 3 ran); 
 stage also holds the embedding, the last the final norm and output head. With
 Interleaved1F1B a pp rank holds stages rank, rank + pp, rank + 2pp, ... ("loop" placement);
 with 1F1B and GPipe one stage each. A stage is the model with the other layers' keys
-deleted, so its parameter names are those of the whole model.
+deleted, so its parameter names are those of the whole model. The schedule itself is in
+pipeline_schedule.py, imported only when pp > 1: torch.distributed.pipelining (with the
+torch._dynamo it loads) adds ~1.7 s to every worker's start on 2 cores.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
-
 from fm_pipeline.model import ModelConfig, Transformer
-
-SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
 
 
 def stage_ids(*, pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
@@ -59,38 +49,3 @@ def build_stage_module(cfg: ModelConfig, *, stage: int, n_stages: int,
         model.norm = None
         model.output = None
     return model
-
-
-class RoutedStage(PipelineStage):
-    """A stage whose MoE layers count only the step's micro-batches: torch infers the
-    stages' shapes by running each stage forward and backward once on the first step (and
-    again after an evaluation), on the real first micro-batch or on empty tensors, which
-    the router would count as tokens routed. The counts go once that inference is done
-    (the hook torch 2.13 calls then: its FSDP cleanup of the same run)."""
-
-    def _post_metadata_inference_cleanup(self) -> None:
-        super()._post_metadata_inference_cleanup()
-        self.submod.take_router_stats()
-
-
-def build_schedule(
-    parts: list[Transformer],
-    *,
-    stages: list[int],
-    n_stages: int,
-    schedule: str,
-    n_microbatches: int,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    device: torch.device,
-    pp_group,
-):
-    """One PipelineStage per model part, driven by the named schedule."""
-    pipeline_stages = [
-        RoutedStage(part, stage_idx, n_stages, device, group=pp_group)
-        for part, stage_idx in zip(parts, stages, strict=True)
-    ]
-    cls = SCHEDULES[schedule]
-    if cls is ScheduleInterleaved1F1B:
-        return cls(pipeline_stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
-    (only_stage,) = pipeline_stages
-    return cls(only_stage, n_microbatches=n_microbatches, loss_fn=loss_fn)

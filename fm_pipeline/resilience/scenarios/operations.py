@@ -284,10 +284,14 @@ def clock_skew(ws: ChaosWorkspace) -> FaultResult:
     job_file = ws.home / "node-b" / "job.yaml"
     job_file.parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(yaml.safe_dump(dump_job(job)), encoding="utf-8")
+    # The holder must still be training when the contender's rank 0 reaches the lease, after
+    # its own start-up (torchrun, torch's imports: ~10 s on 2 busy cores): 15 steps of 1 s
+    # after the first. At 0.5 s a step CI's contender once came up after the holder had
+    # finished, took the released lease and found nothing left to train (exit 0).
     holder_run = LiveSegment(SegmentLaunch(job, end_step=job.training.steps), site=ws.site,
-                             env={"FM_FAULT_SLOW_RANKS": "0:0.5,1:0.5"}).start()
+                             env={"FM_FAULT_SLOW_RANKS": "0:1.0,1:1.0"}).start()
     try:
-        holder_run.wait_for_step(2)
+        holder_run.wait_for_step(1)
         holder = json.loads((ws.site.runs_dir(job.name) / "lease.json").read_text())
         step = holder_run.steps()[-1]["step"]
         result.injected = (f"a trainer on host node-b (UTS namespace, its own disk, the same "

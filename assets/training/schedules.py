@@ -1,6 +1,8 @@
 """`restore_drill_schedule`: on a cron (FM_DRILL_CRON, default every 6 hours), drill the
 newest checkpoint of every job whose newest checkpoint has not been drilled yet (a job that
-has not checkpointed since its last drill is idle and is left alone).
+has not checkpointed since its last drill is idle and is left alone), nor asked to be: a
+drill still queued behind the job's runs when the next tick comes is not asked for twice
+(a schedule's run key, unlike a sensor's, does not stop a second run across ticks).
 """
 
 import os
@@ -9,6 +11,7 @@ from dagster import (
     AssetKey,
     AssetRecordsFilter,
     DefaultScheduleStatus,
+    RunsFilter,
     ScheduleEvaluationContext,
     SkipReason,
     schedule,
@@ -39,6 +42,13 @@ def last_drilled_step(instance, job_name: str) -> int | None:
     return records[0].asset_materialization.metadata["checkpoint_step"].value
 
 
+def drill_requested(instance, run_key: str) -> bool:
+    """Whether a run with this run key exists (queued, running or ended), from this schedule
+    or from a submission."""
+    return bool(instance.get_run_ids(filters=RunsFilter(tags={"dagster/run_key": run_key}),
+                                     limit=1))
+
+
 @schedule(name="restore_drill_schedule", cron_schedule=drill_cron(), job=restore_drill_job,
           default_status=DefaultScheduleStatus.RUNNING)
 def restore_drill_schedule(context: ScheduleEvaluationContext):
@@ -50,5 +60,8 @@ def restore_drill_schedule(context: ScheduleEvaluationContext):
             continue
         drilled = last_drilled_step(context.instance, name)
         if drilled is None or drilled < newest[0]["step"]:
-            requests.append(checkpoint_request(name, newest[0]["step"], kind="drill"))
-    return requests or SkipReason("every job's newest checkpoint has been drilled")
+            request = checkpoint_request(name, newest[0]["step"], kind="drill")
+            if not drill_requested(context.instance, request.run_key):
+                requests.append(request)
+    return requests or SkipReason("every job's newest checkpoint has been drilled or has a "
+                                  "drill on its way")

@@ -189,3 +189,21 @@ def test_a_segment_refuses_a_resume_from_that_is_not_one_of_its_checkpoints(inst
     assert failure.metadata["outcome"].value == "bad_config"
     assert "'/nowhere/step-00000002' is not a checkpoint of job bad-resume" in \
         failure.description
+
+
+def test_the_drill_schedule_asks_once_for_a_checkpoint_whose_drill_is_still_queued(instance):
+    """A drill queued behind the job's other runs when the next tick comes is not asked for
+    again (a schedule's run key does not stop a second run across ticks, a sensor's does)."""
+    from dagster import DagsterRunStatus, build_schedule_context
+
+    from fm_pipeline.assets.training.schedules import restore_drill_schedule
+
+    p = Pipeline(instance, job_spec("drilled"), policy=TrainingPolicyResource(backoff_base_s=0))
+    assert p.run(first_segment_request(p.job, store=p.store.open(), site=local_site.site())).success
+    (request,) = restore_drill_schedule(build_schedule_context(instance=instance))
+    assert request.run_key.startswith("drill-drilled-")
+    instance.create_run_for_job(defs.resolve_job_def("restore_drill_job"),
+                                status=DagsterRunStatus.NOT_STARTED, tags={
+                                    **request.tags, "dagster/run_key": request.run_key})
+    again = restore_drill_schedule(build_schedule_context(instance=instance))
+    assert isinstance(again, SkipReason) and "drill on its way" in again.skip_message

@@ -32,7 +32,6 @@ import importlib
 import os
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -66,7 +65,7 @@ class MlflowTrackingResource(ConfigurableResource):
     def tracker(self) -> JobTracker:
         uri = self._uri()
         if (warming := _WARMING.get(uri)) is not None:
-            warming.result()  # (a failure there is met again, and reported, by the call)
+            warming.join()  # (a failure there is met again, and reported, by the call)
         return JobTracker(uri, experiment=self.experiment)
 
     def job_run(self, job: JobSpec) -> str:
@@ -122,7 +121,7 @@ class MlflowTrackingResource(ConfigurableResource):
         return self.tracker().run_url(run_id, ui_url=ui_url)
 
 
-_WARMING: dict[str, Future] = {}
+_WARMING: dict[str, threading.Thread] = {}
 
 
 def _warm(uri: str) -> None:
@@ -131,8 +130,6 @@ def _warm(uri: str) -> None:
     is not called: one that is down must fail the step's own call, not hang here."""
     if uri in _WARMING:
         return
-    done: Future = Future()
-    _WARMING[uri] = done
 
     def open_store() -> None:
         try:
@@ -144,6 +141,6 @@ def _warm(uri: str) -> None:
                 importlib.import_module("mlflow.tracking")  # the import is the cost
         except Exception:  # noqa: BLE001 - the step's own first call meets it and says so
             pass
-        done.set_result(None)
 
-    threading.Thread(target=open_store, name="fm-mlflow-warm", daemon=True).start()
+    _WARMING[uri] = threading.Thread(target=open_store, name="fm-mlflow-warm", daemon=True)
+    _WARMING[uri].start()

@@ -18,7 +18,7 @@ from dagster import (
 )
 from fm_pipeline.dagster_runs.history import recorded_checkpoints
 from fm_pipeline.assets.training.jobs import restore_drill_job
-from fm_pipeline.dagster_runs.names import JOBS_PARTITION
+from fm_pipeline.dagster_runs.names import JOBS_PARTITION, RUN_KEY_TAG
 from fm_pipeline.dagster_runs.requests import checkpoint_request
 
 DRILL_CRON_ENV = "FM_DRILL_CRON"
@@ -45,7 +45,7 @@ def last_drilled_step(instance, job_name: str) -> int | None:
 def drill_requested(instance, run_key: str) -> bool:
     """Whether a run with this run key exists (queued, running or ended), from this schedule
     or from a submission."""
-    return bool(instance.get_run_ids(filters=RunsFilter(tags={"dagster/run_key": run_key}),
+    return bool(instance.get_run_ids(filters=RunsFilter(tags={RUN_KEY_TAG: run_key}),
                                      limit=1))
 
 

@@ -7,7 +7,7 @@ or dagster.Failure built by the real `segment_failure` from a SegmentResult.
 Faults come through the env the segment asset passes (FM_FAULT_FAIL_AT="RANK:STEP", as
 for the real trainer); FM_DOUBLE_PREEMPT_AT="STEP" makes it checkpoint at STEP and exit
 preempted (75). What the real trainer and launchers do is tested in tests/train and
-tests/launch, and end to end in test_lineage.py.
+tests/launch, and end to end in tests/test_demo.py (the demo's lineage).
 """
 
 from __future__ import annotations

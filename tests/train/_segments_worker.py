@@ -3,7 +3,8 @@ process group: checking many parallelism layouts costs one interpreter start-up,
 
     torchrun --standalone --nproc-per-node 4 tests/train/_segments_worker.py A.yaml B.yaml@3
 
-`PATH@N` stops that segment after step N (`--end-step N`).
+`PATH@N` stops that segment after step N (`--end-step N`); `PATH@N<CHECKPOINT` starts it
+from that checkpoint (`--resume-from`), whatever layout wrote it.
 """
 
 import sys
@@ -16,7 +17,8 @@ from fm_pipeline.train.segment import run_segment
 if __name__ == "__main__":
     init_distributed()
     for arg in sys.argv[1:]:
-        path, _, end = arg.partition("@")
+        path, _, rest = arg.partition("@")
+        end, _, resume_from = rest.partition("<")
         result = run_segment(load_job(path), site=Site.from_environ(),
-                             end_step=int(end) if end else None)
+                             end_step=int(end) if end else None, resume_from=resume_from or None)
         assert result.exit_code == 0, (path, result.summary)

@@ -34,17 +34,18 @@ LAYOUTS = {
     "pp-interleaved-fsdp": {"parallelism.pp": 2, "parallelism.dp_shard": 2,
                             "parallelism.pp_schedule": "Interleaved1F1B",
                             "parallelism.pp_virtual_stages": 2},
+    # (These two and fp8-rowwise-tp checkpoint at 4: test_resume continues each on 2 ranks.)
     "pp-gpipe-tp": {"parallelism.pp": 2, "parallelism.tp": 2, "parallelism.dp_shard": 1,
-                    "parallelism.pp_schedule": "GPipe"},
+                    "parallelism.pp_schedule": "GPipe", "checkpoint.every_steps": 4},
     "pp4-bf16": {"parallelism.pp": 4, "parallelism.dp_shard": 1,
-                 "parallelism.mixed_precision": "bf16"},
+                 "parallelism.mixed_precision": "bf16", "checkpoint.every_steps": 4},
     # FP8 linear layers (torchao): per-tensor scales with FP8 weight all-gathers under FSDP
     # (checkpoint at 8: test_fp8 resumes from it), per-row scales under TP.
     "fp8-fsdp4": {"parallelism.dp_shard": 4, "parallelism.mixed_precision": "fp8",
                   "checkpoint.every_steps": 4},
     "fp8-rowwise-tp": {"parallelism.tp": 2, "parallelism.dp_shard": 2,
                        "parallelism.mixed_precision": "fp8-rowwise",
-                       "training.micro_batch_size": 4},
+                       "training.micro_batch_size": 4, "checkpoint.every_steps": 4},
     # A Mixture of Experts (8 experts, top 2) under FSDP, its balancing loss trained beside.
     "moe-fsdp4": {"model.size": "moe-debug", "parallelism.dp_shard": 4},
     # Expert parallel: the 8 experts over 2 ranks, FSDP-sharded over the other 2 (ep 2 x

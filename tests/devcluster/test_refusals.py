@@ -132,3 +132,65 @@ def test_a_local_queue_that_does_not_exist_stays_unadmitted_and_is_reported(kube
     while client.get(rendered.name, NS) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert client.get(rendered.name, NS) is None
+
+
+
+def _placed(name: str, *, nnodes: int, avoid: str):
+    """A segment of `nnodes` pods of 5 ranks (5 CPUs each: two never share one of the dev
+    cluster's 8-CPU nodes) kept within one topology block (Kueue TAS) and off the node
+    `avoid` (Placement.avoid_hosts: what plan_after_stragglers gives on Kubernetes)."""
+    from fm_pipeline.launch.pod import Placement
+
+    job = small_job(**{"name": name, "parallelism.nnodes": nnodes,
+                       "parallelism.nproc_per_node": 5, "training.global_batch_size": 10,
+                       "training.micro_batch_size": 1, "cluster.namespace": NS,
+                       "cluster.local_queue": "prod"})
+    placement = Placement(required_topology="cloud.provider.com/topology-block",
+                          avoid_hosts=(avoid,))
+    return render_segment(SegmentLaunch(job, end_step=4),
+                          KubernetesTarget(store_uri="s3://b/fm", placement=placement))
+
+
+def _gone(client: JobSetClient, name: str) -> None:
+    client.delete(name, NS)
+    deadline = time.monotonic() + 30
+    while client.get(name, NS) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.get(name, NS) is None
+
+
+def test_topology_aware_admission_leaves_an_excluded_host_out(kube, cluster):
+    """The real Kueue's topology-aware scheduling reads the excluded host from the PodSet's
+    required node affinity: a one-node segment kept off node-0 is admitted onto node-1; a
+    two-node segment kept off node-1 (two 8-CPU nodes, 5 CPUs a pod) stays queued, with
+    Kueue's reason, instead of landing on the excluded host."""
+    from fm_pipeline.launch.k8s_client import SegmentTimeout
+
+    client = JobSetClient.from_kubeconfig(cluster.kubeconfig)
+    fits = _placed("tas-fit", nnodes=1, avoid="node-0")
+    client.submit(fits)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            bound = [p for p in client.pods(fits.name, NS) if p.spec.node_name]
+            if bound or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert [p.spec.node_name for p in bound] == ["node-1"]
+    finally:
+        _gone(client, fits.name)
+
+    too_few = _placed("tas-nofit", nnodes=2, avoid="node-1")
+    client.submit(too_few)
+    try:
+        statuses = []
+        with pytest.raises(SegmentTimeout) as timeout:
+            client.follow(too_few.name, NS, poll_s=0.5, timeout_s=10,
+                          on_status=statuses.append)
+        assert statuses and statuses[-1].phase == "Suspended"
+        # Kueue's own words, through the follower: the exclusion, not the quota, left it out.
+        assert 'topology "fm-topology" allows to fit only 1 out of 2 pod(s)' in str(timeout.value)
+        assert "excluded: affinity: 1" in statuses[-1].message
+        assert not client.pods(too_few.name, NS)  # nothing ran, on node-1 or anywhere
+    finally:
+        _gone(client, too_few.name)

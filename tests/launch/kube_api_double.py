@@ -65,7 +65,6 @@ class KubeApiDouble:
         self.replies: list[tuple[str, str, int]] = []  # (method, path, status code)
         self.admission: dict[str, str] | None = {}  # None: queued until admit()
         self.instant_kubelet = True  # False: the test ends deleted running pods itself
-        self.tas_nodes: list[str] | None = None  # node hostnames for topology-aware scheduling
         self.controllers = Controllers(self)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -207,13 +206,11 @@ class KubeApiDouble:
 
     # -- the test plays the kubelet and Kueue's scheduler ----------------------------------
 
-    def admit(self, ns: str, name: str, node_selector: dict[str, str] | None = None) -> bool:
+    def admit(self, ns: str, name: str, node_selector: dict[str, str] | None = None) -> None:
         with self.lock:
-            admitted = self.controllers.kueue_admit(self.jobsets[(ns, name)],
-                                                    node_selector or {})
+            self.controllers.kueue_admit(self.jobsets[(ns, name)], node_selector or {})
             self.written(self.jobsets[(ns, name)])
             self._settle()
-            return admitted
 
     def preempt(self, ns: str, name: str, reason: str = "Preempted") -> None:
         with self.lock:

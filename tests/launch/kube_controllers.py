@@ -93,24 +93,6 @@ def _merge(into: dict | None, extra: dict | None) -> dict:
     return {**(into or {}), **(extra or {})}
 
 
-def _affinity_allows(pod_spec: dict, hostname: str) -> bool:
-    """The pod's required node affinity for a node labelled only with its hostname: any
-    term whose hostname expressions all hold (In / NotIn)."""
-    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = required.get("nodeSelectorTerms") or []
-    if not terms:
-        return True
-
-    def holds(expr: dict) -> bool:
-        if expr["key"] != "kubernetes.io/hostname":
-            return True
-        inside = hostname in expr.get("values", [])
-        return inside if expr["operator"] == "In" else not inside
-
-    return any(all(holds(e) for e in term.get("matchExpressions") or []) for term in terms)
-
-
 class Controllers:
     """Run after every write until nothing changes (one consistent ordering of the events
     the real controllers would react to)."""
@@ -141,43 +123,18 @@ class Controllers:
             self.api.workloads[self._key(jobset)] = {"admitted": False, "evictions": [],
                                                      "selectors": None}
 
-    def kueue_admit(self, jobset: dict, node_selector: dict[str, str]) -> bool:
+    def kueue_admit(self, jobset: dict, node_selector: dict[str, str]) -> None:
         """RunWithPodSetsInfo: unsuspend, the flavour's node labels into every template.
-        With a topology request and `api.tas_nodes`, topology-aware scheduling first picks
-        one node per pod among those the pod template's required node affinity allows
-        (kueue pkg/cache/scheduler/tas_flavor_snapshot.go, findTopologyAssignment: nodes
-        the affinity selector rejects are excluded); too few: not admitted (False)."""
+        (Topology-aware scheduling is the real Kueue's, tested on the dev cluster:
+        tests/devcluster/test_refusals.py.)"""
         workload = self.api.workloads[self._key(jobset)]
         templates = [rj["template"]["spec"]["template"] for rj in jobset["spec"]["replicatedJobs"]]
-        if not self._tas_assign(jobset, workload, templates):
-            return False
         workload["selectors"] = [copy.deepcopy(t["spec"].get("nodeSelector")) for t in templates]
         for template in templates:
             template["spec"]["nodeSelector"] = _merge(template["spec"].get("nodeSelector"),
                                                       node_selector)
         jobset["spec"]["suspend"] = False
         workload["admitted"] = True
-        return True
-
-    def _tas_assign(self, jobset: dict, workload: dict, templates: list[dict]) -> bool:
-        nodes = self.api.tas_nodes
-        topology = [t for t in templates if any(
-            k.startswith("kueue.x-k8s.io/podset-") and k.endswith("-topology")
-            for k in (t.get("metadata") or {}).get("annotations") or {})]
-        if nodes is None or not topology:
-            return True
-        count = sum(int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("parallelism", 1))
-                    for rj in jobset["spec"]["replicatedJobs"])
-        allowed = [n for n in nodes if all(_affinity_allows(t["spec"], n) for t in templates)]
-        if len(allowed) < count:
-            excluded = sorted(set(nodes) - set(allowed))
-            workload["pending"] = (f"couldn't assign flavors to pod set node: topology: only "
-                                   f"{len(allowed)} of {count} pods fit; excluded by node "
-                                   f"affinity: {', '.join(excluded)}")
-            return False
-        workload["assignment"] = allowed[:count]  # the ungater's per-pod hostnames
-        workload.pop("pending", None)
-        return True
 
     def kueue_evict(self, jobset: dict, reason: str) -> None:
         """Suspend + RestorePodSetsInfo: the JobSet is suspended and its templates restored;
@@ -472,12 +429,6 @@ class Controllers:
         annotations = _merge(meta.get("annotations"), {COMPLETION_INDEX: str(index)})
         pod_spec = template["spec"]
         pod_spec["hostname"] = f"{job_name}-{index}"
-        js = job["metadata"]["labels"].get(JOBSET_LABEL)
-        assignment = self.api.workloads.get((job["metadata"]["namespace"], js), {}).get(
-            "assignment")
-        if assignment:  # kueue pkg/controller/tas/topology_ungater.go: one node per pod
-            pod_spec["nodeSelector"] = _merge(pod_spec.get("nodeSelector"),
-                                              {"kubernetes.io/hostname": assignment[index]})
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": f"{job_name}-{index}-{suffix}",
                              "generateName": f"{job_name}-{index}-",

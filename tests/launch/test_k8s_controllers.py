@@ -1,7 +1,8 @@
 """What the emulated Kueue, JobSet and Job controllers (kube_controllers.py) still cover
 until it moves to the real cluster (tests/devcluster, docs/kubernetes.md "How this is
 tested"): a lost node restarting the JobSet without using its restart budget, an ordinary
-failure past the budget, topology-aware admission leaving an excluded host out. A segment
+failure past the budget. Topology-aware admission leaving an excluded host out is the real
+Kueue's (tests/devcluster/test_refusals.py). A segment
 queued, admitted, run and completed, and a Kueue preemption ending the follow evicted, are
 tested on the real controllers (tests/devcluster/test_segment.py, test_preemption.py) and
 no longer here. The test plays only the kubelet."""
@@ -101,32 +102,3 @@ def test_an_ordinary_failure_past_the_budget_fails_the_jobset(api, jobsets):
     # The failed Job's other pod was deleted; the failed one stays (with its Job) for its logs.
     assert api.pods_of(NS, name) == [pods[0]]
     assert api.pod(NS, pods[0])["status"]["phase"] == "Failed"
-
-
-def test_topology_aware_admission_leaves_an_excluded_host_out(api, jobsets):
-    """A straggler's host in the pod template's required node affinity (Placement.avoid_hosts,
-    what plan_after_stragglers gives on Kubernetes) is what Kueue's topology-aware
-    scheduling reads from the PodSet: it assigns the pods to other nodes, and with too few
-    left the workload stays queued, saying why."""
-    from fm_pipeline.launch.pod import Placement
-
-    job = tiny_job(nnodes=2, nproc=1, cluster={"namespace": NS})
-    placement = Placement(required_topology="cloud.provider.com/topology-block",
-                          avoid_hosts=("node-b",))
-
-    def render(name):
-        return render_segment(SegmentLaunch(job, end_step=20), KubernetesTarget(
-            store_uri="s3://fm-bucket/fm", shared_volume_claim="fm-runs", name=name,
-            placement=placement))
-
-    api.tas_nodes = ["node-a", "node-b", "node-c"]
-    jobsets.submit(render("tas-fit"))
-    pods = api.wait_for_pods(NS, "tas-fit", 2)
-    hosts = [api.pod(NS, p)["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods]
-    assert hosts == ["node-a", "node-c"]
-
-    api.tas_nodes = ["node-a", "node-b"]
-    jobsets.submit(render("tas-nofit"))
-    assert jobsets.status("tas-nofit", NS).phase == "Suspended"  # queued, not admitted
-    assert "excluded by node affinity: node-b" in api.workloads[(NS, "tas-nofit")]["pending"]
-    assert not api.pods_of(NS, "tas-nofit")

@@ -1,5 +1,7 @@
 """What the real apiserver, JobSet and Kueue refuse, and `fm k8s render`'s own validation
-agreeing with them on a corpus of mutated manifests.
+agreeing with them on a corpus of mutated manifests; what they do with a segment that
+cannot run as asked: a missing LocalQueue, an excluded host under topology-aware
+scheduling, a failure past the restart budget.
 
 The cluster's verdict on a JobSet is two questions, both asked of the real apiserver with
 `dryRun=All` (admission webhooks included) and strict field validation: is the JobSet
@@ -194,3 +196,35 @@ def test_topology_aware_admission_leaves_an_excluded_host_out(kube, cluster):
         assert not client.pods(too_few.name, NS)  # nothing ran, on node-1 or anywhere
     finally:
         _gone(client, too_few.name)
+
+
+def test_an_ordinary_failure_past_the_restart_budget_fails_the_jobset(kube, cluster,
+                                                                      s3_endpoint, s3_bucket):
+    """A worker that fails (its data mix is not in the store: the trainer exits 2, torchrun
+    the container with 1) fails its node's Job (backoffLimit 0); the real JobSet controller
+    restarts the JobSet once (max_restarts 1, counted against it), then fails it at the
+    budget; the follower reports that, and the worker's own error from each attempt."""
+    from tests.devcluster.objects import prepare_namespace
+
+    _, secret = prepare_namespace(kube, NS)
+    job = small_job(**{"name": "budget", "parallelism.nnodes": 2,
+                       "parallelism.nproc_per_node": 1, "cluster.namespace": NS,
+                       "cluster.local_queue": "prod"})
+    rendered = render_segment(SegmentLaunch(job, end_step=4), KubernetesTarget(
+        store_uri=f"s3://{s3_bucket}/fm", s3_endpoint_url=s3_endpoint,
+        credentials_secret=secret, max_restarts=1))
+    client = JobSetClient.from_kubeconfig(cluster.kubeconfig)
+    client.submit(rendered)
+    try:
+        followed = client.follow(rendered.name, NS, poll_s=0.5, timeout_s=240)
+        assert followed.status.phase == "Failed" and followed.status.restarts == 1
+        assert "reaching max number of restarts" in followed.status.message
+        # Each attempt's pods failed (the controller deletes them at the restart; the
+        # follower's pod watch kept them), with the worker's own code and error.
+        assert {f.restart_attempt for f in followed.failures} == {0, 1}
+        for failure in followed.failures:
+            assert failure.container_exit_code == 1 and failure.evidence.exit_code == 2
+            assert "DataError: data mix" in failure.evidence.reason
+        assert followed.root_failure().restart_attempt == 1
+    finally:
+        _gone(client, rendered.name)

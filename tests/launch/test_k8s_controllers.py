@@ -1,8 +1,8 @@
 """What the emulated Kueue, JobSet and Job controllers (kube_controllers.py) still cover
 until it moves to the real cluster (tests/devcluster, docs/kubernetes.md "How this is
-tested"): a lost node restarting the JobSet without using its restart budget, an ordinary
-failure past the budget. Topology-aware admission leaving an excluded host out is the real
-Kueue's (tests/devcluster/test_refusals.py). A segment
+tested"): a lost node restarting the JobSet without using its restart budget. An ordinary
+failure past the budget and topology-aware admission leaving an excluded host out are the
+real controllers' (tests/devcluster/test_refusals.py). A segment
 queued, admitted, run and completed, and a Kueue preemption ending the follow evicted, are
 tested on the real controllers (tests/devcluster/test_segment.py, test_preemption.py) and
 no longer here. The test plays only the kubelet."""
@@ -85,20 +85,3 @@ def test_a_lost_node_restarts_the_jobset_without_using_its_restart_budget(api, j
     assert leaders == [first[0], second[0]]
     lost = next(f for f in followed.failures if f.pod == first[1])
     assert lost.container_exit_code == 137 and lost.restart_attempt == 0
-
-
-def test_an_ordinary_failure_past_the_budget_fails_the_jobset(api, jobsets):
-    rendered = _rendered(max_restarts=1)
-    name = rendered.name
-    jobsets.submit(rendered)
-    for attempt in (0, 1):
-        pods = api.wait_for_pods(NS, name, 2, attempt=attempt)
-        for pod in pods:
-            api.start_pod(NS, pod)
-        api.terminate_pod(NS, pods[0], exit_code=1, message="RuntimeError: boom")
-    followed = jobsets.follow(name, NS, poll_s=0.05, timeout_s=30)
-    assert followed.status.phase == "Failed" and followed.status.restarts == 1
-    assert "reaching max number of restarts" in followed.status.message
-    # The failed Job's other pod was deleted; the failed one stays (with its Job) for its logs.
-    assert api.pods_of(NS, name) == [pods[0]]
-    assert api.pod(NS, pods[0])["status"]["phase"] == "Failed"

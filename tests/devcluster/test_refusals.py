@@ -129,12 +129,7 @@ def test_a_local_queue_that_does_not_exist_stays_unadmitted_and_is_reported(kube
         jobset = client.get(rendered.name, NS)
         assert jobset["spec"]["suspend"] is True
     finally:
-        client.delete(rendered.name, NS)
-    deadline = time.monotonic() + 30
-    while client.get(rendered.name, NS) is not None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert client.get(rendered.name, NS) is None
-
+        _gone(client, rendered.name)
 
 
 def _placed(name: str, *, nnodes: int, avoid: str):

@@ -77,6 +77,7 @@ class LayerTimes:
     wgrad: np.ndarray  # the weight-gradient GEMMs within bwd (TP backward comm hides behind them)
     attn_fwd: np.ndarray  # attention core forward (what selective recomputation redoes)
     norm_act_fwd: np.ndarray  # norms and the experts' SwiGLU forward (what "norm_act" redoes)
+    op_fwd: np.ndarray  # norms, RoPE and every SwiGLU's element-wise forward ("op" redoes)
     head_fwd: np.ndarray  # output layer + loss
     head_bwd: np.ndarray
     weight_cast: np.ndarray | float = 0.0  # FP8: casting one layer's weights (in fwd + bwd)
@@ -158,6 +159,7 @@ def layer_times(
     elem_fwd = ELEMENTWISE_PASSES * (acts.linear + acts.core) / hbm
     core_elem_fwd = ELEMENTWISE_PASSES * acts.core / hbm
     norm_act_fwd = ELEMENTWISE_PASSES * acts.norm_act / hbm
+    op_fwd = ELEMENTWISE_PASSES * acts.op_recomputed / hbm
 
     head_fwd, head_dgrad, head_wgrad = _fwd_bwd(acc, peak, M, shape.vocab / t, h, dtype_bytes)
     loss = 3 * 4 * M * shape.vocab / t / hbm  # fp32 logits: softmax, loss and its gradient
@@ -167,6 +169,7 @@ def layer_times(
         wgrad=wgrad,
         attn_fwd=attn_fwd + core_elem_fwd,
         norm_act_fwd=norm_act_fwd,
+        op_fwd=op_fwd,
         head_fwd=head_fwd + loss,
         head_bwd=head_dgrad + head_wgrad + loss,
         weight_cast=weight_cast,

@@ -23,6 +23,7 @@ from fm_pipeline.planner.estimate import estimate
 from fm_pipeline.planner.layout import Layout
 from fm_pipeline.planner.placement import rank_table
 from fm_pipeline.planner.precision import get_precision
+from fm_pipeline.planner.runnable import PLANNER_RECOMPUTE
 from fm_pipeline.planner.search import search
 from fm_pipeline.planner.shape import shape_from_model_config
 
@@ -36,7 +37,7 @@ def job_inputs(job) -> dict:
     cluster = cluster_from_spec(job.cluster, gpus_per_node=p.nproc_per_node)
     layout = Layout(
         tp=p.tp, pp=p.pp, dp=p.dp, cp=1, micro_batch=t.micro_batch_size,
-        virtual_stages=p.pp_virtual_stages, recompute=p.activation_checkpoint,
+        virtual_stages=p.pp_virtual_stages, recompute=PLANNER_RECOMPUTE[p.activation_checkpoint],
         sharding=("ddp" if p.resolved_dp_shard == 1 else
                   "zero1" if p.fsdp_keep_gathered else "fsdp"),
         dp_shard=p.resolved_dp_shard if 1 < p.resolved_dp_shard < p.dp else 0,

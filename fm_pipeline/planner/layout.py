@@ -31,10 +31,13 @@ from fm_pipeline.planner.shape import ModelShape
 
 # "norm_act": the norms' outputs and the routed experts' SwiGLU recomputed from what is kept
 # (Megatron-Core's --recompute-granularity selective --recompute-modules layernorm moe_act,
-# its MoE recipes' default); "half": full recomputation of every other layer (torchtitan's
-# selective_ac_option "2", Megatron's --recompute-num-layers at half the stage). Ordered by
-# how much is recomputed.
-RECOMPUTE = ("none", "norm_act", "selective", "half", "full")
+# its MoE recipes' default); "op": op-level selective checkpointing as the trainer runs it
+# (its activation_checkpoint "selective": every matmul's and attention's output kept, the
+# norms, RoPE and every SwiGLU's element-wise ops recomputed); "selective": Megatron's, the
+# attention core recomputed (nothing to gain with flash attention); "half": full
+# recomputation of every other layer (torchtitan's selective_ac_option "2", Megatron's
+# --recompute-num-layers at half the stage). Ordered by how much is recomputed.
+RECOMPUTE = ("none", "norm_act", "op", "selective", "half", "full")
 SHARDING = ("ddp", "zero1", "zero2", "fsdp")
 SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe")
 

@@ -8,6 +8,10 @@ with sequence parallelism so every term divides by tp:
     GPT layer, no recomputation:  s b h (34 + 5 a s / h) / t   bytes
     selective (attention core recomputed): 34 s b h / t
     full (only the layer input kept):       2 s b h / t
+    op (the trainer's selective: matmul and attention outputs kept, element-wise ops
+        recomputed): none without the norms' outputs and SwiGLU's SiLU output and product,
+        with the attention projection's and the MLP's down-projection outputs (s b h each,
+        whole on every tp rank: they are kept before their reduce-scatter)
     half (every other layer fully recomputed): the mean of none and full
 
 generalized term by term to grouped-query attention (K and V are kv_dim wide), SwiGLU
@@ -58,7 +62,7 @@ FRAGMENTATION = 0.10  # caching-allocator fragmentation and transient buffers, x
 RUNTIME_RESERVED_GIB = 2.0  # CUDA context, NCCL buffers, cuBLAS workspaces (0 on CPU)
 LOSS_BYTES_PER_LOGIT = 14  # bf16 logits 2, fp32 log-softmax 4, its gradient 4, the logits' 4
 
-NONE, NORM_ACT, SELECTIVE, HALF, FULL = (RECOMPUTE.index(x) for x in RECOMPUTE)
+NONE, NORM_ACT, OP, SELECTIVE, HALF, FULL = (RECOMPUTE.index(x) for x in RECOMPUTE)
 DDP, ZERO1, ZERO2, FSDP = (SHARDING.index(x) for x in SHARDING)
 ONE_F_ONE_B, INTERLEAVED, GPIPE = (SCHEDULES.index(x) for x in SCHEDULES)
 
@@ -84,6 +88,8 @@ class LayerActivations:
     core: np.ndarray  # softmax / dropout over the s x s scores (0 with flash attention)
     layer_input: np.ndarray  # what full recomputation keeps
     norm_act: np.ndarray  # of `linear`, what "norm_act" recomputes instead of keeping
+    op_recomputed: np.ndarray  # of `linear`, what "op" recomputes instead of keeping
+    op_extra: np.ndarray  # matmul outputs "op" keeps that `linear` does not count
 
 
 def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
@@ -108,6 +114,8 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
 
     mlp = swiglu(f) if shape.mlp == "swiglu" else 2 * f + saved * f
     act = 0.0  # the routed experts' SiLU output and product; their gate and up outputs stay
+    # The dense MLP's SiLU output and product (what "op" also recomputes).
+    dense_act = 2 * f + saved * f if shape.mlp == "swiglu" else 0.0
     if shape.experts:
         ef = shape.expert_ffn
         copies = shape.top_k * shape.expert_imbalance
@@ -115,6 +123,8 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
         moe = 2 * h - saved * h + shape.shared_experts * swiglu(ef) + routed
         mlp = (1 - shape.moe_fraction) * mlp + shape.moe_fraction * moe
         act = shape.moe_fraction * copies * (2 * ef + saved * ef)
+        dense_act = (1 - shape.moe_fraction) * dense_act + shape.moe_fraction * (
+            shape.shared_experts * (2 * ef + saved * ef))
     masks = 2 * h if shape.dropout else 0  # one byte each, after attention and after the MLP
     outside = (norms + inputs) * unit + masks  # outside the tensor-parallel regions
     split = 1 if sequence_parallel else c.tp
@@ -128,8 +138,14 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
     layer_input = 2 * unit * sb * h * split / c.tp
     # The norms' outputs are the attention's and the MLP's inputs.
     norm_act = sb * (inputs * unit * split + act * unit) / c.tp
+    op_recomputed = norm_act + sb * dense_act * unit / c.tp
+    # The attention projection's output replaces the second norm's input (the residual
+    # sum, recomputed), the MLP's down projection's is kept besides: both whole per rank
+    # (ASSUMED: SAC keeps a row-parallel matmul's DTensor output, the partial sum before
+    # its reduce-scatter; not measured).
+    op_extra = sb * 2 * h * unit * (2 - split / c.tp)
     return LayerActivations(linear=linear, core=core, layer_input=layer_input,
-                            norm_act=norm_act)
+                            norm_act=norm_act, op_recomputed=op_recomputed, op_extra=op_extra)
 
 
 @dataclass
@@ -198,15 +214,17 @@ def memory_per_gpu(shape: ModelShape, c: Candidates, *, global_batch_tokens: int
                              sequence_parallel=sequence_parallel)
     everything = acts.linear + acts.core
     stored = np.select(
-        [c.recompute == NONE, c.recompute == NORM_ACT, c.recompute == SELECTIVE,
-         c.recompute == HALF],
-        [everything, everything - acts.norm_act, acts.linear,
+        [c.recompute == NONE, c.recompute == NORM_ACT, c.recompute == OP,
+         c.recompute == SELECTIVE, c.recompute == HALF],
+        [everything, everything - acts.norm_act,
+         everything - acts.op_recomputed + acts.op_extra, acts.linear,
          (everything + acts.layer_input) / 2],
         default=acts.layer_input,
     )
     recompute_working = np.select(
-        [c.recompute == NORM_ACT, c.recompute == SELECTIVE, c.recompute >= HALF],
-        [acts.norm_act, acts.core, everything], default=0.0
+        [c.recompute == NORM_ACT, c.recompute == OP, c.recompute == SELECTIVE,
+         c.recompute >= HALF],
+        [acts.norm_act, acts.op_recomputed, acts.core, everything], default=0.0
     )
     fsdp_working = np.where(
         fsdp_resharding, 2 * (layer_params + moe_layer_experts) * (state.weights + state.grads),

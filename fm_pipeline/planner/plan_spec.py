@@ -17,7 +17,12 @@ from fm_pipeline.planner.cluster import ClusterConfig
 from fm_pipeline.planner.critique import grace_s_for, segment_steps_for
 from fm_pipeline.planner.errors import PlanInputError
 from fm_pipeline.planner.layout import Layout
-from fm_pipeline.planner.runnable import balanced_split, model_not_runnable, not_runnable
+from fm_pipeline.planner.runnable import (
+    TRAINER_ACTIVATION_CHECKPOINT,
+    balanced_split,
+    model_not_runnable,
+    not_runnable,
+)
 from fm_pipeline.planner.shape import ModelShape
 
 # A custom shape is written as this registry size with every shape field overridden.
@@ -51,7 +56,8 @@ def spec_sections(shape: ModelShape, cluster: ClusterConfig, layout: Layout, *,
         "nnodes": layout.gpus // gpn, "nproc_per_node": gpn,
         "dp_replicate": layout.dp // shard, "dp_shard": shard, "tp": layout.tp, "pp": layout.pp,
         "pp_schedule": layout.pipeline_schedule, "pp_virtual_stages": layout.virtual_stages,
-        "activation_checkpoint": layout.recompute, "mixed_precision": precision,
+        "activation_checkpoint": TRAINER_ACTIVATION_CHECKPOINT[layout.recompute],
+        "mixed_precision": precision,
         **({"ep": layout.ep} if layout.ep > 1 else {}),
         **({"fsdp_keep_gathered": True} if layout.sharding == "zero1" else {}),
     }

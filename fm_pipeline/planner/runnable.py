@@ -9,7 +9,8 @@ The trainer (fm_pipeline.parallel) shards with FSDP2 over all data-parallel rank
 (HSDP), within groups replicated across the rest; with one rank per shard group it
 replicates, which moves what DDP moves. It has tensor parallelism with sequence parallelism,
 the 1F1B, Interleaved1F1B and GPipe schedules with layers split evenly over the pipeline
-chunks or, where they do not divide, as `balanced_split` gives them (first and last lighter), and activation checkpointing none|selective|full; ZeRO-1 as FSDP2 with the weights
+chunks or, where they do not divide, as `balanced_split` gives them (first and last lighter), and activation checkpointing none|selective|full (its selective is op-level: the
+planner's recompute "op"); ZeRO-1 as FSDP2 with the weights
 and gradients kept whole through a step (parallelism.fsdp_keep_gathered). DeepSpeed's
 ZeRO-2, context parallelism and recomputing half the layers exist in the cost model only; tied embeddings cannot be split
 by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py). Mixture-of-Experts
@@ -30,7 +31,11 @@ from fm_pipeline.planner.step import ep_overlap_mode
 # zero1 (weights and gradients whole through the step, optimizer state sharded, one
 # all-gather and one reduce-scatter a step) is FSDP2 with parallelism.fsdp_keep_gathered.
 RUNNABLE_SHARDING = ("ddp", "zero1", "fsdp")
-RUNNABLE_RECOMPUTE = ("none", "selective", "full")
+# The trainer's activation_checkpoint none | selective | full: its selective is op-level
+# (the planner's "op"), not Megatron's attention-core recomputation ("selective" here).
+RUNNABLE_RECOMPUTE = ("none", "op", "full")
+TRAINER_ACTIVATION_CHECKPOINT = {"none": "none", "op": "selective", "full": "full"}
+PLANNER_RECOMPUTE = {v: k for k, v in TRAINER_ACTIVATION_CHECKPOINT.items()}
 
 
 def model_not_runnable(shape: ModelShape) -> str | None:
@@ -88,9 +93,14 @@ def not_runnable(shape: ModelShape, layout: Layout, *, precision: str = "bf16",
     elif layout.sharding in ("fsdp", "zero1") and layout.dp == 1:
         why.append(f"{layout.sharding} over one data-parallel rank: the trainer runs that "
                    "unsharded (ddp)")
-    if layout.recompute not in RUNNABLE_RECOMPUTE:
-        why.append(f"recompute {layout.recompute}: the trainer's activation_checkpoint is "
-                   f"{'|'.join(RUNNABLE_RECOMPUTE)}")
+    if layout.recompute == "selective":
+        why.append("recompute selective (Megatron's: the attention core recomputed): the "
+                   "trainer's activation_checkpoint selective keeps attention and matmul "
+                   "outputs and recomputes the element-wise ops (recompute op)")
+    elif layout.recompute not in RUNNABLE_RECOMPUTE:
+        why.append(f"recompute {layout.recompute}: the trainer recomputes "
+                   f"{'|'.join(RUNNABLE_RECOMPUTE)} (activation_checkpoint "
+                   f"{'|'.join(TRAINER_ACTIVATION_CHECKPOINT.values())})")
     chunks = layout.pp * layout.virtual_stages
     if shape.layers < chunks:
         why.append(f"{shape.layers} layers cannot give each of pp x virtual_stages = "

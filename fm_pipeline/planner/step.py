@@ -74,6 +74,7 @@ from fm_pipeline.planner.memory import (
     HALF,
     INTERLEAVED,
     NORM_ACT,
+    OP,
     SELECTIVE,
     ZERO2,
     MemoryArrays,
@@ -177,7 +178,8 @@ def evaluate(shape: ModelShape, cluster: ClusterConfig, c: Candidates, *, global
 
     redone = np.select([c.recompute == FULL, c.recompute == HALF], [1.0, 0.5], default=0.0)
     recompute = (redone * lt.fwd + np.where(c.recompute == SELECTIVE, lt.attn_fwd, 0.0)
-                 + np.where(c.recompute == NORM_ACT, lt.norm_act_fwd, 0.0))
+                 + np.where(c.recompute == NORM_ACT, lt.norm_act_fwd, 0.0)
+                 + np.where(c.recompute == OP, lt.op_fwd, 0.0))
     fwd_window = layers * lt.fwd
     bwd_window = layers * (lt.bwd + recompute)
     compute_mb = fwd_window + bwd_window + lt.head_fwd + lt.head_bwd

@@ -24,7 +24,7 @@ H100 = make_cluster("h100")
     (Layout(dp=2, virtual_stages=2), 8192 * 4, "--virtual-stages", "needs pp > 1"),
     (Layout(pp=4, dp=1, virtual_stages=2), 8192 * 6, "--virtual-stages", "divisible by pp"),
     (Layout(cp=3, dp=1), 8192, "--cp", "must divide seq_len"),
-    (Layout(dp=1, recompute="some"), 8192, "--recompute", "none, norm_act, selective, half, full"),
+    (Layout(dp=1, recompute="some"), 8192, "--recompute", "none, norm_act, op, selective, half, full"),
     (Layout(dp=1, sharding="zero4"), 8192, "--sharding", "ddp, zero1"),
 ])
 def test_bad_layouts_name_the_flag(layout, batch, flag, words):

@@ -61,7 +61,8 @@ def test_pinned_fields_are_respected():
 def test_a_small_model_on_one_node_needs_no_pipeline():
     shape = named_shape("llama3-8b", seq_len=8192)
     best = search(shape, H100, gpus=8, global_batch_tokens=64 * 8192, top=1).plans[0].layout
-    assert best.pp == 1 and best.recompute in ("none", "half")
+    # Op-level selective checkpointing (torchtitan's choice for 8B at 8K) or less/more.
+    assert best.pp == 1 and best.recompute in ("none", "op", "half")
 
 
 def test_nothing_fits_is_an_empty_ranking_not_an_error():

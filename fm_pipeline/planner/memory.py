@@ -141,8 +141,8 @@ def layer_activations(shape: ModelShape, c: Candidates, *, dtype_bytes: int,
     op_recomputed = norm_act + sb * dense_act * unit / c.tp
     # The attention projection's output replaces the second norm's input (the residual
     # sum, recomputed), the MLP's down projection's is kept besides: both whole per rank
-    # (ASSUMED: SAC keeps a row-parallel matmul's DTensor output, the partial sum before
-    # its reduce-scatter; not measured).
+    # (SAC keeps a row-parallel matmul's DTensor output, the partial sum of every token
+    # before its reduce-scatter: tests/parallel/test_sac_under_tp.py).
     op_extra = sb * 2 * h * unit * (2 - split / c.tp)
     return LayerActivations(linear=linear, core=core, layer_input=layer_input,
                             norm_act=norm_act, op_recomputed=op_recomputed, op_extra=op_extra)

@@ -262,12 +262,13 @@ def plan_command(**own: object):
     return decorate
 
 
+RECOMPUTE_HELP = "none|norm_act|op|selective|half|full (op: the trainer's selective)"
 SHARDING_HELP = "fsdp (default), fsdp/N (hybrid: shard in N, replicate across), ddp, zero1, zero2"
 
 
 @plan_command(
     micro_batch=Int, tp=Int, pp=Int, dp=Int, cp=Int, virtual_stages=Int,
-    recompute=Annotated[str | None, typer.Option(help="none|norm_act|op|selective|half|full (op: the trainer's selective)")],
+    recompute=Annotated[str | None, typer.Option(help=RECOMPUTE_HELP)],
     sharding=Annotated[str | None, typer.Option(help=SHARDING_HELP)],
     layout=Annotated[str | None, typer.Option(
         help="a layout as `fm plan search` prints it: \"tp=8 pp=16 dp=16 mb=1 fsdp/64\"")])
@@ -315,7 +316,7 @@ def estimate(o: dict):
     cp=Annotated[int | None, typer.Option(help="pin cp")],
     ep=Annotated[int | None, typer.Option(help="pin ep (Mixture of Experts)")],
     recompute=Annotated[str | None, typer.Option(
-        help="pin: none|norm_act|op|selective|half|full (op: the trainer's selective)")],
+        help=f"pin: {RECOMPUTE_HELP}")],
     sharding=Annotated[str | None, typer.Option(help="pin: ddp|zero1|zero2|fsdp")],
     top=(Annotated[int, typer.Option(help="plans to show")], 5),
     any_layout=(Annotated[bool, typer.Option(

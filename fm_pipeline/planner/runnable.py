@@ -9,14 +9,16 @@ The trainer (fm_pipeline.parallel) shards with FSDP2 over all data-parallel rank
 (HSDP), within groups replicated across the rest; with one rank per shard group it
 replicates, which moves what DDP moves. It has tensor parallelism with sequence parallelism,
 the 1F1B, Interleaved1F1B and GPipe schedules with layers split evenly over the pipeline
-chunks or, where they do not divide, as `balanced_split` gives them (first and last lighter), and activation checkpointing none|selective|full (its selective is op-level: the
-planner's recompute "op"); ZeRO-1 as FSDP2 with the weights
-and gradients kept whole through a step (parallelism.fsdp_keep_gathered). DeepSpeed's
-ZeRO-2, context parallelism and recomputing half the layers exist in the cost model only; tied embeddings cannot be split
-by tp or pp (the job spec refuses them, fm_pipeline/config/spec.py). Mixture-of-Experts
-models train with FSDP2, expert parallelism (ep within the shard group) and pipeline stages,
-without tp so far. FP8 trains with torchao's tensorwise and rowwise recipes on dense models; DeepSeek-V3's
-blockwise recipe is planned only.
+chunks or, where they do not divide, as `balanced_split` gives them (first and last
+lighter), and activation checkpointing none|selective|full (its selective is op-level: the
+planner's recompute "op"); ZeRO-1 as FSDP2 with the weights and gradients kept whole
+through a step (parallelism.fsdp_keep_gathered). DeepSpeed's ZeRO-2, context parallelism,
+Megatron's selective recomputation and recomputing half the layers exist in the cost model
+only; tied embeddings cannot be split by tp or pp (the job spec refuses them,
+fm_pipeline/config/spec.py). Mixture-of-Experts models train with FSDP2, expert
+parallelism (ep within the shard group) and pipeline stages, without tp so far. FP8 trains
+with torchao's tensorwise and rowwise recipes on dense models; DeepSeek-V3's blockwise
+recipe is planned only.
 """
 
 from __future__ import annotations

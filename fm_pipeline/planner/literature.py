@@ -195,7 +195,9 @@ DGXC24 = [
 # TITAN24/25 (seq 8192, torch.compile): key, model, GPUs, tp, sequences per data-parallel
 # rank (one micro-batch), full recomputation or not, recipe, FP8 over BF16 tokens/s. The 8B
 # rows use torchtitan's per-op selective checkpointing (every other matmul output kept),
-# which the cost model does not have: its search picks the recomputation for them.
+# which the cost model does not have (its "op", the trainer's, keeps every matmul output):
+# calibration's search picks the recomputation for them, benchmarks.planner_fidelity keeps
+# the command's default (none).
 TITAN_FP8 = [
     ("titan24-8b-8", "llama3-8b", 8, 1, 2, False, "fp8-tensorwise", 8532 / 6667),
     ("titan24-8b-128", "llama3-8b", 128, 1, 2, False, "fp8-tensorwise", 8380 / 6514),

@@ -8,18 +8,12 @@ makes it run, it fails, and CP can be wired into the trainer and tested here (do
 from __future__ import annotations
 
 import json
-import subprocess
 
-from tests.conftest import REPO
-from tests.train.launch import env_for, failure, torchrun_cmd
+from tests.parallel.workers import run_worker
 
 
 def test_torch_context_parallel_still_refuses_the_cpu(tmp_path):
-    done = subprocess.run(torchrun_cmd(2, str(REPO / "tests/parallel/cp_worker.py"),
-                                       str(tmp_path)),
-                          env=env_for(tmp_path), cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, failure(done)
+    run_worker("cp_worker.py", tmp_path)
     for rank in range(2):
         result = json.loads((tmp_path / f"cp-rank{rank}.json").read_text())
         assert not result["ran"], (

@@ -6,21 +6,15 @@ rows and still takes part in every collective)."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
-from tests.conftest import REPO
-from tests.train.launch import env_for, torchrun_cmd
+from tests.parallel.workers import run_worker
 
 
 @pytest.mark.parametrize("routing", ["random", "skewed"])
 def test_dispatched_experts_compute_what_the_whole_layer_does(tmp_path, routing):
-    cmd = torchrun_cmd(2, str(REPO / "tests/parallel/ep_worker.py"), str(tmp_path), routing)
-    out = subprocess.run(cmd, env=env_for(tmp_path), cwd=REPO, capture_output=True,
-                         text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_worker("ep_worker.py", tmp_path, routing, timeout=180)
     for rank in range(2):
         r = torch.load(tmp_path / f"rank{rank}.pt")
         for name in ("y", "dx", "dw1", "router"):

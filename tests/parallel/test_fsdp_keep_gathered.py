@@ -9,22 +9,16 @@ and float addition is not associative (docs/trainer.md)."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
-from tests.conftest import REPO
-from tests.train.launch import env_for, failure, torchrun_cmd
+from tests.parallel.workers import run_worker
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("keep")
-    done = subprocess.run(
-        torchrun_cmd(2, str(REPO / "tests/parallel/fsdp_keep_worker.py"), str(out)),
-        env=env_for(out), cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, failure(done)
+    run_worker("fsdp_keep_worker.py", out)
     return {keep: [torch.load(out / f"keep{keep}-rank{r}.pt") for r in range(2)]
             for keep in (0, 1)}
 

@@ -8,22 +8,16 @@ the planner's memory for "op" under tp must shrink."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.conftest import REPO
-from tests.train.launch import env_for, failure, torchrun_cmd
+from tests.parallel.workers import run_worker
 
 pytestmark = pytest.mark.slow
 
 
 def test_selective_checkpointing_keeps_row_parallel_outputs_whole_on_each_tp_rank(tmp_path):
-    done = subprocess.run(torchrun_cmd(2, str(REPO / "tests/parallel/sac_tp_worker.py"),
-                                       str(tmp_path)),
-                          env=env_for(tmp_path), cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, failure(done)
+    run_worker("sac_tp_worker.py", tmp_path)
     for rank in range(2):
         r = json.loads((tmp_path / f"sac-rank{rank}.json").read_text())
         tokens, tp = r["tokens"], 2
